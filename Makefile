@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 BIN := $(VENV)/bin
 MODEL ?= smollm2-135m
 
-.PHONY: setup model demo test bench clean
+.PHONY: setup model browser demo test clean
 
 setup: $(VENV)/.installed
 
@@ -22,7 +22,11 @@ model: setup
 demo: model
 	$(BIN)/leapdecode demo --model $(MODEL)
 
-test: model
+# The trace page is checked in a real headless browser: Debian's chromium (needs root for apt-get).
+browser:
+	@command -v chromium >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null; }
+
+test: model browser
 	$(PY) -m pytest -q
 
 clean:

@@ -250,3 +250,6 @@ def models_pull(
 def main() -> None:
     app()
 
+
+# The benchmark commands (bench, sweep, trace) live with the benchmark; importing registers them.
+from leapdecode.bench import cli as _bench_cli  # noqa: E402,F401

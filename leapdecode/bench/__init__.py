@@ -1,0 +1,1 @@
+"""The benchmark: datasets, the interleaved runner with peers, reports, plots and traces."""

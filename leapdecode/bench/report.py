@@ -1,0 +1,156 @@
+"""Benchmark arithmetic and reports: speed-up, tau and alpha per category, Spec-Bench-style tables.
+
+Speed-up of a method on a set of prompts = total wall time of plain decoding / total wall time
+of the method, over the same prompts (Spec-Bench's and ANPD's definition): a ratio of sums,
+not a mean of ratios.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from leapdecode.bench.datasets import SPEC_BENCH_CATEGORIES
+from leapdecode.bench.runner import BASELINE, Sample
+
+CATEGORY_TITLES = {
+    "multi-turn": "MT-Bench", "translation": "Translation", "summarization": "Summarization", "qa": "QA",
+    "math_reasoning": "Math", "rag": "RAG", "humaneval": "HumanEval",
+}
+
+
+@dataclass(frozen=True)
+class Aggregate:
+    method: str
+    category: str  # a category, or "overall"
+    prompts: int
+    new_tokens: int
+    wall_time_s: float
+    plain_wall_time_s: float
+    forward_passes: int
+    drafted_tokens: int
+    accepted_tokens: int
+    mismatches: int
+
+    @property
+    def speedup(self) -> float:
+        return self.plain_wall_time_s / self.wall_time_s if self.wall_time_s > 0 else 0.0
+
+    @property
+    def tau(self) -> float:
+        return self.new_tokens / self.forward_passes if self.forward_passes else 0.0
+
+    @property
+    def alpha(self) -> float:
+        return self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.new_tokens / self.wall_time_s if self.wall_time_s > 0 else 0.0
+
+
+def categories_in(samples: Iterable[Sample]) -> list[str]:
+    present = {s.category for s in samples}
+    known = [c for c in (*SPEC_BENCH_CATEGORIES, "humaneval") if c in present]
+    return known + sorted(present - set(known))
+
+
+def methods_in(samples: Iterable[Sample]) -> list[str]:
+    seen: dict[str, None] = {}
+    for s in samples:
+        seen.setdefault(s.method, None)
+    return list(seen)
+
+
+def aggregate(samples: Sequence[Sample]) -> dict[tuple[str, str], Aggregate]:
+    """Per (method, category) and per (method, "overall"), against plain decoding on the same prompts."""
+    plain_time = {(s.prompt_id, s.category): s.wall_time_s for s in samples if s.method == BASELINE}
+    out: dict[tuple[str, str], Aggregate] = {}
+    for method in methods_in(samples):
+        mine = [s for s in samples if s.method == method]
+        for category in [*categories_in(mine), "overall"]:
+            group = [s for s in mine if category in ("overall", s.category)]
+            out[(method, category)] = Aggregate(
+                method=method, category=category, prompts=len(group),
+                new_tokens=sum(s.new_tokens for s in group),
+                wall_time_s=sum(s.wall_time_s for s in group),
+                plain_wall_time_s=sum(plain_time[(s.prompt_id, s.category)] for s in group),
+                forward_passes=sum(s.forward_passes for s in group),
+                drafted_tokens=sum(s.drafted_tokens for s in group),
+                accepted_tokens=sum(s.accepted_tokens for s in group),
+                mismatches=sum(1 for s in group if s.equal_to_plain is False),
+            )
+    return out
+
+
+def mismatches(samples: Sequence[Sample]) -> list[Sample]:
+    """Samples whose output differs from plain decoding (a bug for a lossless method)."""
+    return [s for s in samples if s.equal_to_plain is False]
+
+
+def markdown_table(samples: Sequence[Sample], draft_lengths: dict[str, int] | None = None) -> str:
+    """Spec-Bench's layout: one column per category (speed-up and tau), then overall figures."""
+    aggs = aggregate(samples)
+    cats = categories_in(samples)
+    head = ["Method", *(CATEGORY_TITLES.get(c, c) for c in cats), "Overall speed-up", "τ", "α", "α·K+1", "tok/s", "identical"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join([":---"] + ["---:"] * (len(head) - 1)) + "|"]
+    for method in methods_in(samples):
+        row = [f"`{method}`"]
+        for c in cats:
+            a = aggs.get((method, c))
+            row.append(f"{a.speedup:.2f}x (τ {a.tau:.2f})" if a else "–")
+        o = aggs[(method, "overall")]
+        k = (draft_lengths or {}).get(method, 0)
+        bound = f"{o.alpha * k + 1:.2f}" if k and o.drafted_tokens else "–"
+        alpha = f"{o.alpha:.2f}" if o.drafted_tokens else "–"
+        same = "–" if method == BASELINE else ("all" if o.mismatches == 0 else f"**{o.prompts - o.mismatches}/{o.prompts}**")
+        row += [f"**{o.speedup:.2f}x**", f"{o.tau:.2f}", alpha, bound, f"{o.tokens_per_s:.1f}", same]
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
+def mismatch_report(samples: Sequence[Sample]) -> str:
+    bad = mismatches(samples)
+    checked = sum(1 for s in samples if s.equal_to_plain is not None)
+    if not bad:
+        return f"Lossless check: all {checked} samples equal plain decoding token for token."
+    lines = [
+        f"**Lossless check FAILED: {len(bad)} of {checked} samples differ from plain decoding.**", "",
+        "| method | prompt | category | first differing position | lossless method |", "|---|---|---|---:|---|",
+    ]
+    for s in bad:
+        lines.append(f"| `{s.method}` | {s.prompt_id} | {s.category} | {s.first_difference} | {'yes (a bug)' if s.lossless else 'no'} |")
+    return "\n".join(lines)
+
+
+def write_outputs(out_dir: Path, samples: Sequence[Sample], meta: dict[str, object], draft_lengths: dict[str, int]) -> dict[str, Path]:
+    """samples.jsonl, summary.json and results.md in `out_dir`."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = {"samples": out_dir / "samples.jsonl", "summary": out_dir / "summary.json", "table": out_dir / "results.md"}
+    with open(paths["samples"], "w", encoding="utf-8") as fh:
+        for s in samples:
+            fh.write(json.dumps(s.to_dict()) + "\n")
+    aggs = aggregate(samples)
+    summary = {
+        "meta": meta,
+        "results": [
+            {
+                "method": a.method, "category": a.category, "prompts": a.prompts, "speedup": a.speedup, "tau": a.tau,
+                "alpha": a.alpha, "tokens_per_s": a.tokens_per_s, "new_tokens": a.new_tokens,
+                "wall_time_s": a.wall_time_s, "mismatches": a.mismatches,
+            }
+            for a in aggs.values()
+        ],
+    }
+    paths["summary"].write_text(json.dumps(summary, indent=2), encoding="utf-8")
+    header = (
+        f"Model `{meta.get('model')}`, {meta.get('max_new_tokens')} new tokens, greedy, batch 1, "
+        f"{meta.get('threads')} threads, {meta.get('prompts')} prompts ({meta.get('dataset')}, "
+        f"limit {meta.get('limit')} per category); machine: {meta.get('machine')}.\n"
+        "Speed-up = total time of plain decoding (`ar`) / total time of the method, same prompts, same run. "
+        "τ = new tokens / target forward passes; α = accepted / drafted tokens.\n"
+    )
+    paths["table"].write_text(header + "\n" + markdown_table(samples, draft_lengths) + "\n\n" + mismatch_report(samples) + "\n", encoding="utf-8")
+    return paths

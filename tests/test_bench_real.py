@@ -1,0 +1,77 @@
+"""The benchmark, the trace and their pages, end to end on the real small model."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+import pytest
+from typer.testing import CliRunner
+
+from leapdecode import wrap
+from leapdecode.bench.trace import render_html, trace_steps
+from leapdecode.cli import app
+
+runner = CliRunner()
+
+
+def test_bench_command_writes_tables_plots_and_checks_every_sample(tmp_path) -> None:
+    out = tmp_path / "bench"
+    result = runner.invoke(app, [
+        "bench", "--dataset", "humaneval+spec-bench:translation", "--limit", "1", "-n", "12",
+        "--methods", "ar,anpd:n=4,k=5,pld,hf,hf-pld:tokens=5", "--out", str(out), "--threads", "2",
+    ])
+    assert result.exit_code == 0, result.output
+    for name in ("samples.jsonl", "summary.json", "results.md", "speedup_by_category.png", "accepted_lengths.png"):
+        assert (out / name).stat().st_size > 0
+    table = (out / "results.md").read_text()
+    assert "Lossless check: all 8 samples equal plain decoding" in table
+    assert "HumanEval" in table and "Translation" in table and "`hf-pld:tokens=5,max_ngram=2`" in table
+
+
+def test_sweep_command(tmp_path) -> None:
+    out = tmp_path / "sweep"
+    result = runner.invoke(app, ["sweep", "--grid", "n=2,3 k=1,4", "--limit", "1", "-n", "8", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert (out / "sweep_heatmap.png").stat().st_size > 0 and (out / "sweep_lines.png").stat().st_size > 0
+    assert "| 2 |" in (out / "sweep.md").read_text()
+
+
+def test_trace_marks_accepted_bonus_and_rejected_tokens(real_lm) -> None:
+    prompt = "Repeat exactly: the quick brown fox jumps over the lazy dog. the quick brown fox"
+    result = wrap(real_lm, "anpd").generate(prompt, max_new_tokens=24)
+    steps = trace_steps(result, real_lm.tokenizer)
+    assert len(steps) == result.stats.forward_passes
+    assert sum(len(s.accepted) for s in steps) == result.stats.accepted_tokens
+    assert all(s.bonus is not None for s in steps[:-1])
+    page = render_html(result, steps, real_lm.name, prompt)
+    assert page.count('class="step"') == len(steps)
+    assert page.count('class="acc"') == result.stats.accepted_tokens + 1  # + the legend's sample
+
+
+def find_chromium() -> str:
+    path = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+    assert path, "headless Chromium is needed for this test: `make test` installs Debian's chromium (apt-get)"
+    return path
+
+
+def test_trace_page_renders_in_headless_chromium(tmp_path) -> None:
+    import matplotlib.image
+
+    page = tmp_path / "trace.html"
+    result = runner.invoke(app, ["trace", "--method", "anpd", "-n", "40", "--out", str(page),
+                                 "def add(a, b):\n    return a + b\n\ndef add3(a, b, c):\n    return"])
+    assert result.exit_code == 0, result.output
+    shot = tmp_path / "trace.png"
+    subprocess.run(
+        [find_chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync",
+         f"--user-data-dir={tmp_path / 'profile'}", f"--screenshot={shot}", "--window-size=1000,700",
+         page.as_uri()],
+        check=True, capture_output=True, timeout=120,
+    )
+    pixels = matplotlib.image.imread(shot)[..., :3]  # [H, W, 3] floats in [0, 1]
+    assert pixels.shape[0] >= 600 and pixels.shape[1] >= 900
+    yellow = ((pixels[..., 0] > 0.95) & (pixels[..., 1] > 0.8) & (pixels[..., 2] < 0.5)).sum()  # bonus tokens
+    assert yellow > 200, "the bonus-token highlighting did not render"
+    assert pixels.std() > 0.05  # not a blank page

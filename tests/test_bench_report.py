@@ -1,0 +1,128 @@
+"""The benchmark's arithmetic on hand-made timings, the mismatch report, datasets, grids."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from leapdecode.bench import report
+from leapdecode.bench.cli import parse_grid
+from leapdecode.bench.datasets import HUMANEVAL_TEMPLATE, load_dataset
+from leapdecode.bench.runner import Sample, first_difference, parse_methods
+from leapdecode.errors import InputError, MethodError
+from leapdecode.methods import Anpd, Autoregressive, HfPromptLookup
+
+
+def sample(method, pid, cat, time, tokens=10, passes=10, drafted=0, accepted=0, equal=None, diff=None, lossless=True):
+    return Sample(
+        method=method, prompt_id=pid, category=cat, prompt_tokens=5, new_tokens=tokens, wall_time_s=time,
+        forward_passes=passes, drafted_tokens=drafted, accepted_tokens=accepted, accepted_lengths=[],
+        tau=tokens / passes, alpha=accepted / drafted if drafted else 0.0, tokens_per_s=tokens / time,
+        lossless=lossless, equal_to_plain=equal, first_difference=diff,
+    )
+
+
+@pytest.fixture
+def samples():
+    return [
+        sample("ar", "a", "qa", 2.0), sample("anpd:n=5,k=7", "a", "qa", 1.0, passes=5, drafted=14, accepted=5, equal=True),
+        sample("ar", "b", "qa", 4.0), sample("anpd:n=5,k=7", "b", "qa", 1.0, passes=4, drafted=14, accepted=6, equal=True),
+        sample("ar", "c", "humaneval", 3.0), sample("anpd:n=5,k=7", "c", "humaneval", 3.0, passes=10, drafted=7, accepted=0, equal=False, diff=4),
+    ]
+
+
+def test_speedup_is_a_ratio_of_total_times_not_a_mean_of_ratios(samples) -> None:
+    aggs = report.aggregate(samples)
+    qa = aggs[("anpd:n=5,k=7", "qa")]
+    assert qa.speedup == pytest.approx(6.0 / 2.0)  # not (2 + 4) / 2 = 3 by coincidence: check overall too
+    overall = aggs[("anpd:n=5,k=7", "overall")]
+    assert overall.speedup == pytest.approx(9.0 / 5.0)  # mean of ratios would be (2 + 4 + 1) / 3 = 2.33
+    assert aggs[("ar", "overall")].speedup == pytest.approx(1.0)
+
+
+def test_tau_and_alpha_are_pooled_over_prompts(samples) -> None:
+    overall = report.aggregate(samples)[("anpd:n=5,k=7", "overall")]
+    assert overall.tau == pytest.approx(30 / 19)
+    assert overall.alpha == pytest.approx(11 / 35)
+    assert overall.tokens_per_s == pytest.approx(30 / 5.0)
+    assert overall.mismatches == 1
+
+
+def test_markdown_table_has_a_column_per_category_and_the_bound(samples) -> None:
+    table = report.markdown_table(samples, {"anpd:n=5,k=7": 7})
+    header = table.splitlines()[0]
+    assert header.index("QA") < header.index("HumanEval") < header.index("Overall speed-up")
+    anpd_row = next(line for line in table.splitlines() if line.startswith("| `anpd"))
+    assert "3.00x (τ 2.22)" in anpd_row and "**1.80x**" in anpd_row
+    assert f"{11 / 35 * 7 + 1:.2f}" in anpd_row
+    assert "**2/3**" in anpd_row  # two of three identical: flagged
+
+
+def test_mismatch_report_names_prompt_and_first_differing_position(samples) -> None:
+    text = report.mismatch_report(samples)
+    assert "FAILED: 1 of 3" in text
+    assert "| `anpd:n=5,k=7` | c | humaneval | 4 | yes (a bug) |" in text
+    ok = [s for s in samples if s.prompt_id != "c"]
+    assert report.mismatch_report(ok) == "Lossless check: all 2 samples equal plain decoding token for token."
+
+
+def test_first_difference() -> None:
+    assert first_difference([1, 2, 3], [1, 2, 3]) is None
+    assert first_difference([1, 2, 3], [1, 5, 3]) == 1
+    assert first_difference([1, 2, 3], [1, 2]) == 2
+
+
+def test_write_outputs(tmp_path, samples) -> None:
+    paths = report.write_outputs(tmp_path, samples, {"model": "m", "prompts": 3}, {"anpd:n=5,k=7": 7})
+    rows = [json.loads(line) for line in paths["samples"].read_text().splitlines()]
+    assert len(rows) == 6 and rows[1]["equal_to_plain"] is True
+    summary = json.loads(paths["summary"].read_text())
+    assert any(r["method"] == "anpd:n=5,k=7" and r["category"] == "overall" for r in summary["results"])
+    assert "Lossless check FAILED" in paths["table"].read_text()
+
+
+def test_parse_methods_groups_parameters_with_their_method() -> None:
+    methods = parse_methods("ar,anpd:n=5,k=7,hf-pld:tokens=10")
+    assert methods == [Autoregressive(), Anpd(n=5, k=7), HfPromptLookup(tokens=10)]
+    with pytest.raises(MethodError, match="listed twice"):
+        parse_methods("anpd,anpd:n=5")
+    with pytest.raises(MethodError, match="unknown method"):
+        parse_methods("ar,warp")
+
+
+def test_datasets() -> None:
+    he = load_dataset("humaneval")
+    assert len(he) == 164 and he[0].id == "HumanEval/0" and he[0].chat
+    assert he[0].text.startswith(HUMANEVAL_TEMPLATE.split("{")[0]) and "def has_close_elements" in he[0].text
+    sb = load_dataset("spec-bench", limit=3)
+    cats = {p.category for p in sb}
+    assert cats == {"multi-turn", "translation", "summarization", "qa", "math_reasoning", "rag"}
+    assert len(sb) == 18
+    assert {p.category for p in load_dataset("spec-bench:rag", limit=2)} == {"rag"}
+    assert len(load_dataset("humaneval+spec-bench:qa", limit=2)) == 4
+
+
+def test_dataset_errors(tmp_path) -> None:
+    with pytest.raises(InputError, match="unknown dataset"):
+        load_dataset("mmlu")
+    with pytest.raises(InputError, match="unknown Spec-Bench category"):
+        load_dataset("spec-bench:poetry")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "ok"}\n{"turns": []}\n')
+    with pytest.raises(InputError, match="bad.jsonl:2"):
+        load_dataset(str(bad))
+    good = tmp_path / "good.jsonl"
+    good.write_text('{"prompt": "hello", "category": "x", "question_id": 7}\n\n{"turns": ["hi", "again"]}\n')
+    prompts = load_dataset(str(good))
+    assert [(p.id, p.category, p.text) for p in prompts] == [("7", "x", "hello"), ("3", "default", "hi")]
+
+
+def test_parse_grid() -> None:
+    assert parse_grid("n=2..4 k=1,3") == {"n": [2, 3, 4], "k": [1, 3]}
+    with pytest.raises(InputError):
+        parse_grid("n=4..2")
+    with pytest.raises(InputError):
+        parse_grid("n=a..b")
+    with pytest.raises(InputError):
+        parse_grid("n=1 k=2 m=3")
