@@ -101,11 +101,16 @@ def test_datasets() -> None:
     assert len(sb) == 18
     assert {p.category for p in load_dataset("spec-bench:rag", limit=2)} == {"rag"}
     assert len(load_dataset("humaneval+spec-bench:qa", limit=2)) == 4
+    assert len(load_dataset("humaneval+spec-bench:qa", limit="2,humaneval=5")) == 7
 
 
 def test_dataset_errors(tmp_path) -> None:
     with pytest.raises(InputError, match="unknown dataset"):
         load_dataset("mmlu")
+    with pytest.raises(InputError, match="positive"):
+        load_dataset("humaneval", limit="0")
+    with pytest.raises(InputError, match="CATEGORY=N"):
+        load_dataset("humaneval", limit="ten")
     with pytest.raises(InputError, match="unknown Spec-Bench category"):
         load_dataset("spec-bench:poetry")
     bad = tmp_path / "bad.jsonl"

@@ -25,7 +25,7 @@ from leapdecode.methods import Method, parse_method
 
 DEFAULT_METHODS = "ar,anpd:n=5,k=7,pld,hf,hf-pld:tokens=10"
 DatasetOpt = Annotated[str, typer.Option("--dataset", "-d", help="humaneval, spec-bench, spec-bench:CATEGORY, a JSONL file; join with +.")]
-LimitOpt = Annotated[int, typer.Option("--limit", help="Prompts per category.")]
+LimitOpt = Annotated[str, typer.Option("--limit", help="Prompts per category: N, or N,CATEGORY=M,... (e.g. 10,humaneval=30).")]
 OutOpt = Annotated[Path, typer.Option("--out", help="Output folder.")]
 BenchThreadsOpt = Annotated[int, typer.Option("--threads", help="Torch CPU threads for every method (0: all cores).")]
 
@@ -64,7 +64,7 @@ def _run_with_progress(lm, methods: list[Method], prompts, max_new_tokens: int) 
         return run_benchmark(lm, methods, prompts, max_new_tokens, on_sample=on_sample, log=console.log)
 
 
-def _meta(model: str, dataset: str, limit: int, max_new_tokens: int, threads: int, n_prompts: int) -> dict[str, object]:
+def _meta(model: str, dataset: str, limit: str, max_new_tokens: int, threads: int, n_prompts: int) -> dict[str, object]:
     return {
         "model": model, "dataset": dataset, "limit": limit, "max_new_tokens": max_new_tokens, "threads": threads,
         "prompts": n_prompts, "machine": machine_description(threads),
@@ -77,7 +77,7 @@ def bench(
     model: ModelOpt = "smollm2-135m",
     methods: Annotated[str, typer.Option("--methods", help="Comma list of method strings; `ar` always runs first.")] = DEFAULT_METHODS,
     dataset: DatasetOpt = "humaneval+spec-bench",
-    limit: LimitOpt = 10,
+    limit: LimitOpt = "10",
     max_new_tokens: MaxNewOpt = 128,
     out: OutOpt = Path("out/bench"),
     threads: BenchThreadsOpt = 0,
@@ -133,7 +133,7 @@ def sweep(
     method: MethodOpt = "anpd",
     grid: Annotated[str, typer.Option("--grid", help="Parameters to sweep, e.g. 'n=2..6 k=1..10'.")] = "n=2..6 k=1..10",
     dataset: DatasetOpt = "humaneval",
-    limit: LimitOpt = 5,
+    limit: LimitOpt = "5",
     max_new_tokens: MaxNewOpt = 128,
     out: OutOpt = Path("out/sweep"),
     threads: BenchThreadsOpt = 0,

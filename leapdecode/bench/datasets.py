@@ -75,9 +75,31 @@ def spec_bench() -> list[BenchPrompt]:
     return _from_jsonl(data.read_text(encoding="utf-8").splitlines(), "spec_bench/question.jsonl")
 
 
-def load_dataset(spec: str, limit: int | None = None) -> list[BenchPrompt]:
+def parse_limit(text: str | int | None) -> tuple[int | None, dict[str, int]]:
+    """`10` or `10,humaneval=30`: a default per-category limit and per-category overrides."""
+    if text is None or isinstance(text, int):
+        return text, {}
+    default: int | None = None
+    overrides: dict[str, int] = {}
+    for item in filter(None, (t.strip() for t in str(text).split(","))):
+        name, eq, value = item.rpartition("=") if "=" in item else ("", "", item)
+        try:
+            number = int(value)
+        except ValueError:
+            raise InputError(f"--limit takes N or CATEGORY=N items, got {item!r}") from None
+        if number <= 0:
+            raise InputError(f"--limit must be positive, got {item!r}")
+        if eq:
+            overrides[name.strip()] = number
+        else:
+            default = number
+    return default, overrides
+
+
+def load_dataset(spec: str, limit: str | int | None = None) -> list[BenchPrompt]:
     """`humaneval`, `spec-bench`, `spec-bench:CATEGORY`, or a path to a JSONL file.
-    Several may be joined with `+`. `limit` keeps the first N prompts of each category."""
+    Several may be joined with `+`. `limit` keeps the first N prompts of each category
+    (`10,humaneval=30`: 10 of each, but 30 of HumanEval)."""
     prompts: list[BenchPrompt] = []
     for part in filter(None, (p.strip() for p in spec.split("+"))):
         name, _, category = part.partition(":")
@@ -96,13 +118,13 @@ def load_dataset(spec: str, limit: int | None = None) -> list[BenchPrompt]:
         prompts.extend(chosen)
     if not prompts:
         raise InputError("no dataset given")
-    if limit is not None:
-        if limit <= 0:
-            raise InputError(f"--limit must be positive, got {limit}")
+    default, overrides = parse_limit(limit)
+    if default is not None or overrides:
         seen: dict[str, int] = defaultdict(int)
         kept = []
         for p in prompts:
-            if seen[p.category] < limit:
+            cap = overrides.get(p.category, default)
+            if cap is None or seen[p.category] < cap:
                 seen[p.category] += 1
                 kept.append(p)
         prompts = kept
