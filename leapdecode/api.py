@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -15,10 +16,11 @@ from typing import Any, Union
 
 import torch
 
-from leapdecode.engine import GenerationStats, Step, StopCriteria, TorchBackend, decode, truncate_at_stop
+from leapdecode.engine import GenerationStats, Step, StopCriteria, TorchBackend, Verifier, decode, truncate_at_stop
 from leapdecode.errors import InputError
 from leapdecode.methods import Method, parse_method
 from leapdecode.models import LoadedModel
+from leapdecode.verifiers import SamplingParams, verify_greedy, verify_speculative
 
 Message = dict[str, str]
 Prompt = Union[str, Sequence[Message], Sequence[int]]
@@ -78,7 +80,8 @@ class Decoder:
             raise InputError(f"{self.method.name!r} is a benchmark peer (Hugging Face generate), not an engine method")
         self.backend = TorchBackend(lm.model)
 
-    def _check(self, prompt_ids: list[int], max_new_tokens: int) -> None:
+    def check_request(self, prompt_ids: list[int], max_new_tokens: int) -> None:
+        """Raise InputError unless the prompt and max_new_tokens fit the model."""
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens <= 0:
             raise InputError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
         limit = self.lm.max_context
@@ -90,6 +93,14 @@ class Decoder:
                 f"{limit}; ask for at most {limit - len(prompt_ids)} new tokens"
             )
 
+    def _verifier(self, sampling: SamplingParams, generator: torch.Generator | None) -> Verifier:
+        """Greedy matching at temperature 0, else speculative sampling (exactly the target's distribution)."""
+        if sampling.greedy:
+            return verify_greedy
+        if generator is None and sampling.seed is not None:
+            generator = torch.Generator(device=self.backend.device).manual_seed(sampling.seed)
+        return functools.partial(verify_speculative, params=sampling, generator=generator)
+
     def stream(
         self,
         prompt: Prompt,
@@ -97,13 +108,25 @@ class Decoder:
         max_new_tokens: int = 128,
         stop: Sequence[str] = (),
         chat: bool = False,
+        temperature: float = 0.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        seed: int | None = None,
+        generator: torch.Generator | None = None,
     ) -> Iterator[Step]:
-        """Yield one `Step` per target forward pass, as soon as its tokens are accepted."""
+        """Yield one `Step` per target forward pass, as soon as its tokens are accepted.
+
+        temperature 0 (the default) is greedy decoding; otherwise tokens are sampled with
+        temperature / top_k / top_p as in Hugging Face `generate`, reproducibly with `seed`
+        or a `torch.Generator`.
+        """
+        sampling = SamplingParams(temperature, top_k, top_p, seed)
         prompt_ids = encode_prompt(self.lm, prompt, chat=chat)
-        self._check(prompt_ids, max_new_tokens)
+        self.check_request(prompt_ids, max_new_tokens)
         criteria = StopCriteria(self.lm.eos_token_ids, max_new_tokens, stop, self.lm.tokenizer)
+        verifier = self._verifier(sampling, generator)
         with torch.inference_mode():
-            yield from decode(self.backend, prompt_ids, self.method.build_drafter(), criteria)
+            yield from decode(self.backend, prompt_ids, self.method.build_drafter(), criteria, verifier)
 
     def generate(
         self,
@@ -112,11 +135,20 @@ class Decoder:
         max_new_tokens: int = 128,
         stop: Sequence[str] = (),
         chat: bool = False,
+        temperature: float = 0.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        seed: int | None = None,
+        generator: torch.Generator | None = None,
     ) -> GenerationResult:
+        """Generate a completion; see `stream` for the sampling arguments."""
         prompt_ids = encode_prompt(self.lm, prompt, chat=chat)
-        self._check(prompt_ids, max_new_tokens)
+        self.check_request(prompt_ids, max_new_tokens)
         start = time.perf_counter()
-        steps = tuple(self.stream(prompt_ids, max_new_tokens=max_new_tokens, stop=stop))
+        steps = tuple(self.stream(
+            prompt_ids, max_new_tokens=max_new_tokens, stop=stop, temperature=temperature, top_k=top_k,
+            top_p=top_p, seed=seed, generator=generator,
+        ))
         elapsed = time.perf_counter() - start
         token_ids = [t for s in steps for t in s.tokens]
         text = truncate_at_stop(self.lm.tokenizer.decode(token_ids, skip_special_tokens=True), stop)

@@ -253,3 +253,4 @@ def main() -> None:
 
 # The benchmark commands (bench, sweep, trace) live with the benchmark; importing registers them.
 from leapdecode.bench import cli as _bench_cli  # noqa: E402,F401
+from leapdecode.server import cli as _server_cli  # noqa: E402,F401

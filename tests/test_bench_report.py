@@ -131,3 +131,15 @@ def test_parse_grid() -> None:
         parse_grid("n=a..b")
     with pytest.raises(InputError):
         parse_grid("n=1 k=2 m=3")
+
+
+def test_readme_table_is_written_between_markers(tmp_path, samples) -> None:
+    readme = tmp_path / "README.md"
+    readme.write_text("intro\n<!-- results-table -->\nold\n<!-- results-table -->\nafter\n")
+    table = report.readme_table(samples, {"model": "m", "prompts": 3, "dataset": "d", "limit": 1, "max_new_tokens": 8, "machine": "x"})
+    report.update_readme(readme, table)
+    text = readme.read_text()
+    assert "old" not in text and text.startswith("intro\n") and text.endswith("after\n")
+    assert "**1.80x**" in text and "**1 of 3 samples differ**" in text
+    report.update_readme(readme, "new table")  # idempotent: replaces again between the markers
+    assert readme.read_text().count("<!-- results-table -->") == 2 and "**1.80x**" not in readme.read_text()

@@ -104,6 +104,29 @@ def bench(
         raise typer.Exit(1)
 
 
+@app.command("report")
+@friendly
+def report_command(
+    out: Annotated[Path, typer.Argument(help="A `leapdecode bench` output folder.")],
+    readme: Annotated[Path | None, typer.Option("--readme", help="Also write the compact table into this README's results section.")] = None,
+) -> None:
+    """Re-render results.md and the plots of a bench run from its samples.jsonl (no re-run)."""
+    samples_path, summary_path = out / "samples.jsonl", out / "summary.json"
+    if not samples_path.is_file() or not summary_path.is_file():
+        raise InputError(f"{out} is not a bench output folder (needs samples.jsonl and summary.json)")
+    samples = report.read_samples(samples_path)
+    meta = json.loads(summary_path.read_text(encoding="utf-8"))["meta"]
+    draft_lengths = {str(m): m.draft_length for m in parse_methods(report.methods_in(samples))}
+    report.write_outputs(out, samples, meta, draft_lengths)
+    title = f"{meta['model']}, {meta['prompts']} prompts, {meta['max_new_tokens']} new tokens, greedy"
+    plots.speedup_by_category(samples, out / "speedup_by_category.png", title)
+    plots.accepted_length_histogram(samples, out / "accepted_lengths.png", title)
+    if readme is not None:
+        report.update_readme(readme, report.readme_table(samples, meta))
+        console.print(f"updated {readme}")
+    console.print(Markdown((out / "results.md").read_text(encoding="utf-8")))
+
+
 def parse_grid(text: str) -> dict[str, list[int]]:
     """`n=2..6 k=1..10` or `n=3,5 k=4` -> {'n': [2..6], 'k': [1..10]}."""
     grid: dict[str, list[int]] = {}

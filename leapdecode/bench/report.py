@@ -154,3 +154,40 @@ def write_outputs(out_dir: Path, samples: Sequence[Sample], meta: dict[str, obje
     )
     paths["table"].write_text(header + "\n" + markdown_table(samples, draft_lengths) + "\n\n" + mismatch_report(samples) + "\n", encoding="utf-8")
     return paths
+
+
+def read_samples(path: Path) -> list[Sample]:
+    with open(path, encoding="utf-8") as fh:
+        return [Sample(**json.loads(line)) for line in fh if line.strip()]
+
+
+def readme_table(samples: Sequence[Sample], meta: dict[str, object]) -> str:
+    """A compact table for the README: overall and per-category speed-up of each method."""
+    aggs = aggregate(samples)
+    cats = categories_in(samples)
+    head = ["Method", *(CATEGORY_TITLES.get(c, c) for c in cats), "Overall", "τ", "tok/s"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join([":---"] + ["---:"] * (len(head) - 1)) + "|"]
+    for method in methods_in(samples):
+        o = aggs[(method, "overall")]
+        cells = [f"{aggs[(method, c)].speedup:.2f}x" if (method, c) in aggs else "–" for c in cats]
+        lines.append("| " + " | ".join([f"`{method}`", *cells, f"**{o.speedup:.2f}x**", f"{o.tau:.2f}", f"{o.tokens_per_s:.1f}"]) + " |")
+    checked = sum(1 for s in samples if s.equal_to_plain is not None)
+    bad = len(mismatches(samples))
+    note = (
+        f"\n\n`{meta.get('model')}`, {meta.get('prompts')} prompts ({meta.get('dataset')}, limit {meta.get('limit')}), "
+        f"{meta.get('max_new_tokens')} new tokens, greedy, one run on {meta.get('machine')}. Speed-up against this "
+        f"project's plain decoding (`ar`) in the same run; lossless check: "
+        + (f"all {checked} samples identical to plain decoding." if not bad else f"**{bad} of {checked} samples differ**.")
+    )
+    return "\n".join(lines) + note
+
+
+def update_readme(readme: Path, table: str, marker: str = "<!-- results-table -->") -> None:
+    """Replace what lies between the two markers (or after the single marker) with `table`."""
+    text = readme.read_text(encoding="utf-8")
+    if marker not in text:
+        raise ValueError(f"{readme} has no {marker} marker")
+    head, _, rest = text.partition(marker)
+    _, found, tail = rest.partition(marker)
+    tail = tail if found else rest
+    readme.write_text(f"{head}{marker}\n{table}\n{marker}{tail}", encoding="utf-8")

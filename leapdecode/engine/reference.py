@@ -24,3 +24,20 @@ def greedy_reference(model: Any, prompt_ids: Sequence[int], max_new_tokens: int,
             break
         ids = torch.cat([ids, ids.new_tensor([[token]])], dim=1)
     return generated
+
+
+@torch.inference_mode()
+def sample_reference(
+    model: Any, prompt_ids: Sequence[int], max_new_tokens: int, params: Any, generator: torch.Generator | None = None
+) -> list[int]:
+    """Plain sampling without a KV cache: each token drawn from the shaped target distribution."""
+    from leapdecode.verifiers.sampling import logits_to_probs
+
+    ids = torch.tensor([list(prompt_ids)], dtype=torch.long, device=model.device)  # [1, T]
+    generated: list[int] = []
+    for _ in range(max_new_tokens):
+        probs = logits_to_probs(model(input_ids=ids, use_cache=False).logits[0, -1:], params)  # [1, vocab]
+        token = int(torch.multinomial(probs[0], 1, generator=generator))
+        generated.append(token)
+        ids = torch.cat([ids, ids.new_tensor([[token]])], dim=1)
+    return generated

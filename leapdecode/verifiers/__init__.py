@@ -1,5 +1,6 @@
 """Verifiers: pure functions over tensors that decide which drafted tokens are kept."""
 
 from leapdecode.verifiers.greedy import verify_greedy
+from leapdecode.verifiers.sampling import SamplingParams, logits_to_probs, verify_speculative
 
-__all__ = ["verify_greedy"]
+__all__ = ["SamplingParams", "logits_to_probs", "verify_greedy", "verify_speculative"]

@@ -1,0 +1,133 @@
+"""A bounded load test against a running server on loopback: concurrent clients, some of which
+disconnect mid-stream. Used by the tests and runnable by hand:
+
+    python -m leapdecode.server.loadtest --url http://127.0.0.1:8000 --clients 8 --requests 10
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+
+import httpx
+
+
+@dataclass
+class LoadReport:
+    requests: int = 0
+    statuses: dict[str, int] = field(default_factory=dict)
+    disconnected: int = 0
+    completed: int = 0
+    completion_tokens: int = 0
+    latencies_s: list[float] = field(default_factory=list)
+    wall_s: float = 0.0
+    unexpected: list[str] = field(default_factory=list)
+
+    @property
+    def p50(self) -> float:
+        return statistics.median(self.latencies_s) if self.latencies_s else 0.0
+
+    @property
+    def p95(self) -> float:
+        if not self.latencies_s:
+            return 0.0
+        ordered = sorted(self.latencies_s)
+        return ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))]
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.completion_tokens / self.wall_s if self.wall_s else 0.0
+
+    def summary(self) -> dict[str, object]:
+        data = asdict(self)
+        data.pop("latencies_s")
+        data.update(p50_s=self.p50, p95_s=self.p95, tokens_per_s=self.tokens_per_s)
+        return data
+
+
+def _one(client: httpx.Client, model: str, index: int, disconnect: bool, max_tokens: int, report: LoadReport, lock: threading.Lock) -> None:
+    body = {"model": model, "messages": [{"role": "user", "content": f"Count from {index} to {index + 5}."}],
+            "max_tokens": max_tokens, "temperature": 0}
+    start = time.perf_counter()
+    status, tokens, note = "error", 0, ""
+    try:
+        if index % 2 == 0:  # streaming
+            with client.stream("POST", "/v1/chat/completions", json={**body, "stream": True, "stream_options": {"include_usage": True}}) as resp:
+                status = str(resp.status_code)
+                if resp.status_code == 200:
+                    for line in resp.iter_lines():
+                        if disconnect:  # leave after the first event: the server must free the slot
+                            break
+                        if line.startswith("data: {"):
+                            payload = json.loads(line[6:])
+                            if payload.get("usage"):
+                                tokens = payload["usage"]["completion_tokens"]
+                        if line == "data: [DONE]":
+                            note = "done"
+                else:
+                    resp.read()
+        else:
+            resp = client.post("/v1/chat/completions", json=body)
+            status = str(resp.status_code)
+            if resp.status_code == 200:
+                tokens = resp.json()["usage"]["completion_tokens"]
+                note = "done"
+    except httpx.HTTPError as exc:
+        status = f"exception:{type(exc).__name__}"
+    elapsed = time.perf_counter() - start
+    with lock:
+        report.requests += 1
+        report.statuses[status] = report.statuses.get(status, 0) + 1
+        if status == "200":
+            if disconnect and index % 2 == 0:
+                report.disconnected += 1
+            elif note == "done":
+                report.completed += 1
+                report.completion_tokens += tokens
+                report.latencies_s.append(elapsed)
+            else:
+                report.unexpected.append(f"request {index}: 200 but not completed")
+        elif status not in ("429", "503"):
+            report.unexpected.append(f"request {index}: status {status}")
+
+
+def run_load(url: str, model: str, clients: int = 8, requests: int = 10, disconnect_every: int = 4, max_tokens: int = 8, timeout_s: float = 300) -> LoadReport:
+    """`clients` threads each send `requests` requests in turn; every `disconnect_every`-th
+    streaming request disconnects after its first event."""
+    report = LoadReport()
+    lock = threading.Lock()
+    start = time.perf_counter()
+
+    def client_loop(c: int) -> None:
+        with httpx.Client(base_url=url, timeout=timeout_s) as client:
+            for r in range(requests):
+                index = c * requests + r
+                _one(client, model, index, disconnect_every > 0 and index % (2 * disconnect_every) == 0, max_tokens, report, lock)
+
+    threads = [threading.Thread(target=client_loop, args=(c,)) for c in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    report.wall_s = time.perf_counter() - start
+    return report
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--url", default="http://127.0.0.1:8000")
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--clients", type=int, default=8)
+    parser.add_argument("--requests", type=int, default=10)
+    parser.add_argument("--max-tokens", type=int, default=16)
+    args = parser.parse_args()
+    report = run_load(args.url, args.model, args.clients, args.requests, max_tokens=args.max_tokens)
+    print(json.dumps(report.summary(), indent=2))
+
+
+if __name__ == "__main__":
+    main()

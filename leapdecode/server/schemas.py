@@ -1,0 +1,91 @@
+"""Request bodies of the OpenAI-compatible API (pydantic), with the OpenAI defaults."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+MAX_STOP_STRINGS = 4  # as in the OpenAI API
+
+
+class LeapDecodeOptions(BaseModel):
+    """The extra `leapdecode` field: per-request method choice."""
+
+    model_config = ConfigDict(extra="forbid")
+    method: str | None = None
+
+
+class StreamOptions(BaseModel):
+    include_usage: bool = False
+
+
+class _Common(BaseModel):
+    # Unknown fields are ignored (clients send newer ones); known fields are strictly typed.
+    model_config = ConfigDict(extra="ignore")
+
+    model: str
+    max_tokens: int | None = Field(default=None, strict=True)
+    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    stop: str | list[str] | None = None
+    seed: int | None = Field(default=None, strict=True)
+    stream: bool = Field(default=False, strict=True)
+    stream_options: StreamOptions | None = None
+    n: int = Field(default=1, strict=True)
+    leapdecode: LeapDecodeOptions | None = None
+
+    @field_validator("stop")
+    @classmethod
+    def _stop(cls, value: str | list[str] | None) -> list[str]:
+        stops = [value] if isinstance(value, str) else list(value or [])
+        if len(stops) > MAX_STOP_STRINGS:
+            raise ValueError(f"at most {MAX_STOP_STRINGS} stop sequences")
+        return [s for s in stops if s]
+
+    @field_validator("n")
+    @classmethod
+    def _n(cls, value: int) -> int:
+        if value != 1:
+            raise ValueError("only n=1 is supported")
+        return value
+
+
+class CompletionRequest(_Common):
+    prompt: str | list[str] | list[int]
+    max_tokens: int | None = Field(default=16, strict=True)  # the OpenAI default for completions
+
+    @field_validator("prompt")
+    @classmethod
+    def _prompt(cls, value: str | list[Any]) -> str | list[int]:
+        if isinstance(value, list) and value and all(isinstance(v, str) for v in value):
+            if len(value) != 1:
+                raise ValueError("only one prompt per request is supported")
+            return value[0]
+        return value
+
+
+class ContentPart(BaseModel):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    role: Literal["system", "user", "assistant", "developer", "tool"]
+    content: str | list[ContentPart] | None = None
+
+    def text(self) -> str:
+        if isinstance(self.content, list):
+            return "".join(part.text for part in self.content)
+        return self.content or ""
+
+
+class ChatCompletionRequest(_Common):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, strict=True)
+
+    @property
+    def token_limit(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens

@@ -1,0 +1,166 @@
+"""The OpenAI-compatible server, started for real on a loopback port with `smollm2-135m`."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import psutil
+import pytest
+from openai import OpenAI
+
+from leapdecode import wrap
+from leapdecode.server.loadtest import run_load
+
+MODEL = "smollm2-135m"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server():
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "leapdecode", "serve", "--model", MODEL, "--port", str(port), "--max-queue", "4", "--timeout", "60"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 180
+    while time.time() < deadline:
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                break
+        except httpx.HTTPError:
+            time.sleep(0.5)
+        assert proc.poll() is None, proc.stdout.read()
+    else:
+        proc.kill()
+        pytest.fail("the server did not start")
+    yield url, proc
+    proc.terminate()
+    proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return OpenAI(base_url=server[0] + "/v1", api_key="not-needed", max_retries=0)
+
+
+def still_serving(url: str) -> None:
+    resp = httpx.post(url + "/v1/completions", json={"model": MODEL, "prompt": "Hi", "max_tokens": 2, "temperature": 0}, timeout=60)
+    assert resp.status_code == 200 and resp.json()["usage"]["completion_tokens"] >= 1
+
+
+def test_models_and_health(server, client) -> None:
+    assert [m.id for m in client.models.list().data] == [MODEL]
+    assert httpx.get(server[0] + "/health").json()["status"] == "ok"
+
+
+def test_completion_equals_the_library_greedy_output(client, real_lm) -> None:
+    prompt = "def fibonacci(n):\n"
+    resp = client.completions.create(model=MODEL, prompt=prompt, max_tokens=24, temperature=0)
+    expected = wrap(real_lm, "anpd").generate(prompt, max_new_tokens=24)
+    assert resp.choices[0].text == expected.text
+    assert resp.usage.completion_tokens == len(expected.token_ids)
+    assert resp.usage.prompt_tokens == len(expected.prompt_ids)
+    assert resp.usage.total_tokens == resp.usage.prompt_tokens + resp.usage.completion_tokens
+    assert resp.choices[0].finish_reason == "length"
+
+
+def test_chat_streaming_and_not_agree_with_the_library(client, real_lm) -> None:
+    messages = [{"role": "user", "content": "Name three colours."}]
+    expected = wrap(real_lm, "anpd").generate(messages, max_new_tokens=40)
+    resp = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=40, temperature=0)
+    assert resp.choices[0].message.content == expected.text
+    assert resp.choices[0].finish_reason == ("stop" if expected.finish_reason == "stop" else "length")
+    chunks = list(client.chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=40, temperature=0, stream=True, stream_options={"include_usage": True}))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == expected.text
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert chunks[-1].usage.completion_tokens == len(expected.token_ids)
+
+
+def test_stop_strings_over_the_api(client, real_lm) -> None:
+    prompt = "def fibonacci(n):\n"
+    expected = wrap(real_lm, "anpd").generate(prompt, max_new_tokens=40, stop=["return"])
+    resp = client.completions.create(model=MODEL, prompt=prompt, max_tokens=40, temperature=0, stop=["return"])
+    assert resp.choices[0].text == expected.text and resp.choices[0].finish_reason == "stop"
+    streamed = "".join(c.choices[0].text for c in client.completions.create(
+        model=MODEL, prompt=prompt, max_tokens=40, temperature=0, stop=["return"], stream=True))
+    assert streamed == expected.text and "return" not in streamed
+
+
+def test_per_request_method_and_seeded_sampling(client) -> None:
+    messages = [{"role": "user", "content": "Write a limerick about a cat."}]
+    a = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=16, temperature=0, extra_body={"leapdecode": {"method": "pld:k=4"}})
+    b = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=16, temperature=0, extra_body={"leapdecode": {"method": "ar"}})
+    assert a.model_extra["leapdecode"]["method"] == "pld:k=4,max_ngram=3,min_ngram=1"
+    assert b.model_extra["leapdecode"]["method"] == "ar"
+    assert a.choices[0].message.content == b.choices[0].message.content
+    s1 = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=16, temperature=0.9, seed=7)
+    s2 = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=16, temperature=0.9, seed=7)
+    assert s1.choices[0].message.content == s2.choices[0].message.content
+
+
+@pytest.mark.parametrize(
+    "path, body, status, fragment",
+    [
+        ("/v1/completions", b"{not json", 400, "not valid JSON"),
+        ("/v1/completions", {"model": MODEL, "prompt": "hi", "max_tokens": 0}, 400, "max_tokens"),
+        ("/v1/completions", {"model": MODEL, "prompt": "hi", "max_tokens": -3}, 400, "max_tokens"),
+        ("/v1/completions", {"model": MODEL, "prompt": "hi", "max_tokens": 100000}, 400, "exceeds the context"),
+        ("/v1/completions", {"model": MODEL, "prompt": "hi", "max_tokens": "many"}, 400, "max_tokens"),
+        ("/v1/completions", {"model": MODEL, "prompt": "", "max_tokens": 4}, 400, "prompt is empty"),
+        ("/v1/completions", {"model": MODEL, "prompt": "hi", "temperature": "hot"}, 400, "temperature"),
+        ("/v1/completions", {"model": MODEL, "prompt": "hi", "n": 3}, 400, "n=1"),
+        ("/v1/completions", {"model": "gpt-9", "prompt": "hi"}, 404, "does not exist"),
+        ("/v1/completions", {"prompt": "hi"}, 400, "model"),
+        ("/v1/chat/completions", {"model": MODEL, "messages": []}, 400, "messages"),
+        ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": ""}]}, 400, "empty"),
+        ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "wizard", "content": "hi"}]}, 400, "role"),
+        ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "leapdecode": {"method": "warp"}}, 400, "unknown method"),
+        ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "stop": ["a", "b", "c", "d", "e"]}, 400, "stop"),
+    ],
+)
+def test_bad_input_gets_an_openai_style_4xx_and_the_server_keeps_serving(server, path, body, status, fragment) -> None:
+    url = server[0]
+    kwargs = {"content": body, "headers": {"content-type": "application/json"}} if isinstance(body, bytes) else {"json": body}
+    resp = httpx.post(url + path, timeout=60, **kwargs)
+    assert resp.status_code == status, resp.text
+    error = resp.json()["error"]
+    assert fragment in error["message"] or fragment in str(error.get("param"))
+    assert set(error) == {"message", "type", "param", "code"}
+    still_serving(url)
+
+
+def test_metrics_are_prometheus_text(server) -> None:
+    text = httpx.get(server[0] + "/metrics").text
+    for name in ("leapdecode_requests_total", "leapdecode_generated_tokens_total", "leapdecode_mean_accepted_tokens_per_pass",
+                 "leapdecode_draft_hit_ratio", "leapdecode_queue_depth", "leapdecode_request_latency_seconds_bucket"):
+        assert name in text
+
+
+def test_bounded_load_with_disconnects(server) -> None:
+    url, proc = server
+    memory = []
+    reports = []
+    for _ in range(2):
+        report = run_load(url, MODEL, clients=8, requests=5, disconnect_every=3, max_tokens=8)
+        reports.append(report)
+        memory.append(psutil.Process(proc.pid).memory_info().rss)
+        assert report.unexpected == [], report.unexpected
+        assert set(report.statuses) <= {"200", "429"}, report.statuses
+        assert report.completed > 0 and report.disconnected > 0
+        assert httpx.get(url + "/health").json()["admitted"] == 0  # every slot was freed
+    print(json.dumps({"rounds": [r.summary() for r in reports], "rss_mb": [m / 2**20 for m in memory]}, indent=2))
+    assert memory[1] - memory[0] < 64 * 2**20  # no growth across rounds beyond noise
+    still_serving(url)
