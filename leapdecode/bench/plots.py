@@ -20,7 +20,7 @@ def speedup_by_category(samples: Sequence[Sample], path: Path, title: str) -> Pa
     aggs = aggregate(samples)
     cats = [*categories_in(samples), "overall"]
     methods = [m for m in methods_in(samples) if m != BASELINE]
-    fig, ax = plt.subplots(figsize=(max(7.0, 1.2 * len(cats) * max(1, len(methods)) ** 0.5 + 3), 4.5))
+    fig, ax = plt.subplots(figsize=(min(14.0, 3.0 + 1.3 * len(cats)), 4.8))
     width = 0.8 / max(1, len(methods))
     x = np.arange(len(cats))
     for i, method in enumerate(methods):
@@ -31,7 +31,7 @@ def speedup_by_category(samples: Sequence[Sample], path: Path, title: str) -> Pa
     ax.set_xticks(x, [CATEGORY_TITLES.get(c, c.title()) for c in cats])
     ax.set_ylabel("speed-up over plain decoding (x)")
     ax.set_title(title, fontsize=10)
-    ax.legend(fontsize=8, loc="upper left")
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.09), ncol=min(3, len(methods) + 1), frameon=False)
     ax.set_ylim(0, max([1.2] + [aggs[(m, c)].speedup * 1.15 for m in methods for c in cats if (m, c) in aggs]))
     fig.tight_layout()
     fig.savefig(path, dpi=120)
