@@ -43,9 +43,9 @@ def test_speedup_is_a_ratio_of_total_times_not_a_mean_of_ratios(samples) -> None
 
 def test_tau_and_alpha_are_pooled_over_prompts(samples) -> None:
     overall = report.aggregate(samples)[("anpd:n=5,k=7", "overall")]
-    assert overall.tau == pytest.approx(30 / 19)
-    assert overall.alpha == pytest.approx(11 / 35)
-    assert overall.tokens_per_s == pytest.approx(30 / 5.0)
+    assert overall.stats.tau == pytest.approx(30 / 19)
+    assert overall.stats.alpha == pytest.approx(11 / 35)
+    assert overall.stats.tokens_per_s == pytest.approx(30 / 5.0)
     assert overall.mismatches == 1
 
 

@@ -181,7 +181,7 @@ def sweep(
     paths = report.write_outputs(out, samples, meta, {str(m): m.draft_length for m in variants.values()})
     aggs = report.aggregate(samples)
     speedups = {p: aggs[(str(m), "overall")].speedup for p, m in variants.items()}
-    taus = {p: aggs[(str(m), "overall")].tau for p, m in variants.items()}
+    taus = {p: aggs[(str(m), "overall")].stats.tau for p, m in variants.items()}
     row_name, col_name = names[0], (names[1] if len(names) == 2 else "-")
     cols = sorted({b for _, b in points})
     lines = [

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from leapdecode.bench.datasets import SPEC_BENCH_CATEGORIES
 from leapdecode.bench.runner import BASELINE, Sample
+from leapdecode.engine import GenerationStats
 
 CATEGORY_TITLES = {
     "multi-turn": "MT-Bench", "translation": "Translation", "summarization": "Summarization", "qa": "QA",
@@ -23,32 +24,18 @@ CATEGORY_TITLES = {
 
 @dataclass(frozen=True)
 class Aggregate:
+    """A method's pooled statistics over a set of prompts, beside plain decoding's time on them."""
+
     method: str
     category: str  # a category, or "overall"
     prompts: int
-    new_tokens: int
-    wall_time_s: float
+    stats: GenerationStats  # pooled: tau, alpha and tokens/s over all the prompts together
     plain_wall_time_s: float
-    forward_passes: int
-    drafted_tokens: int
-    accepted_tokens: int
     mismatches: int
 
     @property
     def speedup(self) -> float:
-        return self.plain_wall_time_s / self.wall_time_s if self.wall_time_s > 0 else 0.0
-
-    @property
-    def tau(self) -> float:
-        return self.new_tokens / self.forward_passes if self.forward_passes else 0.0
-
-    @property
-    def alpha(self) -> float:
-        return self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else 0.0
-
-    @property
-    def tokens_per_s(self) -> float:
-        return self.new_tokens / self.wall_time_s if self.wall_time_s > 0 else 0.0
+        return self.plain_wall_time_s / self.stats.wall_time_s if self.stats.wall_time_s > 0 else 0.0
 
 
 def categories_in(samples: Iterable[Sample]) -> list[str]:
@@ -72,14 +59,17 @@ def aggregate(samples: Sequence[Sample]) -> dict[tuple[str, str], Aggregate]:
         mine = [s for s in samples if s.method == method]
         for category in [*categories_in(mine), "overall"]:
             group = [s for s in mine if category in ("overall", s.category)]
-            out[(method, category)] = Aggregate(
-                method=method, category=category, prompts=len(group),
+            pooled = GenerationStats(
                 new_tokens=sum(s.new_tokens for s in group),
-                wall_time_s=sum(s.wall_time_s for s in group),
-                plain_wall_time_s=sum(plain_time[(s.prompt_id, s.category)] for s in group),
                 forward_passes=sum(s.forward_passes for s in group),
                 drafted_tokens=sum(s.drafted_tokens for s in group),
                 accepted_tokens=sum(s.accepted_tokens for s in group),
+                wall_time_s=sum(s.wall_time_s for s in group),
+                accepted_lengths=(),
+            )
+            out[(method, category)] = Aggregate(
+                method=method, category=category, prompts=len(group), stats=pooled,
+                plain_wall_time_s=sum(plain_time[(s.prompt_id, s.category)] for s in group),
                 mismatches=sum(1 for s in group if s.equal_to_plain is False),
             )
     return out
@@ -100,13 +90,13 @@ def markdown_table(samples: Sequence[Sample], draft_lengths: dict[str, int] | No
         row = [f"`{method}`"]
         for c in cats:
             a = aggs.get((method, c))
-            row.append(f"{a.speedup:.2f}x (τ {a.tau:.2f})" if a else "–")
+            row.append(f"{a.speedup:.2f}x (τ {a.stats.tau:.2f})" if a else "–")
         o = aggs[(method, "overall")]
         k = (draft_lengths or {}).get(method, 0)
-        bound = f"{o.alpha * k + 1:.2f}" if k and o.drafted_tokens else "–"
-        alpha = f"{o.alpha:.2f}" if o.drafted_tokens else "–"
+        bound = f"{o.stats.speedup_bound(k):.2f}" if k and o.stats.drafted_tokens else "–"
+        alpha = f"{o.stats.alpha:.2f}" if o.stats.drafted_tokens else "–"
         same = "–" if method == BASELINE else ("all" if o.mismatches == 0 else f"**{o.prompts - o.mismatches}/{o.prompts}**")
-        row += [f"**{o.speedup:.2f}x**", f"{o.tau:.2f}", alpha, bound, f"{o.tokens_per_s:.1f}", same]
+        row += [f"**{o.speedup:.2f}x**", f"{o.stats.tau:.2f}", alpha, bound, f"{o.stats.tokens_per_s:.1f}", same]
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
 
@@ -137,9 +127,9 @@ def write_outputs(out_dir: Path, samples: Sequence[Sample], meta: dict[str, obje
         "meta": meta,
         "results": [
             {
-                "method": a.method, "category": a.category, "prompts": a.prompts, "speedup": a.speedup, "tau": a.tau,
-                "alpha": a.alpha, "tokens_per_s": a.tokens_per_s, "new_tokens": a.new_tokens,
-                "wall_time_s": a.wall_time_s, "mismatches": a.mismatches,
+                "method": a.method, "category": a.category, "prompts": a.prompts, "speedup": a.speedup,
+                "tau": a.stats.tau, "alpha": a.stats.alpha, "tokens_per_s": a.stats.tokens_per_s,
+                "new_tokens": a.stats.new_tokens, "wall_time_s": a.stats.wall_time_s, "mismatches": a.mismatches,
             }
             for a in aggs.values()
         ],
@@ -170,7 +160,7 @@ def readme_table(samples: Sequence[Sample], meta: dict[str, object]) -> str:
     for method in methods_in(samples):
         o = aggs[(method, "overall")]
         cells = [f"{aggs[(method, c)].speedup:.2f}x" if (method, c) in aggs else "–" for c in cats]
-        lines.append("| " + " | ".join([f"`{method}`", *cells, f"**{o.speedup:.2f}x**", f"{o.tau:.2f}", f"{o.tokens_per_s:.1f}"]) + " |")
+        lines.append("| " + " | ".join([f"`{method}`", *cells, f"**{o.speedup:.2f}x**", f"{o.stats.tau:.2f}", f"{o.stats.tokens_per_s:.1f}"]) + " |")
     checked = sum(1 for s in samples if s.equal_to_plain is not None)
     bad = len(mismatches(samples))
     note = (

@@ -203,8 +203,10 @@ def create_app(lm: LoadedModel, config: ServerConfig) -> FastAPI:
         finally:
             metrics.running.dec()
 
-    async def complete(job: Job) -> tuple[list[Step], str]:
+    async def complete(job: Job, endpoint: str) -> tuple[list[Step], str, str]:
+        """Run a non-streaming request; return its steps, text and finish reason."""
         admit()
+        start = time.perf_counter()
         try:
             steps = await asyncio.get_running_loop().run_in_executor(executor, run_blocking, job)
         finally:
@@ -212,9 +214,11 @@ def create_app(lm: LoadedModel, config: ServerConfig) -> FastAPI:
         if job.timed_out:
             raise ApiError(503, f"The request exceeded the server's time limit of {config.timeout_s:g} s.", type_="server_error", code="timeout")
         metrics.record(len(job.prompt_ids), steps)
+        metrics.requests.labels(endpoint, "200").inc()
+        metrics.latency.labels(endpoint).observe(time.perf_counter() - start)
         token_ids = [t for s in steps for t in s.tokens]
         text = truncate_at_stop(lm.tokenizer.decode(token_ids, skip_special_tokens=True), job.stop)
-        return steps, text
+        return steps, text, "stop" if job.finish_reason == "stop" else "length"
 
     def usage(job: Job, steps: list[Step]) -> dict[str, int]:
         completion = sum(len(s.tokens) for s in steps)
@@ -332,12 +336,8 @@ def create_app(lm: LoadedModel, config: ServerConfig) -> FastAPI:
 
         if body.stream:
             return stream_response(job, chunk, bool(body.stream_options and body.stream_options.include_usage), "/v1/completions")
-        start = time.perf_counter()
-        steps, text = await complete(job)
-        metrics.requests.labels("/v1/completions", "200").inc()
-        metrics.latency.labels("/v1/completions").observe(time.perf_counter() - start)
-        response = chunk(text, "stop" if job.finish_reason == "stop" else "length")
-        return {**response, "usage": usage(job, steps), "leapdecode": stats(job, steps)}
+        steps, text, finish = await complete(job, "/v1/completions")
+        return {**chunk(text, finish), "usage": usage(job, steps), "leapdecode": stats(job, steps)}
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest) -> Any:
@@ -358,14 +358,10 @@ def create_app(lm: LoadedModel, config: ServerConfig) -> FastAPI:
 
         if body.stream:
             return stream_response(job, chunk, bool(body.stream_options and body.stream_options.include_usage), "/v1/chat/completions")
-        start = time.perf_counter()
-        steps, text = await complete(job)
-        metrics.requests.labels("/v1/chat/completions", "200").inc()
-        metrics.latency.labels("/v1/chat/completions").observe(time.perf_counter() - start)
+        steps, text, finish = await complete(job, "/v1/chat/completions")
         return {
             "id": rid, "object": "chat.completion", "created": now, "model": config.model_name,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                         "finish_reason": "stop" if job.finish_reason == "stop" else "length", "logprobs": None}],
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish, "logprobs": None}],
             "usage": usage(job, steps), "leapdecode": stats(job, steps),
         }
 
