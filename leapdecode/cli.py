@@ -135,14 +135,20 @@ def _first_difference(a: list[int], b: list[int]) -> int:
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
+# (label, chat prompt): two code edits, where answers copy the prompt, and a summary.
 DEMO_PROMPTS = (
-    "Complete this Python function. Reply with the whole function in one code block.\n\n"
-    "def count_vowels(text: str) -> int:\n    \"\"\"Return how many vowels (a, e, i, o, u, either case) `text` has.\n\n"
-    "    >>> count_vowels('Hello World')\n    3\n    >>> count_vowels('AEIOU')\n    5\n    \"\"\"\n",
-    "Summarize the following in two sentences.\n\nThe city council voted on Tuesday to extend the "
-    "downtown bike lane network by twelve miles over the next three years. The council said the "
-    "extension of the bike lane network would connect the university district to the downtown "
-    "business district, and that the bike lane network would be paid for by a state transport grant.",
+    ("code: rename variables",
+     "Rename the variables of this function to descriptive names and return the whole function in a code block.\n\n"
+     "def f(a, b):\n    c = 0\n    for d in a:\n        if d > b:\n            c += d\n    return c\n"),
+    ("code: add a docstring",
+     "Add a docstring to this Python function and return the whole function in a code block.\n\n"
+     "def moving_average(values, window):\n    result = []\n    for i in range(len(values) - window + 1):\n"
+     "        result.append(sum(values[i:i + window]) / window)\n    return result\n"),
+    ("summary",
+     "Summarize the following in two sentences.\n\nThe city council voted on Tuesday to extend the "
+     "downtown bike lane network by twelve miles over the next three years. The council said the "
+     "extension of the bike lane network would connect the university district to the downtown "
+     "business district, and that the bike lane network would be paid for by a state transport grant."),
 )
 
 
@@ -162,13 +168,14 @@ def demo(
     parse_method(method)
     lm = _load(model)
     fast, plain = wrap(lm, method), wrap(lm, "ar")
-    plain.generate(DEMO_PROMPTS[0], max_new_tokens=4, chat=True)  # warm-up
+    plain.generate(DEMO_PROMPTS[0][1], max_new_tokens=4, chat=True)  # warm-up
+    fast.generate(DEMO_PROMPTS[0][1], max_new_tokens=4, chat=True)
     table = Table(title=f"{fast.method} vs plain decoding on {lm.name} ({max_new_tokens} new tokens, greedy)")
     for col in ("prompt", "plain tok/s", "method tok/s", "speed-up", "tau", "alpha", "identical"):
         table.add_column(col, justify="right" if col != "prompt" else "left")
     totals = [0.0, 0.0]
     all_same = True
-    for prompt in DEMO_PROMPTS:
+    for label, prompt in DEMO_PROMPTS:
         base = plain.generate(prompt, max_new_tokens=max_new_tokens, chat=True)
         out = fast.generate(prompt, max_new_tokens=max_new_tokens, chat=True)
         same = base.token_ids == out.token_ids
@@ -176,11 +183,11 @@ def demo(
         totals[0] += base.stats.wall_time_s
         totals[1] += out.stats.wall_time_s
         table.add_row(
-            prompt.splitlines()[0][:40] + "...", f"{base.stats.tokens_per_s:.1f}", f"{out.stats.tokens_per_s:.1f}",
+            label, f"{base.stats.tokens_per_s:.1f}", f"{out.stats.tokens_per_s:.1f}",
             f"{base.stats.wall_time_s / out.stats.wall_time_s:.2f}x", f"{out.stats.tau:.2f}", f"{out.stats.alpha:.2f}",
             "[green]yes[/]" if same else "[red]NO[/]",
         )
-        console.rule(prompt.splitlines()[0][:60])
+        console.rule(label)
         console.out(out.text, highlight=False)
     console.print(table)
     console.print(f"overall speed-up {totals[0] / totals[1]:.2f}x; outputs identical: {'yes' if all_same else 'NO'}")
