@@ -42,3 +42,9 @@ def test_methods_and_models_listings() -> None:
     assert result.exit_code == 0 and "smollm2-135m" in result.output and "qwen2.5-coder-1.5b" in result.output
     result = runner.invoke(app, ["models", "pull", "gpt-17"])
     assert result.exit_code == 2 and "unknown preset" in result.output
+
+
+def test_demo_runs_and_reports_identical_outputs() -> None:
+    result = runner.invoke(app, ["demo", "-n", "16"])
+    assert result.exit_code == 0, result.output
+    assert "outputs identical: yes" in result.output and "overall speed-up" in result.output
