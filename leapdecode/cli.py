@@ -55,7 +55,7 @@ def friendly(fn: Callable[..., T]) -> Callable[..., T]:
     return wrapper
 
 
-def _set_threads(threads: int) -> None:
+def set_threads(threads: int) -> None:
     if threads < 0:
         _fail(LeapDecodeError(f"--threads must be >= 0, got {threads}"))
     if threads:
@@ -64,7 +64,7 @@ def _set_threads(threads: int) -> None:
         torch.set_num_threads(threads)
 
 
-def _load(spec: str) -> Any:
+def load_with_progress(spec: str) -> Any:
     from leapdecode.models import load_model
 
     with console.status(f"loading {spec} ...", spinner="dots") as status:
@@ -75,7 +75,7 @@ def _load(spec: str) -> Any:
         return load_model(spec, log=log)
 
 
-def _read_prompt(prompt: str | None) -> str:
+def read_prompt(prompt: str | None) -> str:
     if prompt is None or prompt == "-":
         if sys.stdin.isatty() and prompt is None:
             _fail(LeapDecodeError("no prompt given: pass it as an argument, or '-' to read standard input"))
@@ -101,10 +101,10 @@ def generate(
     from leapdecode.methods import parse_method
     from leapdecode.textstream import TextStream
 
-    _set_threads(threads)
-    text = _read_prompt(prompt)
+    set_threads(threads)
+    text = read_prompt(prompt)
     parse_method(method)  # a bad method string fails before the model loads
-    decoder = wrap(_load(model), method)
+    decoder = wrap(load_with_progress(model), method)
     lm = decoder.lm
     stops = tuple(stop or ())
     if compare:  # warm up so that neither timed run pays first-call costs
@@ -164,9 +164,9 @@ def demo(
     from leapdecode.api import wrap
     from leapdecode.methods import parse_method
 
-    _set_threads(threads)
+    set_threads(threads)
     parse_method(method)
-    lm = _load(model)
+    lm = load_with_progress(model)
     fast, plain = wrap(lm, method), wrap(lm, "ar")
     plain.generate(DEMO_PROMPTS[0][1], max_new_tokens=4, chat=True)  # warm-up
     fast.generate(DEMO_PROMPTS[0][1], max_new_tokens=4, chat=True)

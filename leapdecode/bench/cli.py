@@ -19,7 +19,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from leapdecode.bench import plots, report
 from leapdecode.bench.datasets import load_dataset
 from leapdecode.bench.runner import BASELINE, Sample, parse_methods, run_benchmark
-from leapdecode.cli import ChatOpt, MaxNewOpt, MethodOpt, ModelOpt, _load, _read_prompt, _set_threads, app, console, friendly
+from leapdecode.cli import ChatOpt, MaxNewOpt, MethodOpt, ModelOpt, load_with_progress, read_prompt, set_threads, app, console, friendly
 from leapdecode.errors import InputError, MethodError
 from leapdecode.methods import Method, parse_method
 
@@ -42,7 +42,7 @@ def machine_description(threads: int) -> str:
 
 
 def _threads(threads: int) -> int:
-    _set_threads(threads or (os.cpu_count() or 1))
+    set_threads(threads or (os.cpu_count() or 1))
     return torch.get_num_threads()
 
 
@@ -89,7 +89,7 @@ def bench(
     if max_new_tokens <= 0:
         raise InputError(f"max_new_tokens must be a positive integer, got {max_new_tokens}")
     n_threads = _threads(threads)
-    lm = _load(model)
+    lm = load_with_progress(model)
     samples = _run_with_progress(lm, chosen, prompts, max_new_tokens)
     meta = _meta(lm.name, dataset, limit, max_new_tokens, n_threads, len(prompts))
     k = {str(m): m.draft_length for m in chosen}
@@ -175,7 +175,7 @@ def sweep(
     }
     prompts = load_dataset(dataset, limit)
     n_threads = _threads(threads)
-    lm = _load(model)
+    lm = load_with_progress(model)
     samples = _run_with_progress(lm, list(variants.values()), prompts, max_new_tokens)
     meta = _meta(lm.name, dataset, limit, max_new_tokens, n_threads, len(prompts))
     paths = report.write_outputs(out, samples, meta, {str(m): m.draft_length for m in variants.values()})
@@ -217,9 +217,9 @@ def trace(
     from leapdecode.api import wrap
     from leapdecode.bench.trace import render_html, render_terminal, trace_steps
 
-    text = _read_prompt(prompt)
+    text = read_prompt(prompt)
     parse_method(method)
-    decoder = wrap(_load(model), method)
+    decoder = wrap(load_with_progress(model), method)
     result = decoder.generate(text, max_new_tokens=max_new_tokens, chat=chat)
     steps = trace_steps(result, decoder.lm.tokenizer)
     console.print(render_terminal(steps, show_rejected))

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from leapdecode.cli import MethodOpt, ModelOpt, _load, _set_threads, app, console, friendly
+from leapdecode.cli import MethodOpt, ModelOpt, load_with_progress, set_threads, app, console, friendly
 from leapdecode.methods import parse_method
 
 
@@ -30,8 +30,8 @@ def serve(
     parse_method(method)
     if max_queue < 1 or timeout <= 0:
         raise typer.BadParameter("--max-queue must be >= 1 and --timeout > 0")
-    _set_threads(threads)
-    lm = _load(model)
+    set_threads(threads)
+    lm = load_with_progress(model)
     config = ServerConfig(model_name=served_model_name or lm.name, default_method=method, max_queue=max_queue, timeout_s=timeout)
     console.print(f"serving [bold]{config.model_name}[/] with [bold]{method}[/] on http://{host}:{port}/v1")
     uvicorn.run(create_app(lm, config), host=host, port=port, log_level="warning")
