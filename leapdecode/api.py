@@ -123,6 +123,13 @@ class Decoder:
         sampling = SamplingParams(temperature, top_k, top_p, seed)
         prompt_ids = encode_prompt(self.lm, prompt, chat=chat)
         self.check_request(prompt_ids, max_new_tokens)
+        yield from self._steps(prompt_ids, max_new_tokens, stop, sampling, generator)
+
+    def _steps(
+        self, prompt_ids: list[int], max_new_tokens: int, stop: Sequence[str], sampling: SamplingParams,
+        generator: torch.Generator | None,
+    ) -> Iterator[Step]:
+        """The decode loop on already encoded and checked prompt ids."""
         criteria = StopCriteria(self.lm.eos_token_ids, max_new_tokens, stop, self.lm.tokenizer)
         verifier = self._verifier(sampling, generator)
         with torch.inference_mode():
@@ -142,13 +149,11 @@ class Decoder:
         generator: torch.Generator | None = None,
     ) -> GenerationResult:
         """Generate a completion; see `stream` for the sampling arguments."""
+        sampling = SamplingParams(temperature, top_k, top_p, seed)
         prompt_ids = encode_prompt(self.lm, prompt, chat=chat)
         self.check_request(prompt_ids, max_new_tokens)
         start = time.perf_counter()
-        steps = tuple(self.stream(
-            prompt_ids, max_new_tokens=max_new_tokens, stop=stop, temperature=temperature, top_k=top_k,
-            top_p=top_p, seed=seed, generator=generator,
-        ))
+        steps = tuple(self._steps(prompt_ids, max_new_tokens, stop, sampling, generator))
         elapsed = time.perf_counter() - start
         token_ids = [t for s in steps for t in s.tokens]
         text = truncate_at_stop(self.lm.tokenizer.decode(token_ids, skip_special_tokens=True), stop)

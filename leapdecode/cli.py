@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from leapdecode.errors import LeapDecodeError
+from leapdecode.models.presets import DEFAULT_MODEL
 
 app = typer.Typer(
     name="leapdecode",
@@ -29,6 +30,7 @@ err_console = Console(stderr=True)
 
 T = TypeVar("T")
 
+PromptArg = Annotated[str | None, typer.Argument(help="The prompt; '-' reads standard input.")]
 ModelOpt = Annotated[str, typer.Option("--model", "-m", help="Preset name, hub id, local folder or .gguf file.")]
 MethodOpt = Annotated[str, typer.Option("--method", help="Method string, e.g. anpd:n=5,k=7 (see `leapdecode methods`).")]
 MaxNewOpt = Annotated[int, typer.Option("--max-new-tokens", "-n", help="Most new tokens to generate.")]
@@ -86,8 +88,8 @@ def read_prompt(prompt: str | None) -> str:
 @app.command()
 @friendly
 def generate(
-    prompt: Annotated[str | None, typer.Argument(help="The prompt; '-' reads standard input.")] = None,
-    model: ModelOpt = "smollm2-135m",
+    prompt: PromptArg = None,
+    model: ModelOpt = DEFAULT_MODEL,
     method: MethodOpt = "anpd",
     max_new_tokens: MaxNewOpt = 128,
     chat: ChatOpt = False,
@@ -155,7 +157,7 @@ DEMO_PROMPTS = (
 @app.command()
 @friendly
 def demo(
-    model: ModelOpt = "smollm2-135m",
+    model: ModelOpt = DEFAULT_MODEL,
     method: MethodOpt = "anpd:n=5,k=7",
     max_new_tokens: MaxNewOpt = 128,
     threads: ThreadsOpt = 0,

@@ -19,7 +19,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from leapdecode.bench import plots, report
 from leapdecode.bench.datasets import load_dataset
 from leapdecode.bench.runner import BASELINE, Sample, parse_methods, run_benchmark
-from leapdecode.cli import ChatOpt, MaxNewOpt, MethodOpt, ModelOpt, load_with_progress, read_prompt, set_threads, app, console, friendly
+from leapdecode.cli import DEFAULT_MODEL, ChatOpt, MaxNewOpt, MethodOpt, ModelOpt, PromptArg, load_with_progress, read_prompt, set_threads, app, console, friendly
 from leapdecode.errors import InputError, MethodError
 from leapdecode.methods import Method, parse_method
 
@@ -74,7 +74,7 @@ def _meta(model: str, dataset: str, limit: str, max_new_tokens: int, threads: in
 @app.command()
 @friendly
 def bench(
-    model: ModelOpt = "smollm2-135m",
+    model: ModelOpt = DEFAULT_MODEL,
     methods: Annotated[str, typer.Option("--methods", help="Comma list of method strings; `ar` always runs first.")] = DEFAULT_METHODS,
     dataset: DatasetOpt = "humaneval+spec-bench",
     limit: LimitOpt = "10",
@@ -152,7 +152,7 @@ def parse_grid(text: str) -> dict[str, list[int]]:
 @app.command()
 @friendly
 def sweep(
-    model: ModelOpt = "smollm2-135m",
+    model: ModelOpt = DEFAULT_MODEL,
     method: MethodOpt = "anpd",
     grid: Annotated[str, typer.Option("--grid", help="Parameters to sweep, e.g. 'n=2..6 k=1..10'.")] = "n=2..6 k=1..10",
     dataset: DatasetOpt = "humaneval",
@@ -205,8 +205,8 @@ def sweep(
 @app.command()
 @friendly
 def trace(
-    prompt: Annotated[str | None, typer.Argument(help="The prompt; '-' reads standard input.")] = None,
-    model: ModelOpt = "smollm2-135m",
+    prompt: PromptArg = None,
+    model: ModelOpt = DEFAULT_MODEL,
     method: MethodOpt = "anpd",
     max_new_tokens: MaxNewOpt = 128,
     chat: ChatOpt = False,

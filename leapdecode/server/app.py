@@ -197,11 +197,8 @@ def create_app(lm: LoadedModel, config: ServerConfig) -> FastAPI:
         metrics.queue_depth.set(max(0, admitted[0] - 1))
 
     def run_blocking(job: Job) -> list[Step]:
-        metrics.running.inc()
-        try:
+        with metrics.running.track_inprogress():
             return list(job.steps())
-        finally:
-            metrics.running.dec()
 
     async def complete(job: Job, endpoint: str) -> tuple[list[Step], str, str]:
         """Run a non-streaming request; return its steps, text and finish reason."""
@@ -238,8 +235,9 @@ def create_app(lm: LoadedModel, config: ServerConfig) -> FastAPI:
 
         def work() -> None:
             try:
-                for step in job.steps():
-                    loop.call_soon_threadsafe(queue.put_nowait, step)
+                with metrics.running.track_inprogress():
+                    for step in job.steps():
+                        loop.call_soon_threadsafe(queue.put_nowait, step)
             except BaseException as exc:  # hand any failure to the event loop, which reports it
                 loop.call_soon_threadsafe(queue.put_nowait, exc)
             finally:
@@ -248,7 +246,7 @@ def create_app(lm: LoadedModel, config: ServerConfig) -> FastAPI:
         def done(_: object) -> None:
             loop.call_soon_threadsafe(release)
 
-        future = loop.run_in_executor(executor, lambda: _running(metrics, work))
+        future = loop.run_in_executor(executor, work)
         future.add_done_callback(done)
         start = time.perf_counter()
 
@@ -367,14 +365,6 @@ def create_app(lm: LoadedModel, config: ServerConfig) -> FastAPI:
 
     app.state.executor = executor
     return app
-
-
-def _running(metrics: Metrics, work: Callable[[], None]) -> None:
-    metrics.running.inc()
-    try:
-        work()
-    finally:
-        metrics.running.dec()
 
 
 def _sse(payload: dict[str, Any]) -> str:

@@ -6,14 +6,14 @@ from typing import Annotated
 
 import typer
 
-from leapdecode.cli import MethodOpt, ModelOpt, load_with_progress, set_threads, app, console, friendly
+from leapdecode.cli import DEFAULT_MODEL, MethodOpt, ModelOpt, load_with_progress, set_threads, app, console, friendly
 from leapdecode.methods import parse_method
 
 
 @app.command()
 @friendly
 def serve(
-    model: ModelOpt = "smollm2-135m",
+    model: ModelOpt = DEFAULT_MODEL,
     method: MethodOpt = "anpd",
     host: Annotated[str, typer.Option("--host", help="Address to bind.")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", help="Port to listen on.")] = 8000,
