@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 BIN := $(VENV)/bin
 MODEL ?= smollm2-135m
 
-.PHONY: setup model browser demo test clean
+.PHONY: setup model test-models browser demo test clean
 
 setup: $(VENV)/.installed
 
@@ -26,7 +26,12 @@ demo: model
 browser:
 	@command -v chromium >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null; }
 
-test: model browser
+# The tests also run the real draft/target pair (qwen2.5-coder-0.5b drafting for -1.5b).
+test-models: model
+	$(BIN)/leapdecode models pull qwen2.5-coder-0.5b
+	$(BIN)/leapdecode models pull qwen2.5-coder-1.5b
+
+test: test-models browser
 	$(PY) -m pytest -q
 
 clean:

@@ -10,17 +10,17 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Union
 
 import torch
 
-from leapdecode.engine import GenerationStats, Step, StopCriteria, TorchBackend, Verifier, decode, truncate_at_stop
+from leapdecode.engine import GenerationStats, Step, StopCriteria, TorchBackend, TreeVerifier, Verifier, decode, truncate_at_stop
 from leapdecode.errors import InputError
 from leapdecode.methods import Method, parse_method
 from leapdecode.models import LoadedModel
-from leapdecode.verifiers import SamplingParams, verify_greedy, verify_speculative
+from leapdecode.verifiers import SamplingParams, verify_greedy, verify_speculative, verify_tree_greedy, verify_tree_speculative
 
 Message = dict[str, str]
 Prompt = Union[str, Sequence[Message], Sequence[int]]
@@ -73,12 +73,21 @@ def encode_prompt(lm: LoadedModel, prompt: Prompt, *, chat: bool = False) -> lis
 class Decoder:
     """A loaded model wrapped with one method; reusable across prompts."""
 
-    def __init__(self, lm: LoadedModel, method: str | Method = "anpd") -> None:
+    def __init__(
+        self,
+        lm: LoadedModel,
+        method: str | Method = "anpd",
+        *,
+        draft_model: LoadedModel | None = None,
+        log: Callable[[str], None] = print,
+    ) -> None:
+        """`draft_model` gives an already loaded draft model to `draft` (instead of its model=NAME)."""
         self.lm = lm
         self.method = parse_method(method)
         if self.method.peer:
             raise InputError(f"{self.method.name!r} is a benchmark peer (Hugging Face generate), not an engine method")
         self.backend = TorchBackend(lm.model)
+        self._new_drafter = self.method.prepare(lm, draft_model=draft_model, log=log)
 
     def check_request(self, prompt_ids: list[int], max_new_tokens: int) -> None:
         """Raise InputError unless the prompt and max_new_tokens fit the model."""
@@ -93,13 +102,16 @@ class Decoder:
                 f"{limit}; ask for at most {limit - len(prompt_ids)} new tokens"
             )
 
-    def _verifier(self, sampling: SamplingParams, generator: torch.Generator | None) -> Verifier:
-        """Greedy matching at temperature 0, else speculative sampling (exactly the target's distribution)."""
+    @staticmethod
+    def _verifiers(sampling: SamplingParams, generator: torch.Generator | None) -> tuple[Verifier, TreeVerifier]:
+        """Greedy matching at temperature 0, else speculative sampling (exactly the target's
+        distribution); each in its chain and its tree form."""
         if sampling.greedy:
-            return verify_greedy
-        if generator is None and sampling.seed is not None:
-            generator = torch.Generator(device=self.backend.device).manual_seed(sampling.seed)
-        return functools.partial(verify_speculative, params=sampling, generator=generator)
+            return verify_greedy, verify_tree_greedy
+        return (
+            functools.partial(verify_speculative, params=sampling, generator=generator),
+            functools.partial(verify_tree_speculative, params=sampling, generator=generator),
+        )
 
     def stream(
         self,
@@ -131,9 +143,12 @@ class Decoder:
     ) -> Iterator[Step]:
         """The decode loop on already encoded and checked prompt ids."""
         criteria = StopCriteria(self.lm.eos_token_ids, max_new_tokens, stop, self.lm.tokenizer)
-        verifier = self._verifier(sampling, generator)
+        if generator is None and sampling.seed is not None:
+            generator = torch.Generator(device=self.backend.device).manual_seed(sampling.seed)
+        verifier, tree_verifier = self._verifiers(sampling, generator)
+        drafter = self._new_drafter(sampling, generator)
         with torch.inference_mode():
-            yield from decode(self.backend, prompt_ids, self.method.build_drafter(), criteria, verifier)
+            yield from decode(self.backend, prompt_ids, drafter, criteria, verifier, tree_verifier)
 
     def generate(
         self,
@@ -168,9 +183,10 @@ class Decoder:
         )
 
 
-def wrap(lm: LoadedModel, method: str | Method = "anpd") -> Decoder:
-    """Wrap a loaded model with a method string such as `anpd:n=5,k=7`, `pld` or `ar`."""
-    return Decoder(lm, method)
+def wrap(lm: LoadedModel, method: str | Method = "anpd", *, draft_model: LoadedModel | None = None) -> Decoder:
+    """Wrap a loaded model with a method string such as `anpd:n=5,k=7`, `pld`, `ar` or
+    `draft:model=qwen2.5-coder-0.5b,k=5` (or `draft:k=5` with an already loaded `draft_model`)."""
+    return Decoder(lm, method, draft_model=draft_model)
 
 
 def generate(lm: LoadedModel, prompt: Prompt, method: str | Method = "anpd", **kwargs: Any) -> GenerationResult:

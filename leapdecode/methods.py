@@ -9,11 +9,24 @@ methods (`hf`, `hf-pld`, `hf-assisted`) run Hugging Face `generate` for comparis
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from leapdecode.drafters import AnpdDrafter, Drafter, NoDrafter, PromptLookupDrafter
-from leapdecode.errors import MethodError
+import torch
+
+from leapdecode.drafters import AnpdDrafter, DraftModelDrafter, Drafter, NoDrafter, PromptLookupDrafter
+from leapdecode.drafters.anpd_tree import AnpdTreeDrafter
+from leapdecode.drafters.draft_model import SCHEDULES
+from leapdecode.drafters.rest import Datastore, RestDrafter
+from leapdecode.drafters.trie import TrieDrafter
+from leapdecode.engine import TorchBackend
+from leapdecode.errors import MethodError, ModelLoadError
+from leapdecode.models import LoadedModel, load_model
+from leapdecode.verifiers import SamplingParams
+
+# Builds a fresh drafter for one request, given how that request samples.
+DrafterFactory = Callable[[SamplingParams, "torch.Generator | None"], Drafter]
 
 
 @dataclass(frozen=True)
@@ -22,13 +35,21 @@ class Method:
     summary: ClassVar[str]
     lossless: ClassVar[bool] = True
     peer: ClassVar[bool] = False  # runs Hugging Face generate instead of the engine
+    loads_files: ClassVar[bool] = False  # loads a model or data named by its parameters
 
     def build_drafter(self) -> Drafter:
         raise MethodError(f"method {self.name!r} is a peer baseline; it runs through Hugging Face generate")
 
+    def prepare(
+        self, target: LoadedModel, *, draft_model: LoadedModel | None = None, log: Callable[[str], None] = print,
+    ) -> DrafterFactory:
+        """Load what the method needs once per model (a draft model); return a per-request drafter factory."""
+        return lambda sampling, generator: self.build_drafter()
+
     @property
     def draft_length(self) -> int:
-        """Most tokens drafted per pass (K), for the alpha*K+1 bound; 0 when nothing is drafted."""
+        """Most tokens of a chain drafted per pass (K), for the alpha*K+1 bound; 0 when nothing is
+        drafted, and for trees (whose alpha counts every node, so the bound does not apply)."""
         return 0
 
     def __str__(self) -> str:
@@ -94,6 +115,137 @@ class PromptLookup(Method):
 
 
 @dataclass(frozen=True)
+class AnpdTree(Method):
+    """ANPD's N-gram module drafting a token tree (top continuations across MLN levels)."""
+
+    name: ClassVar[str] = "anpd-tree"
+    summary: ClassVar[str] = "ANPD drafting a token tree: top n-gram continuations merged, verified in one pass"
+    n: int = 5
+    nodes: int = 16
+    depth: int = 7
+    width: int = 3
+
+    def __post_init__(self) -> None:
+        self._require(2 <= self.n <= 32, f"n must be between 2 and 32, got {self.n}")
+        _check_tree(self, self.nodes, self.depth)
+        self._require(1 <= self.width <= 16, f"width must be between 1 and 16, got {self.width}")
+
+    def build_drafter(self) -> Drafter:
+        return AnpdTreeDrafter(n=self.n, nodes=self.nodes, depth=self.depth, width=self.width)
+
+
+@dataclass(frozen=True)
+class Trie(Method):
+    """Lookahead-style multi-branch retrieval from a trie of the prompt's and output's n-grams."""
+
+    name: ClassVar[str] = "trie"
+    summary: ClassVar[str] = "trie of the prompt's and output's n-grams: the latest match's frequent branches as a tree"
+    nodes: int = 16
+    depth: int = 8
+    window: int = 12
+    max_match: int = 4
+    prompt_weight: int = 2
+
+    def __post_init__(self) -> None:
+        _check_tree(self, self.nodes, self.depth)
+        self._require(2 <= self.window <= 64, f"window must be between 2 and 64, got {self.window}")
+        self._require(1 <= self.max_match < self.window, f"need 1 <= max_match < window, got {self.max_match}")
+        self._require(self.prompt_weight >= 1, f"prompt_weight must be >= 1, got {self.prompt_weight}")
+
+    def build_drafter(self) -> Drafter:
+        return TrieDrafter(self.nodes, self.depth, self.window, self.max_match, self.prompt_weight)
+
+
+@dataclass(frozen=True)
+class Rest(Method):
+    """REST: retrieval from a datastore built with `leapdecode datastore build`."""
+
+    name: ClassVar[str] = "rest"
+    summary: ClassVar[str] = "REST: continuations retrieved from a datastore (suffix array) merged into a tree"
+    loads_files: ClassVar[bool] = True
+    datastore: str = ""
+    nodes: int = 16
+    depth: int = 8
+    matches: int = 64
+    max_suffix: int = 8
+    min_suffix: int = 2
+
+    def __post_init__(self) -> None:
+        self._require(bool(self.datastore), "needs datastore=DIR (build one with `leapdecode datastore build`)")
+        _check_tree(self, self.nodes, self.depth)
+        self._require(1 <= self.matches <= 4096, f"matches must be between 1 and 4096, got {self.matches}")
+        self._require(1 <= self.min_suffix <= self.max_suffix <= 16, f"need 1 <= min_suffix <= max_suffix <= 16, got {self.min_suffix}, {self.max_suffix}")
+
+    def prepare(
+        self, target: LoadedModel, *, draft_model: LoadedModel | None = None, log: Callable[[str], None] = print,
+    ) -> DrafterFactory:
+        store = Datastore.load(self.datastore)
+        store.check_tokenizer(target.tokenizer, target.name)
+        return lambda sampling, generator: RestDrafter(
+            store, self.nodes, self.depth, self.matches, self.max_suffix, self.min_suffix,
+        )
+
+
+def _check_tree(method: Method, nodes: int, depth: int) -> None:
+    method._require(1 <= nodes <= 128, f"nodes must be between 1 and 128, got {nodes}")
+    method._require(1 <= depth <= 64, f"depth must be between 1 and 64, got {depth}")
+
+
+@dataclass(frozen=True)
+class DraftModel(Method):
+    """Speculative decoding with a smaller draft model (Leviathan et al.; Chen et al.)."""
+
+    name: ClassVar[str] = "draft"
+    summary: ClassVar[str] = "draft-model speculative decoding: a smaller model with the same tokenizer drafts k tokens"
+    loads_files: ClassVar[bool] = True
+    model: str = ""
+    k: int = 5
+    schedule: str = "constant"  # or "heuristic": adapt k from the last verdict
+    threshold: float = 0.0  # stop drafting after a token the draft model gives less than this
+    cascade: bool = False  # ANPD drafts for the draft model (vertical cascade)
+
+    def __post_init__(self) -> None:
+        self._require(1 <= self.k <= 64, f"k must be between 1 and 64, got {self.k}")
+        self._require(self.schedule in SCHEDULES, f"schedule must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}")
+        self._require(0.0 <= self.threshold < 1.0, f"threshold must be in [0, 1), got {self.threshold}")
+
+    def prepare(
+        self, target: LoadedModel, *, draft_model: LoadedModel | None = None, log: Callable[[str], None] = print,
+    ) -> DrafterFactory:
+        if draft_model is None:
+            if not self.model:
+                raise MethodError("draft: needs model=NAME (a preset, folder, .gguf or hub id) for the draft model")
+            draft_model = load_model(self.model, device=target.device, dtype=target.model.dtype, log=log)
+        check_same_vocabulary(target, draft_model)
+        backend = TorchBackend(draft_model.model)
+        cascade_n = 5 if self.cascade else 0
+
+        def factory(sampling: SamplingParams, generator: torch.Generator | None) -> Drafter:
+            return DraftModelDrafter(
+                backend, self.k, sampling=sampling, generator=generator, schedule=self.schedule,
+                threshold=self.threshold, cascade_n=cascade_n,
+            )
+
+        return factory
+
+    @property
+    def draft_length(self) -> int:
+        return self.k
+
+
+def check_same_vocabulary(target: LoadedModel, draft: LoadedModel) -> None:
+    """Speculative decoding compares p and q token by token: both models must share one vocabulary."""
+    width = (target.model.config.get_text_config().vocab_size, draft.model.config.get_text_config().vocab_size)
+    if width[0] != width[1]:
+        raise ModelLoadError(
+            f"draft model {draft.name!r} scores {width[1]} tokens but {target.name!r} scores {width[0]}: "
+            "a draft model must share the target's tokenizer"
+        )
+    if target.tokenizer.get_vocab() != draft.tokenizer.get_vocab():
+        raise ModelLoadError(f"draft model {draft.name!r} has a different tokenizer vocabulary from {target.name!r}")
+
+
+@dataclass(frozen=True)
 class HfGenerate(Method):
     name: ClassVar[str] = "hf"
     summary: ClassVar[str] = "peer: Hugging Face generate(do_sample=False)"
@@ -121,14 +273,27 @@ class HfPromptLookup(Method):
 class HfAssisted(Method):
     name: ClassVar[str] = "hf-assisted"
     summary: ClassVar[str] = "peer: Hugging Face generate(assistant_model=model), a draft model"
+    loads_files: ClassVar[bool] = True
     peer: ClassVar[bool] = True
     model: str = ""
+    tokens: int = 20  # transformers' defaults: num_assistant_tokens,
+    schedule: str = "constant"  # num_assistant_tokens_schedule,
+    threshold: float = 0.4  # assistant_confidence_threshold
 
     def __post_init__(self) -> None:
         self._require(bool(self.model), "needs model=NAME (a preset, folder, .gguf or hub id) for the draft model")
+        self._require(self.tokens >= 1, f"tokens must be >= 1, got {self.tokens}")
+        self._require(self.schedule in ("constant", "heuristic", "heuristic_transient"), f"unknown schedule {self.schedule!r}")
+        self._require(0.0 <= self.threshold < 1.0, f"threshold must be in [0, 1), got {self.threshold}")
+
+    @property
+    def draft_length(self) -> int:
+        return self.tokens
 
 
-METHODS: tuple[type[Method], ...] = (Autoregressive, Anpd, PromptLookup, HfGenerate, HfPromptLookup, HfAssisted)
+METHODS: tuple[type[Method], ...] = (
+    Autoregressive, Anpd, PromptLookup, AnpdTree, Trie, Rest, DraftModel, HfGenerate, HfPromptLookup, HfAssisted,
+)
 
 
 def method_names() -> list[str]:

@@ -49,6 +49,18 @@ def test_trace_marks_accepted_bonus_and_rejected_tokens(real_lm) -> None:
     assert page.count('class="acc"') == result.stats.accepted_tokens + 1  # + the legend's sample
 
 
+def test_trace_lists_every_branch_of_a_tree_draft(real_lm) -> None:
+    prompt = "Repeat exactly: the quick brown fox jumps over the lazy dog. the quick brown fox"
+    result = wrap(real_lm, "anpd-tree").generate(prompt, max_new_tokens=24)
+    steps = trace_steps(result, real_lm.tokenizer)
+    trees = [s for s in steps[:-1] if s.branches]
+    assert trees and sum(len(s.accepted) for s in steps) == result.stats.accepted_tokens
+    for s in trees:  # the accepted path lies along one branch, whole
+        assert max(kept for kept, _ in s.branches) == len(s.accepted)
+    page = render_html(result, steps, real_lm.name, prompt)
+    assert "✓" in page and "[tree:" in page
+
+
 def find_chromium() -> str:
     path = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
     assert path, "headless Chromium is needed for this test: `make test` installs Debian's chromium (apt-get)"

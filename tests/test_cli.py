@@ -35,6 +35,24 @@ def test_bad_method_and_bad_values_exit_2_with_a_message() -> None:
     assert result.exit_code == 2 and "unknown model" in result.output
 
 
+def test_generate_samples_reproducibly_with_a_seed() -> None:
+    args = ["generate", "--method", "anpd-tree", "--temperature", "0.8", "--top-p", "0.9", "--seed", "7", "-n", "12", "def add(a, b):"]
+    first, second = runner.invoke(app, args), runner.invoke(app, args)
+    assert first.exit_code == 0, first.output
+    assert first.stdout == second.stdout and first.stdout.strip()  # stdout is the text alone
+    assert "anpd-tree:" in first.stderr and "anpd-tree:" not in first.stdout
+    bad = runner.invoke(app, ["generate", "--temperature", "0.5", "--top-p", "1.5", "hi"])
+    assert bad.exit_code == 2 and "top_p" in bad.output
+
+
+def test_forward_cost_command(tmp_path) -> None:
+    result = runner.invoke(app, ["forward-cost", "--tokens", "1,4", "--context", "20", "--repeats", "1", "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    table = (tmp_path / "forward_cost.md").read_text()
+    assert "| 4 |" in table and "small-batch linear" in table and "nn.Linear" in table
+    assert (tmp_path / "forward_cost.png").stat().st_size > 0
+
+
 def test_methods_and_models_listings() -> None:
     result = runner.invoke(app, ["methods"])
     assert result.exit_code == 0 and "anpd" in result.output and "lossless" in result.output

@@ -128,6 +128,8 @@ def test_per_request_method_and_seeded_sampling(client) -> None:
         ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": ""}]}, 400, "empty"),
         ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "wizard", "content": "hi"}]}, 400, "role"),
         ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "leapdecode": {"method": "warp"}}, 400, "unknown method"),
+        ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "leapdecode": {"method": "draft:model=/etc"}}, 400, "when the server starts"),
+        ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "leapdecode": {"method": "rest:datastore=/etc"}}, 400, "when the server starts"),
         ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "stop": ["a", "b", "c", "d", "e"]}, 400, "stop"),
     ],
 )

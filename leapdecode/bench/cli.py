@@ -229,3 +229,36 @@ def trace(
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(render_html(result, steps, decoder.lm.name, text), encoding="utf-8")
         console.print(f"wrote {out}")
+
+
+@app.command("forward-cost")
+@friendly
+def forward_cost(
+    model: ModelOpt = DEFAULT_MODEL,
+    tokens: Annotated[str, typer.Option("--tokens", help="Comma list of token counts to score in one pass.")] = "1,2,4,8,12,16,24,32,48,64",
+    context: Annotated[int, typer.Option("--context", help="Cached context length before each pass.")] = 300,
+    repeats: Annotated[int, typer.Option("--repeats", help="Timed passes per size (median).")] = 5,
+    out: Annotated[Path | None, typer.Option("--out", help="Also write the table (markdown) and a plot here (folder).")] = None,
+    threads: BenchThreadsOpt = 0,
+) -> None:
+    """Time one forward pass against the number of tokens it scores (draft and tree sizes)."""
+    from leapdecode.bench.forward_cost import compare, markdown
+
+    try:
+        sizes = [int(t) for t in tokens.split(",") if t.strip()]
+    except ValueError:
+        raise InputError(f"--tokens must be a comma list of integers, got {tokens!r}") from None
+    if not sizes or min(sizes) < 1 or max(sizes) > 512 or context < 1 or repeats < 1:
+        raise InputError("--tokens must be between 1 and 512, --context and --repeats at least 1")
+    sizes = sorted(set(sizes) | {1})
+    n_threads = _threads(threads)
+    lm = load_with_progress(model)
+    results = compare(lm, sizes, context, repeats)
+    table = markdown(results, f"One forward pass of `{lm.name}` after {context} cached tokens, median of {repeats}; {machine_description(n_threads)}.")
+    console.print(Markdown(table))
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "forward_cost.md").write_text(table + "\n", encoding="utf-8")
+        plots.forward_cost_plot(results, out / "forward_cost.png", f"{lm.name}: one forward pass vs tokens scored")
+        console.print(f"wrote {out}/forward_cost.md, forward_cost.png")
+

@@ -95,3 +95,21 @@ def sweep_plots(grid: dict[tuple[int, int], float], path_heatmap: Path, path_lin
     fig.savefig(path_lines, dpi=120)
     plt.close(fig)
     return path_heatmap, path_lines
+
+
+def forward_cost_plot(results: dict[str, list], path: Path, title: str) -> Path:
+    """Milliseconds per forward pass against tokens scored, one line per linear-layer kernel."""
+    fig, ax = plt.subplots(figsize=(7.0, 4.2))
+    for label, costs in results.items():
+        ax.plot([c.tokens for c in costs], [c.ms for c in costs], marker="o", label=label)
+    ax.set_xlabel("tokens scored in one pass")
+    ax.set_ylabel("ms per forward pass")
+    ax.set_title(title, fontsize=10)
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+

@@ -32,6 +32,7 @@ class Aggregate:
     stats: GenerationStats  # pooled: tau, alpha and tokens/s over all the prompts together
     plain_wall_time_s: float
     mismatches: int
+    peak_memory_mb: float = 0.0  # the largest over the group's samples
 
     @property
     def speedup(self) -> float:
@@ -71,6 +72,7 @@ def aggregate(samples: Sequence[Sample]) -> dict[tuple[str, str], Aggregate]:
                 method=method, category=category, prompts=len(group), stats=pooled,
                 plain_wall_time_s=sum(plain_time[(s.prompt_id, s.category)] for s in group),
                 mismatches=sum(1 for s in group if s.equal_to_plain is False),
+                peak_memory_mb=max(s.peak_memory_mb for s in group),
             )
     return out
 
@@ -84,7 +86,7 @@ def markdown_table(samples: Sequence[Sample], draft_lengths: dict[str, int] | No
     """Spec-Bench's layout: one column per category (speed-up and tau), then overall figures."""
     aggs = aggregate(samples)
     cats = categories_in(samples)
-    head = ["Method", *(CATEGORY_TITLES.get(c, c) for c in cats), "Overall speed-up", "τ", "α", "α·K+1", "tok/s", "identical"]
+    head = ["Method", *(CATEGORY_TITLES.get(c, c) for c in cats), "Overall speed-up", "τ", "α", "α·K+1", "tok/s", "peak MB", "identical"]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join([":---"] + ["---:"] * (len(head) - 1)) + "|"]
     for method in methods_in(samples):
         row = [f"`{method}`"]
@@ -96,7 +98,8 @@ def markdown_table(samples: Sequence[Sample], draft_lengths: dict[str, int] | No
         bound = f"{o.stats.speedup_bound(k):.2f}" if k and o.stats.drafted_tokens else "–"
         alpha = f"{o.stats.alpha:.2f}" if o.stats.drafted_tokens else "–"
         same = "–" if method == BASELINE else ("all" if o.mismatches == 0 else f"**{o.prompts - o.mismatches}/{o.prompts}**")
-        row += [f"**{o.speedup:.2f}x**", f"{o.stats.tau:.2f}", alpha, bound, f"{o.stats.tokens_per_s:.1f}", same]
+        memory = f"{o.peak_memory_mb:,.0f}" if o.peak_memory_mb else "–"
+        row += [f"**{o.speedup:.2f}x**", f"{o.stats.tau:.2f}", alpha, bound, f"{o.stats.tokens_per_s:.1f}", memory, same]
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
 
@@ -130,6 +133,7 @@ def write_outputs(out_dir: Path, samples: Sequence[Sample], meta: dict[str, obje
                 "method": a.method, "category": a.category, "prompts": a.prompts, "speedup": a.speedup,
                 "tau": a.stats.tau, "alpha": a.stats.alpha, "tokens_per_s": a.stats.tokens_per_s,
                 "new_tokens": a.stats.new_tokens, "wall_time_s": a.stats.wall_time_s, "mismatches": a.mismatches,
+                "peak_memory_mb": a.peak_memory_mb,
             }
             for a in aggs.values()
         ],
@@ -140,7 +144,8 @@ def write_outputs(out_dir: Path, samples: Sequence[Sample], meta: dict[str, obje
         f"{meta.get('threads')} threads, {meta.get('prompts')} prompts ({meta.get('dataset')}, "
         f"limit {meta.get('limit')} per category); machine: {meta.get('machine')}.\n"
         "Speed-up = total time of plain decoding (`ar`) / total time of the method, same prompts, same run. "
-        "τ = new tokens / target forward passes; α = accepted / drafted tokens.\n"
+        "τ = new tokens / target forward passes; α = accepted / drafted tokens; peak MB = parameters of the "
+        "models a method runs + the largest growth of resident memory during one of its generations.\n"
     )
     paths["table"].write_text(header + "\n" + markdown_table(samples, draft_lengths) + "\n\n" + mismatch_report(samples) + "\n", encoding="utf-8")
     return paths

@@ -14,9 +14,12 @@ import torch
 
 from leapdecode.api import Decoder, encode_prompt
 from leapdecode.bench.datasets import BenchPrompt
+from leapdecode.bench.memory import PeakRss, parameter_mb
 from leapdecode.engine import GenerationStats, StopCriteria
-from leapdecode.errors import MethodError, ModelLoadError
-from leapdecode.methods import Autoregressive, HfAssisted, HfGenerate, HfPromptLookup, Method, parse_method
+from leapdecode.errors import MethodError
+from leapdecode.methods import (
+    Autoregressive, DraftModel, HfAssisted, HfGenerate, HfPromptLookup, Method, check_same_vocabulary, parse_method,
+)
 from leapdecode.models import LoadedModel, load_model
 
 BASELINE = str(Autoregressive())
@@ -49,6 +52,7 @@ class Sample:
     equal_to_plain: bool | None = None  # None for the baseline itself
     first_difference: int | None = None  # first differing position, when not equal
     token_ids: list[int] = field(default_factory=list)
+    peak_memory_mb: float = 0.0  # parameters of the models used + peak RSS growth while generating
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -56,6 +60,7 @@ class Sample:
 
 class Runner(Protocol):
     method: Method
+    weights_mb: float  # parameters of every model the method runs
 
     def run(self, prompt_ids: list[int], max_new_tokens: int) -> RunOutput: ...
 
@@ -63,9 +68,10 @@ class Runner(Protocol):
 class EngineRunner:
     """A method of this project, through the shared decode loop."""
 
-    def __init__(self, lm: LoadedModel, method: Method) -> None:
+    def __init__(self, lm: LoadedModel, method: Method, draft_model: LoadedModel | None = None) -> None:
         self.method = method
-        self.decoder = Decoder(lm, method)
+        self.decoder = Decoder(lm, method, draft_model=draft_model)
+        self.weights_mb = parameter_mb(lm.model) + (parameter_mb(draft_model.model) if draft_model else 0.0)
 
     def run(self, prompt_ids: list[int], max_new_tokens: int) -> RunOutput:
         result = self.decoder.generate(prompt_ids, max_new_tokens=max_new_tokens)
@@ -79,17 +85,24 @@ class HfRunner:
     tau is comparable with the engine's.
     """
 
-    def __init__(self, lm: LoadedModel, method: Method, log: Callable[[str], None]) -> None:
+    def __init__(self, lm: LoadedModel, method: Method, assistant: LoadedModel | None = None) -> None:
         self.method = method
         self.lm = lm
         self.kwargs: dict[str, Any] = {}
+        self.weights_mb = parameter_mb(lm.model)
         if isinstance(method, HfPromptLookup):
             self.kwargs = dict(prompt_lookup_num_tokens=method.tokens, max_matching_ngram_size=method.max_ngram)
         elif isinstance(method, HfAssisted):
-            assistant = load_model(method.model, device=lm.device, log=log)
-            if assistant.model.config.get_text_config().vocab_size != lm.model.config.get_text_config().vocab_size:
-                raise ModelLoadError(f"draft model {method.model!r} has a different vocabulary from {lm.name!r}")
+            if assistant is None:
+                raise MethodError("hf-assisted needs its draft model loaded")
+            check_same_vocabulary(lm, assistant)
+            # transformers reads these from the assistant's own generation config
+            config = assistant.model.generation_config
+            config.num_assistant_tokens = method.tokens
+            config.num_assistant_tokens_schedule = method.schedule
+            config.assistant_confidence_threshold = method.threshold
             self.kwargs = dict(assistant_model=assistant.model)
+            self.weights_mb += parameter_mb(assistant.model)
         elif not isinstance(method, HfGenerate):
             raise MethodError(f"{method.name} is not a Hugging Face peer")
 
@@ -124,8 +137,9 @@ def _pad_id(lm: LoadedModel) -> int:
     return pad if pad is not None else min(lm.eos_token_ids)
 
 
-def make_runner(lm: LoadedModel, method: Method, log: Callable[[str], None]) -> Runner:
-    return HfRunner(lm, method, log) if method.peer else EngineRunner(lm, method)
+def make_runner(lm: LoadedModel, method: Method, load_draft: Callable[[str], LoadedModel]) -> Runner:
+    draft = load_draft(method.model) if isinstance(method, (DraftModel, HfAssisted)) and method.model else None
+    return HfRunner(lm, method, draft) if method.peer else EngineRunner(lm, method, draft)
 
 
 def parse_methods(text: str | Sequence[str]) -> list[Method]:
@@ -163,7 +177,14 @@ def run_benchmark(
 ) -> list[Sample]:
     """Every method on every prompt, plain decoding first; returns one Sample per pair."""
     ordered = [Autoregressive()] + [m for m in methods if str(m) != BASELINE]
-    runners = [make_runner(lm, m, log) for m in ordered]
+    drafts: dict[str, LoadedModel] = {}
+
+    def load_draft(name: str) -> LoadedModel:  # one copy of each draft model for the whole run
+        if name not in drafts:
+            drafts[name] = load_model(name, device=lm.device, dtype=lm.model.dtype, log=log)
+        return drafts[name]
+
+    runners = [make_runner(lm, m, load_draft) for m in ordered]
     encoded = [encode_prompt(lm, p.text, chat=p.chat) for p in prompts]
     for runner in runners:  # one warm-up generation per method
         runner.run(encoded[0], min(16, max_new_tokens))
@@ -171,7 +192,8 @@ def run_benchmark(
     for prompt, prompt_ids in zip(prompts, encoded):
         plain_tokens: list[int] = []
         for runner in runners:
-            out = runner.run(prompt_ids, max_new_tokens)
+            with PeakRss(lm.device) as memory:
+                out = runner.run(prompt_ids, max_new_tokens)
             label = str(runner.method)
             if label == BASELINE:
                 plain_tokens = out.token_ids
@@ -184,6 +206,7 @@ def run_benchmark(
                 accepted_lengths=list(s.accepted_lengths), tau=s.tau, alpha=s.alpha, tokens_per_s=s.tokens_per_s,
                 lossless=runner.method.lossless, equal_to_plain=None if label == BASELINE else diff is None,
                 first_difference=diff, token_ids=out.token_ids,
+                peak_memory_mb=runner.weights_mb + memory.growth_mb,
             )
             samples.append(sample)
             on_sample(sample)

@@ -11,6 +11,7 @@ from typing import Any
 from rich.text import Text
 
 from leapdecode.api import GenerationResult
+from leapdecode.engine import Step, compile_tree
 
 
 @dataclass(frozen=True)
@@ -19,6 +20,7 @@ class TraceStep:
     accepted: tuple[str, ...]  # drafted tokens the target kept
     bonus: str | None  # the target's own token (None if a stop cut the step short)
     rejected: tuple[str, ...]  # drafted tokens the target discarded
+    branches: tuple[tuple[int, str], ...] = ()  # a tree draft: (tokens accepted, text) per root-to-leaf branch
 
 
 def token_texts(tokenizer: Any, ids: Sequence[int]) -> list[str]:
@@ -30,13 +32,32 @@ def trace_steps(result: GenerationResult, tokenizer: Any) -> list[TraceStep]:
     for i, step in enumerate(result.steps):
         emitted = token_texts(tokenizer, step.tokens)
         n = min(step.num_accepted, len(emitted))
+        on_path = set(step.path)
+        rejected = [t for j, t in enumerate(step.drafted) if j not in on_path]
         steps.append(TraceStep(
             index=i,
             accepted=tuple(emitted[:n]),
             bonus=emitted[n] if len(emitted) > n else None,
-            rejected=tuple(token_texts(tokenizer, step.drafted[step.num_accepted :])),
+            rejected=tuple(token_texts(tokenizer, rejected)),
+            branches=tree_branches(step, tokenizer),
         ))
     return steps
+
+
+def tree_branches(step: Step, tokenizer: Any) -> tuple[tuple[int, str], ...]:
+    """Each root-to-leaf branch of a tree draft, with how many of its tokens were accepted."""
+    if step.parents is None:
+        return ()
+    tree = compile_tree(step.parents)
+    accepted = [j + 1 for j in step.path]
+    out = []
+    for node in range(1, tree.num_nodes):
+        if tree.children[node]:
+            continue
+        branch = tree.path_to(node)
+        kept = next((k for k, (a, b) in enumerate(zip(branch, accepted)) if a != b), min(len(branch), len(accepted)))
+        out.append((kept, tokenizer.decode([step.drafted[j - 1] for j in branch], skip_special_tokens=False)))
+    return tuple(out)
 
 
 def _visible(text: str) -> str:
@@ -51,7 +72,9 @@ def render_terminal(steps: Sequence[TraceStep], show_rejected: bool = True) -> T
             out.append(_visible(tok), style="black on green3")
         if step.bonus is not None:
             out.append(_visible(step.bonus), style="black on yellow")
-        if show_rejected and step.rejected:
+        if show_rejected and step.branches:
+            out.append(f"[tree: {len(step.branches)} branches, {len(step.rejected)} rejected]", style="red dim")
+        elif show_rejected and step.rejected:
             out.append("[" + "".join(step.rejected).replace("\n", "↵") + "]", style="red strike dim")
         out.append("│", style="dim")
     return out
@@ -72,6 +95,17 @@ th { background: #f3f3f3; }
 """
 
 
+def _rejected_cell(step: TraceStep) -> str:
+    """Rejected drafts; for a tree, every branch with its accepted prefix marked."""
+    if not step.branches:
+        return html.escape("".join(step.rejected))
+    lines = []
+    for kept, text in step.branches:
+        mark = "✓" if kept else "✗"
+        lines.append(f'<span class="{"acc" if kept else "rej"}">{mark} {html.escape(text.replace(chr(10), "↵"))}</span>')
+    return "<br>".join(lines)
+
+
 def render_html(result: GenerationResult, steps: Sequence[TraceStep], model: str, prompt: str) -> str:
     """A self-contained page: the text with each step underlined, and a table of steps."""
     esc = html.escape
@@ -80,13 +114,15 @@ def render_html(result: GenerationResult, steps: Sequence[TraceStep], model: str
         parts = [f'<span class="acc">{esc(t)}</span>' for t in step.accepted]
         if step.bonus is not None:
             parts.append(f'<span class="bonus">{esc(step.bonus)}</span>')
-        if step.rejected:
+        if step.branches:
+            parts.append(f'<span class="rej">[tree: {len(step.branches)} branches]</span>')
+        elif step.rejected:
             parts.append(f'<span class="rej">{esc("".join(step.rejected).replace(chr(10), "↵"))}</span>')
         title = f"step {step.index}: {len(step.accepted)} accepted of {len(step.accepted) + len(step.rejected)} drafted"
         body.append(f'<span class="step" title="{esc(title)}">{"".join(parts)}</span>')
     rows = "\n".join(
         f"<tr><td>{s.index}</td><td>{len(s.accepted) + len(s.rejected)}</td><td>{len(s.accepted)}</td>"
-        f"<td>{esc(''.join(s.accepted))}</td><td>{esc(s.bonus or '')}</td><td>{esc(''.join(s.rejected))}</td></tr>"
+        f"<td>{esc(''.join(s.accepted))}</td><td>{esc(s.bonus or '')}</td><td>{_rejected_cell(s)}</td></tr>"
         for s in steps
     )
     st = result.stats
@@ -101,7 +137,7 @@ def render_html(result: GenerationResult, steps: Sequence[TraceStep], model: str
 each underline = one forward pass of the target model</p>
 <details><summary>Prompt</summary><pre>{esc(prompt)}</pre></details>
 <div class="text">{"".join(body)}</div>
-<table><tr><th>step</th><th>drafted</th><th>accepted</th><th>accepted tokens</th><th>bonus</th><th>rejected</th></tr>
+<table><tr><th>step</th><th>drafted</th><th>accepted</th><th>accepted tokens</th><th>bonus</th><th>rejected (trees: every branch, ✓ where the accepted path runs)</th></tr>
 {rows}
 </table>
 </body></html>

@@ -1,7 +1,14 @@
 """Drafters: one module each. A drafter proposes tokens and is told what was accepted."""
 
+from leapdecode.drafters.anpd_tree import AnpdTreeDrafter
 from leapdecode.drafters.base import Draft, Drafter, NoDrafter
+from leapdecode.drafters.draft_model import DraftModelDrafter
 from leapdecode.drafters.ngram import AnpdDrafter, NGramModule, Prediction
 from leapdecode.drafters.prompt_lookup import PromptLookupDrafter
+from leapdecode.drafters.rest import Datastore, RestDrafter, build_datastore
+from leapdecode.drafters.trie import TokenTrie, TrieDrafter
 
-__all__ = ["AnpdDrafter", "Draft", "Drafter", "NGramModule", "NoDrafter", "Prediction", "PromptLookupDrafter"]
+__all__ = [
+    "AnpdDrafter", "AnpdTreeDrafter", "Datastore", "Draft", "DraftModelDrafter", "Drafter", "NGramModule", "NoDrafter",
+    "Prediction", "PromptLookupDrafter", "RestDrafter", "TokenTrie", "TrieDrafter", "build_datastore",
+]

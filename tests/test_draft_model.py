@@ -1,0 +1,191 @@
+"""Draft-model speculative decoding: greedy equality with plain decoding (a draft model that is
+the target itself, a random one, and the real Qwen pair), the vertical cascade, adaptive draft
+length, the target distribution under sampling, reproducible seeds, and vocabulary checks."""
+
+from __future__ import annotations
+
+import copy
+import functools
+
+import pytest
+import torch
+
+from leapdecode import wrap
+from leapdecode.drafters import DraftModelDrafter
+from leapdecode.engine import StopCriteria, TorchBackend, decode
+from leapdecode.engine.reference import greedy_reference
+from leapdecode.errors import MethodError, ModelLoadError
+from leapdecode.methods import DraftModel, parse_method
+from leapdecode.models import LoadedModel
+from leapdecode.verifiers import SamplingParams, verify_speculative
+from tests.conftest import TINY_VOCAB, make_tiny_model
+from tests.test_lossless_tiny import prompts
+from tests.test_sampling import exact_joint, tv, tv_bound
+
+VARIANTS = [
+    dict(k=4),
+    dict(k=1),
+    dict(k=6, cascade_n=5),
+    dict(k=3, schedule="heuristic"),
+    dict(k=5, threshold=0.3),
+    dict(k=5, schedule="heuristic", threshold=0.2, cascade_n=3),
+]
+IDS = ["k4", "k1", "cascade", "heuristic", "threshold", "all-options"]
+
+
+@pytest.fixture(scope="module")
+def random_draft():
+    """Same architecture and vocabulary as the llama tiny target, other weights: mostly rejected."""
+    return make_tiny_model("llama", seed=1)
+
+
+def run(target, draft, prompt, max_new_tokens, **options):
+    drafter = DraftModelDrafter(TorchBackend(draft), **options)
+    steps = list(decode(TorchBackend(target), prompt, drafter, StopCriteria(frozenset(), max_new_tokens)))
+    return [t for s in steps for t in s.tokens], steps, drafter
+
+
+@pytest.mark.parametrize("options", VARIANTS, ids=IDS)
+def test_target_as_its_own_draft_model_accepts_every_draft(tiny_model, options) -> None:
+    for prompt in prompts(6):
+        got, steps, _ = run(tiny_model, tiny_model, prompt, 30, **options)
+        assert got == greedy_reference(tiny_model, prompt, 30)
+        drafted = sum(len(s.drafted) for s in steps)
+        assert drafted > 0 and sum(s.num_accepted for s in steps) == drafted
+
+
+@pytest.mark.parametrize("options", VARIANTS, ids=IDS)
+def test_random_draft_model_is_still_lossless(random_draft, options) -> None:
+    target = make_tiny_model("llama", seed=0)
+    accepted = drafted = 0
+    for prompt in prompts(8, seed=3):
+        got, steps, _ = run(target, random_draft, prompt, 30, **options)
+        assert got == greedy_reference(target, prompt, 30), prompt
+        accepted += sum(s.num_accepted for s in steps)
+        drafted += sum(len(s.drafted) for s in steps)
+    assert drafted > 0 and accepted < drafted  # drafts were really rejected, and recovered from
+
+
+def test_without_cascade_each_drafted_token_costs_one_draft_pass(tiny_model) -> None:
+    _, steps, drafter = run(tiny_model, tiny_model, prompts(1)[0], 30, k=4)
+    assert drafter.draft_passes == sum(len(s.drafted) for s in steps)
+
+
+def test_cascade_drafts_several_tokens_per_draft_pass_on_repetitive_text(tiny_model) -> None:
+    passes = {}
+    for cascade_n in (0, 4):
+        prompt = [5, 6, 7, 8, 9, 10] * 6
+        got, steps, drafter = run(tiny_model, tiny_model, prompt, 60, k=8, cascade_n=cascade_n)
+        assert got == greedy_reference(tiny_model, prompt, 60)
+        passes[cascade_n] = drafter.draft_passes
+    assert passes[4] < passes[0]
+
+
+def test_heuristic_schedule_grows_after_full_acceptance_and_shrinks_after_rejection(tiny_model, random_draft) -> None:
+    prompt = prompts(1)[0]
+    _, steps, _ = run(tiny_model, tiny_model, prompt, 40, k=2, schedule="heuristic")
+    lengths = [len(s.drafted) for s in steps[1:]]
+    assert lengths[:3] == [2, 4, 6]  # every draft accepted: +2 each time
+    target = make_tiny_model("llama", seed=0)
+    _, steps, _ = run(target, random_draft, prompts(3, seed=5)[1], 30, k=3, schedule="heuristic")
+    for before, after in zip(steps[1:], steps[2:]):
+        if before.drafted and before.num_accepted < len(before.drafted) and after.drafted:
+            assert len(after.drafted) == max(1, len(before.drafted) - 1) or len(after.drafted) < len(before.drafted)
+
+
+def test_threshold_stops_the_draft_after_a_doubtful_token(random_draft) -> None:
+    target = make_tiny_model("llama", seed=0)
+    _, steps, _ = run(target, random_draft, prompts(2, seed=7)[1], 30, k=8, threshold=0.99)
+    lengths = [len(s.drafted) for s in steps[1:]]
+    assert max(lengths) < 8  # a random draft model is rarely 99% sure
+
+
+def test_draft_model_sampling_keeps_the_target_distribution(tiny_model) -> None:
+    # q close to p but not equal: the target with noise on its output layer
+    draft = copy.deepcopy(tiny_model)
+    with torch.no_grad():
+        head = draft.get_output_embeddings().weight
+        head.add_(torch.randn(head.shape, generator=torch.Generator().manual_seed(2)) * head.std())
+    prompt = list(range(2, TINY_VOCAB)) + [7, 8, 9]
+    params = SamplingParams(temperature=1.5, top_k=3)
+    exact = exact_joint(tiny_model, prompt, params, 3)
+    g = torch.Generator().manual_seed(11)
+    verifier = functools.partial(verify_speculative, params=params, generator=g)
+    counts: dict[tuple[int, ...], int] = {}
+    draws = 600
+    accepted = drafted = 0
+    for i in range(draws):
+        drafter = DraftModelDrafter(TorchBackend(draft), k=3, sampling=params, generator=g, cascade_n=3 if i % 2 else 0)
+        steps = list(decode(TorchBackend(tiny_model), prompt, drafter, StopCriteria(frozenset(), 3), verifier))
+        key = tuple(t for s in steps for t in s.tokens)
+        counts[key] = counts.get(key, 0) + 1
+        accepted += sum(s.num_accepted for s in steps)
+        drafted += sum(len(s.drafted) for s in steps)
+    support = sorted(exact)
+    assert set(counts) <= set(support)
+    p = torch.tensor([exact[key] for key in support])
+    emp = torch.tensor([counts.get(key, 0) / draws for key in support])
+    assert tv(emp, p) <= tv_bound(p, draws), tv(emp, p)
+    assert drafted > 0 and 0 < accepted < drafted
+
+
+def test_sampled_drafts_carry_q_rows_of_the_draft_distribution(tiny_model) -> None:
+    params = SamplingParams(temperature=0.8, top_p=0.9)
+    drafter = DraftModelDrafter(TorchBackend(tiny_model), k=4, sampling=params, generator=torch.Generator().manual_seed(0))
+    drafter.reset([3, 4, 5])
+    with torch.inference_mode():
+        draft = drafter.propose(10)
+    assert draft.q is not None and draft.q.shape == (4, TINY_VOCAB)
+    torch.testing.assert_close(draft.q.sum(-1), torch.ones(4))
+    assert all(float(draft.q[i, t]) > 0 for i, t in enumerate(draft.tokens))
+
+
+def tiny_loaded(model, name: str) -> LoadedModel:
+    return LoadedModel(model=model, tokenizer=None, name=name, eos_token_ids=frozenset({1}), max_context=512)
+
+
+def test_a_draft_model_with_another_vocabulary_is_refused(tiny_model) -> None:
+    other = make_tiny_model("llama", seed=0, vocab=TINY_VOCAB + 8)
+    with pytest.raises(ModelLoadError, match="share the target's tokenizer"):
+        DraftModel(k=3).prepare(tiny_loaded(tiny_model, "target"), draft_model=tiny_loaded(other, "draft"))
+
+
+def test_draft_method_parameters_are_validated() -> None:
+    assert str(parse_method("draft:model=qwen2.5-coder-0.5b,k=5,cascade=true")) == (
+        "draft:model=qwen2.5-coder-0.5b,k=5,schedule=constant,threshold=0.0,cascade=True"
+    )
+    for bad in ("draft:k=0", "draft:schedule=sometimes", "draft:threshold=1.5", "draft:cascade=maybe"):
+        with pytest.raises(MethodError):
+            parse_method(bad)
+    with pytest.raises(MethodError, match="needs model=NAME"):
+        DraftModel(k=3).prepare(tiny_loaded(make_tiny_model(), "target"))
+
+
+@pytest.mark.real_model
+def test_real_model_as_its_own_draft_greedy_and_seeded(real_lm) -> None:
+    prompt = "def is_palindrome(s):\n"
+    plain = wrap(real_lm, "ar").generate(prompt, max_new_tokens=24)
+    decoder = wrap(real_lm, "draft:k=4,cascade=true", draft_model=real_lm)
+    out = decoder.generate(prompt, max_new_tokens=24)
+    assert out.token_ids == plain.token_ids
+    assert out.stats.accepted_tokens == out.stats.drafted_tokens > 0
+    first = decoder.generate(prompt, max_new_tokens=16, temperature=0.9, top_p=0.95, seed=3)
+    second = decoder.generate(prompt, max_new_tokens=16, temperature=0.9, top_p=0.95, seed=3)
+    assert first.token_ids == second.token_ids
+
+
+@pytest.mark.real_model
+def test_real_qwen_pair_greedy_equals_plain_decoding() -> None:
+    from leapdecode.models import load_model
+
+    target = load_model("qwen2.5-coder-1.5b", log=lambda msg: None)
+    draft = load_model("qwen2.5-coder-0.5b", log=lambda msg: None)
+    prompts_ = ["def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n", "Write a haiku about the sea."]
+    decoders = {m: wrap(target, m, draft_model=draft) for m in ("draft:k=5", "draft:k=5,cascade=true")}
+    plain = wrap(target, "ar")
+    for prompt, chat in zip(prompts_, (False, True)):
+        expected = plain.generate(prompt, max_new_tokens=20, chat=chat)
+        for method, decoder in decoders.items():
+            out = decoder.generate(prompt, max_new_tokens=20, chat=chat)
+            assert out.token_ids == expected.token_ids, (method, prompt)
+            assert out.stats.accepted_tokens > 0
