@@ -18,6 +18,8 @@ import torch
 from leapdecode.drafters import AnpdDrafter, DraftModelDrafter, Drafter, NoDrafter, PromptLookupDrafter
 from leapdecode.drafters.anpd_tree import AnpdTreeDrafter
 from leapdecode.drafters.draft_model import SCHEDULES
+from leapdecode.drafters.jacobi import INITS, MODES, JacobiDrafter
+from leapdecode.drafters.lookahead import LookaheadDrafter
 from leapdecode.drafters.rest import Datastore, RestDrafter
 from leapdecode.drafters.trie import TrieDrafter
 from leapdecode.engine import TorchBackend
@@ -121,8 +123,8 @@ class AnpdTree(Method):
     name: ClassVar[str] = "anpd-tree"
     summary: ClassVar[str] = "ANPD drafting a token tree: top n-gram continuations merged, verified in one pass"
     n: int = 5
-    nodes: int = 16
-    depth: int = 7
+    nodes: int = 8
+    depth: int = 4
     width: int = 3
 
     def __post_init__(self) -> None:
@@ -140,8 +142,8 @@ class Trie(Method):
 
     name: ClassVar[str] = "trie"
     summary: ClassVar[str] = "trie of the prompt's and output's n-grams: the latest match's frequent branches as a tree"
-    nodes: int = 16
-    depth: int = 8
+    nodes: int = 8
+    depth: int = 4
     window: int = 12
     max_match: int = 4
     prompt_weight: int = 2
@@ -164,8 +166,8 @@ class Rest(Method):
     summary: ClassVar[str] = "REST: continuations retrieved from a datastore (suffix array) merged into a tree"
     loads_files: ClassVar[bool] = True
     datastore: str = ""
-    nodes: int = 16
-    depth: int = 8
+    nodes: int = 8
+    depth: int = 4
     matches: int = 64
     max_suffix: int = 8
     min_suffix: int = 2
@@ -184,6 +186,49 @@ class Rest(Method):
         return lambda sampling, generator: RestDrafter(
             store, self.nodes, self.depth, self.matches, self.max_suffix, self.min_suffix,
         )
+
+
+@dataclass(frozen=True)
+class Jacobi(Method):
+    """Jacobi decoding (arXiv 2305.10427): guess a block, refine every guess from one pass."""
+
+    name: ClassVar[str] = "jacobi"
+    summary: ClassVar[str] = "Jacobi decoding: a block of guesses refined by the model's own predictions each pass"
+    block: int = 3
+    mode: str = "sliding"
+    init: str = "repeat"
+
+    def __post_init__(self) -> None:
+        self._require(1 <= self.block <= 64, f"block must be between 1 and 64, got {self.block}")
+        self._require(self.mode in MODES, f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
+        self._require(self.init in INITS, f"init must be one of {', '.join(INITS)}, got {self.init!r}")
+
+    def build_drafter(self) -> Drafter:
+        return JacobiDrafter(self.block, self.mode, self.init)
+
+    @property
+    def draft_length(self) -> int:
+        return self.block
+
+
+@dataclass(frozen=True)
+class Lookahead(Method):
+    """Lookahead decoding (arXiv 2402.02057): a Jacobi window feeding an n-gram pool, verified in the same pass."""
+
+    name: ClassVar[str] = "lookahead"
+    summary: ClassVar[str] = "Lookahead decoding: Jacobi window (w x n-1) fills an n-gram pool; g n-grams verified per pass"
+    w: int = 2
+    n: int = 3
+    g: int = 2
+    anpd: bool = False
+
+    def __post_init__(self) -> None:
+        self._require(2 <= self.w <= 32, f"w (window) must be between 2 and 32, got {self.w}")
+        self._require(2 <= self.n <= 8, f"n (n-gram size) must be between 2 and 8, got {self.n}")
+        self._require(0 <= self.g <= 32, f"g (verified n-grams) must be between 0 and 32, got {self.g}")
+
+    def build_drafter(self) -> Drafter:
+        return LookaheadDrafter(self.w, self.n, self.g, self.anpd)
 
 
 def _check_tree(method: Method, nodes: int, depth: int) -> None:
@@ -292,7 +337,8 @@ class HfAssisted(Method):
 
 
 METHODS: tuple[type[Method], ...] = (
-    Autoregressive, Anpd, PromptLookup, AnpdTree, Trie, Rest, DraftModel, HfGenerate, HfPromptLookup, HfAssisted,
+    Autoregressive, Anpd, PromptLookup, AnpdTree, Trie, Rest, Jacobi, Lookahead, DraftModel, HfGenerate, HfPromptLookup,
+    HfAssisted,
 )
 
 

@@ -52,7 +52,7 @@ def test_plain_decoding_equals_hugging_face_generate(real_lm, plain_outputs) -> 
         assert result.token_ids == hf_generate(real_lm, result.prompt_ids, MAX_NEW)
 
 
-@pytest.mark.parametrize("method", ["anpd", "anpd:n=3,k=4", "pld", "anpd-tree", "trie", "anpd-tree:nodes=40,depth=10,width=4"])
+@pytest.mark.parametrize("method", ["anpd", "anpd:n=3,k=4", "pld", "anpd-tree", "trie", "anpd-tree:nodes=40,depth=10,width=4", "jacobi", "lookahead"])
 def test_methods_equal_plain_greedy_token_for_token(real_lm, plain_outputs, method) -> None:
     decoder = wrap(real_lm, method)
     accepted = 0

@@ -156,7 +156,7 @@ def test_datastore_files_round_trip_and_corruption_is_reported(tmp_path) -> None
 
 
 def test_tree_method_strings() -> None:
-    assert str(parse_method("anpd-tree:nodes=24")) == "anpd-tree:n=5,nodes=24,depth=7,width=3"
+    assert str(parse_method("anpd-tree:nodes=24")) == "anpd-tree:n=5,nodes=24,depth=4,width=3"
     for bad in ("anpd-tree:nodes=0", "trie:max_match=12", "rest", "rest:datastore=x,min_suffix=9", "trie:depth=100"):
         with pytest.raises(Exception) as info:
             parse_method(bad)

@@ -2,8 +2,9 @@
 how long a chain or how big a tree is worth drafting on a given machine.
 
 Each size is timed over a fixed cached context (median of `repeats` passes, the cache rolled
-back after each), through the same backend the decode loop uses, once with the model's own
-linear layers and once with the small-batch swap (`leapdecode.models.linear`).
+back after each), through the same backend the decode loop uses: as a chain with the model's
+own linear layers, as a chain with the small-batch swap (`leapdecode.models.linear`), and as a
+token tree (a 4D tree attention mask instead of the causal one) with the swap.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from leapdecode.engine import TorchBackend
+from leapdecode.engine import TorchBackend, compile_tree
 from leapdecode.models import LoadedModel
 from leapdecode.models.linear import SmallBatchLinear
 
@@ -39,8 +40,14 @@ def _plain_copy(model: torch.nn.Module) -> torch.nn.Module:
     return plain
 
 
+def full_tree_parents(nodes: int, width: int = 3) -> tuple[int, ...]:
+    """The parents of a breadth-first tree with `width` children per node, as drafters build."""
+    return tuple(-1 if i < width else i // width - 1 for i in range(nodes))
+
+
 def measure(
     model: torch.nn.Module, sizes: Sequence[int], context: int = 300, repeats: int = 5, vocab: int = 1000,
+    tree: bool = False,
 ) -> list[ForwardCost]:
     backend = TorchBackend(model)
     generator = torch.Generator().manual_seed(0)
@@ -50,10 +57,11 @@ def measure(
         seq, _ = backend.prefill(prefix)
         for n in sizes:
             ids = torch.randint(10, vocab, (n,), generator=generator).tolist()
+            layout = compile_tree(full_tree_parents(n - 1)) if tree and n > 2 else None  # n-1 nodes + the root
             times = []
             for _ in range(repeats + 1):  # the first pass of each size is a warm-up
                 start = time.perf_counter()
-                backend.forward(seq, ids)
+                backend.forward(seq, ids, tree=layout)
                 times.append(time.perf_counter() - start)
                 backend.rollback(seq, context)
             ms = statistics.median(times[1:]) * 1000
@@ -62,11 +70,13 @@ def measure(
 
 
 def compare(lm: LoadedModel, sizes: Sequence[int], context: int = 300, repeats: int = 5) -> dict[str, list[ForwardCost]]:
-    """Costs with the small-batch linear layers (as loaded) and with plain `nn.Linear`."""
+    """Chain costs with the small-batch linear layers (as loaded) and with plain `nn.Linear`, and
+    tree costs (tree attention mask) with the model as loaded."""
     vocab = int(lm.model.config.get_text_config().vocab_size)
     return {
-        "small-batch linear": measure(lm.model, sizes, context, repeats, vocab),
-        "nn.Linear": measure(_plain_copy(lm.model), sizes, context, repeats, vocab),
+        "chain, small-batch linear": measure(lm.model, sizes, context, repeats, vocab),
+        "chain, nn.Linear": measure(_plain_copy(lm.model), sizes, context, repeats, vocab),
+        "tree, small-batch linear": measure(lm.model, sizes, context, repeats, vocab, tree=True),
     }
 
 

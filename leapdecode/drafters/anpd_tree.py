@@ -16,7 +16,7 @@ from leapdecode.drafters.tree_builder import best_first_tree
 
 
 class AnpdTreeDrafter(Drafter):
-    def __init__(self, n: int = 5, nodes: int = 16, depth: int = 7, width: int = 3) -> None:
+    def __init__(self, n: int = 5, nodes: int = 8, depth: int = 4, width: int = 3) -> None:
         self.module = NGramModule(n)
         self.nodes = nodes
         self.depth = depth

@@ -10,6 +10,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import torch
 
@@ -35,6 +36,10 @@ class Draft:
 class Drafter(ABC):
     """Proposes tokens for the target model to verify in one forward pass."""
 
+    # Jacobi-style drafters guess from the target's own predictions at the drafted positions:
+    # when True, the loop calls `observe` after every pass (an argmax over the scored rows).
+    observes_target: ClassVar[bool] = False
+
     @abstractmethod
     def reset(self, prompt_ids: Sequence[int]) -> None:
         """Start a new sequence from the prompt's token ids."""
@@ -47,6 +52,11 @@ class Drafter(ABC):
     def update(self, tokens: Sequence[int], num_accepted: int) -> None:
         """`tokens` were appended to the stream: the first `num_accepted` were drafted tokens
         the target accepted, the last one is the target's own (bonus) token."""
+
+    def observe(self, predicted: Sequence[int]) -> None:  # noqa: B027 - optional hook, no-op by default
+        """The target's greedy token after each scored position of the last pass: the pending
+        token first (index 0), then each drafted token (index i+1). Called before `update`,
+        only when `observes_target` is set."""
 
 
 class NoDrafter(Drafter):

@@ -82,6 +82,17 @@ class NGramModule:
                 entry = table[key] = _Continuations()
             entry.add(token)
 
+    def add_ngram(self, gram: Sequence[int]) -> None:
+        """Count an n-gram seen outside the stream (e.g. a Jacobi trajectory): each of its tokens
+        after the tokens before it in the n-gram, for every order that fits."""
+        for end in range(1, len(gram)):
+            for order in range(2, min(self.n, end + 1) + 1):
+                key = tuple(gram[end - order + 1 : end])
+                entry = self._tables[order - 2].get(key)
+                if entry is None:
+                    entry = self._tables[order - 2][key] = _Continuations()
+                entry.add(gram[end])
+
     def query(self, context: Sequence[int]) -> Prediction | None:
         """Predict the token after `context` (its last n-1 tokens), highest order first."""
         for order in range(min(self.n, len(context) + 1), 1, -1):

@@ -143,7 +143,7 @@ def build_datastore(tokenizer: Any, model_name: str, corpus: Path, suffixes: Seq
 
 class RestDrafter(Drafter):
     def __init__(
-        self, datastore: Datastore, nodes: int = 16, depth: int = 8, matches: int = 64, max_suffix: int = 8, min_suffix: int = 2,
+        self, datastore: Datastore, nodes: int = 8, depth: int = 4, matches: int = 64, max_suffix: int = 8, min_suffix: int = 2,
     ) -> None:
         self.datastore = datastore
         self.nodes = nodes

@@ -1,4 +1,4 @@
-"""Grow a token tree best-first: the shared way tree drafters turn scored candidates into a draft.
+"""Build token trees: grown best-first from scored candidates, or merged from given paths.
 
 A drafter supplies `children(path)`: candidate next tokens after the drafted `path`, each with a
 probability estimate. The tree keeps the `nodes` paths with the highest product of
@@ -40,3 +40,37 @@ def best_first_tree(children: Children, nodes: int, depth: int) -> Draft:
         if len(path) < depth:
             push(path, len(tokens) - 1, -neg_score)
     return Draft(tokens, parents=tuple(parents))
+
+
+def merge_paths(paths: list[list[int]], nodes: int | None = None) -> tuple[Draft, list[int]]:
+    """Merge token paths (each continuing the last emitted token) into one tree, sharing common
+    prefixes so that siblings differ. Paths are taken in order while the tree has room for all
+    of a path's new nodes (`nodes`: no bound when None). Returns the draft and, for each path,
+    the index of its last node (-1: the path is empty, or did not fit)."""
+    tokens: list[int] = []
+    parents: list[int] = []
+    child: dict[tuple[int, int], int] = {}  # (parent index, token) -> node index
+    ends: list[int] = []
+
+    def new_nodes(path: list[int]) -> int:
+        node = -1
+        for i, token in enumerate(path):
+            if (node, token) not in child:
+                return len(path) - i
+            node = child[(node, token)]
+        return 0
+
+    for path in paths:
+        if not path or (nodes is not None and len(tokens) + new_nodes(path) > nodes):
+            ends.append(-1)
+            continue
+        node = -1
+        for token in path:
+            found = child.get((node, token))
+            if found is None:
+                found = child[(node, token)] = len(tokens)
+                tokens.append(token)
+                parents.append(node)
+            node = found
+        ends.append(node)
+    return (Draft(tokens, parents=tuple(parents)) if tokens else Draft()), ends

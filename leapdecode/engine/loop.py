@@ -81,3 +81,6 @@ def decode(
         # 6. Keep the root and the accepted path in the cache; the bonus token is not cached yet.
         backend.keep(seq, start, [0, *(i + 1 for i in path)])
         new_tokens = kept.tolist()
+        # 7. Jacobi-style drafters refine their guesses from the target's own predictions.
+        if drafter.observes_target:
+            drafter.observe(scores.logits.argmax(dim=-1).tolist())  # [D+1]
