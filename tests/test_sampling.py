@@ -25,6 +25,16 @@ def tv_bound(p: torch.Tensor, n: int) -> float:
     return 0.5 * float((4 * (p * (1 - p) / n).sqrt()).sum()) + 1e-9
 
 
+def assert_follows_exact(counts: dict[tuple[int, ...], int], exact: dict[tuple[int, ...], float], draws: int) -> None:
+    """Sequences drawn `draws` times stay in the exact support, and their empirical distribution is
+    within the TV bound of the exact one."""
+    support = sorted(exact)
+    assert set(counts) <= set(support)
+    p = torch.tensor([exact[k] for k in support])
+    emp = torch.tensor([counts.get(k, 0) / draws for k in support])
+    assert tv(emp, p) <= tv_bound(p, draws), tv(emp, p)
+
+
 def first_token_distribution(p: torch.Tensor, q: torch.Tensor | None, draws: int, seed: int, fixed: int = 0) -> torch.Tensor:
     """Draft x ~ q (or the fixed token when q is None: a deterministic drafter), verify, and
     histogram the first emitted token."""
@@ -141,11 +151,7 @@ def test_speculative_sampling_end_to_end_keeps_the_distribution(tiny_model, draf
         counts[key] = counts.get(key, 0) + 1
         accepted += sum(s.num_accepted for s in steps)
         drafted += sum(len(s.drafted) for s in steps)
-    support = sorted(exact)
-    assert set(counts) <= set(support)
-    p = torch.tensor([exact[k] for k in support])
-    emp = torch.tensor([counts.get(k, 0) / draws for k in support])
-    assert tv(emp, p) <= tv_bound(p, draws), (drafter_kind, tv(emp, p))
+    assert_follows_exact(counts, exact, draws)
     if drafter_kind != "none":
         assert drafted > 0  # drafts were really verified
     if drafter_kind == "scripted-right":
@@ -161,10 +167,7 @@ def test_sample_reference_has_the_same_distribution_as_the_engine(tiny_model) ->
     for _ in range(400):
         key = tuple(sample_reference(tiny_model, prompt, 2, params, g))
         counts[key] = counts.get(key, 0) + 1
-    support = sorted(exact)
-    p = torch.tensor([exact[k] for k in support])
-    emp = torch.tensor([counts.get(k, 0) / 400 for k in support])
-    assert tv(emp, p) <= tv_bound(p, 400)
+    assert_follows_exact(counts, exact, 400)
 
 
 def test_seeded_sampling_is_reproducible(real_lm) -> None:

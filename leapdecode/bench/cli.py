@@ -184,10 +184,12 @@ def sweep(
     taus = {p: aggs[(str(m), "overall")].stats.tau for p, m in variants.items()}
     row_name, col_name = names[0], (names[1] if len(names) == 2 else "-")
     cols = sorted({b for _, b in points})
+    over = f"{row_name} × {col_name}" if len(names) == 2 else row_name
+    header = " | ".join(str(c) for c in cols) if len(names) == 2 else "speed-up (τ)"
     lines = [
-        f"Speed-up (τ) of `{base.name}` over {row_name} × {col_name}: {meta['prompts']} prompts of {dataset}, "
+        f"Speed-up (τ) of `{base.name}` over {over}: {meta['prompts']} prompts of {dataset}, "
         f"{max_new_tokens} new tokens, {lm.name}, {meta['machine']}.", "",
-        "| " + row_name + " \\ " + col_name + " | " + " | ".join(str(c) for c in cols) + " |",
+        "| " + (row_name + " \\ " + col_name if len(names) == 2 else row_name) + " | " + header + " |",
         "|---|" + "---:|" * len(cols),
     ]
     for a in sorted({a for a, _ in points}):
