@@ -120,8 +120,8 @@ def keep_cache_entries(seq: Sequence, start: int, nodes: list[int]) -> None:
     if any(n < 0 or start + n >= seq.length for n in nodes):
         raise ValueError(f"cannot keep nodes {nodes} after {start} in a cache of {seq.length} tokens")
     if nodes != list(range(len(nodes))):
-        source = torch.tensor(nodes, dtype=torch.long) + start  # [len(nodes)]
+        source = torch.tensor(nodes, dtype=torch.long, device=seq.cache.layers[0].keys.device) + start  # [len(nodes)]
         for layer in seq.cache.layers:
             for states in (layer.keys, layer.values):  # [batch, heads, length, head_dim]
-                states[:, :, start : start + len(nodes)] = states[:, :, source.to(states.device)]
+                states[:, :, start : start + len(nodes)] = states[:, :, source]
     rollback_cache(seq, start + len(nodes))
