@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 BIN := $(VENV)/bin
 MODEL ?= smollm2-135m
 
-.PHONY: setup model test-models browser demo test clean
+.PHONY: setup model test-models browser llamacpp demo test clean
 
 setup: $(VENV)/.installed
 
@@ -31,7 +31,11 @@ test-models: model
 	$(BIN)/leapdecode models pull qwen2.5-coder-0.5b
 	$(BIN)/leapdecode models pull qwen2.5-coder-1.5b
 
-test: test-models browser
+# The llama.cpp backend (an optional extra): llama-cpp-python compiles llama.cpp, about four minutes.
+llamacpp: setup
+	@$(PY) -c "import llama_cpp" 2>/dev/null || $(PY) -m pip install -q --disable-pip-version-check -e ".[dev,llamacpp]"
+
+test: test-models browser llamacpp
 	$(PY) -m pytest -q
 
 clean:

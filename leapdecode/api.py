@@ -16,7 +16,7 @@ from typing import Any, Union
 
 import torch
 
-from leapdecode.engine import GenerationStats, Step, StopCriteria, TorchBackend, TreeVerifier, Verifier, decode, truncate_at_stop
+from leapdecode.engine import GenerationStats, Step, StopCriteria, TreeVerifier, Verifier, decode, truncate_at_stop
 from leapdecode.errors import InputError
 from leapdecode.methods import Method, parse_method
 from leapdecode.models import LoadedModel
@@ -60,7 +60,7 @@ def encode_prompt(lm: LoadedModel, prompt: Prompt, *, chat: bool = False) -> lis
     elif isinstance(prompt, (Sequence, torch.Tensor)):
         ids = [int(t) for t in (prompt.flatten().tolist() if isinstance(prompt, torch.Tensor) else prompt)]
         vocab = len(tokenizer)
-        bad = [t for t in ids if not 0 <= t < max(vocab, lm.model.config.get_text_config().vocab_size)]
+        bad = [t for t in ids if not 0 <= t < max(vocab, lm.vocab_size)]
         if bad:
             raise InputError(f"token ids out of the vocabulary: {bad[:5]}")
     else:
@@ -86,8 +86,8 @@ class Decoder:
         self.method = parse_method(method)
         if self.method.peer:
             raise InputError(f"{self.method.name!r} is a benchmark peer (Hugging Face generate), not an engine method")
-        self.backend = TorchBackend(lm.model)
-        self._new_drafter = self.method.prepare(lm, draft_model=draft_model, log=log)
+        self.backend = self.method.make_backend(lm)
+        self._new_drafter = self.method.prepare(lm, draft_model=draft_model, log=log, backend=self.backend)
 
     def check_request(self, prompt_ids: list[int], max_new_tokens: int) -> None:
         """Raise InputError unless the prompt and max_new_tokens fit the model."""

@@ -38,6 +38,7 @@ ModelOpt = Annotated[str, typer.Option("--model", "-m", help="Preset name, hub i
 MethodOpt = Annotated[str, typer.Option("--method", help="Method string, e.g. anpd:n=5,k=7 (see `leapdecode methods`).")]
 MaxNewOpt = Annotated[int, typer.Option("--max-new-tokens", "-n", help="Most new tokens to generate.")]
 ChatOpt = Annotated[bool, typer.Option("--chat/--raw", help="Apply the model's chat template to the prompt.")]
+BackendOpt = Annotated[str, typer.Option("--backend", help="What runs the model: torch, or llama.cpp (GGUF presets and files; the llamacpp extra).")]
 ThreadsOpt = Annotated[int, typer.Option("--threads", help="Torch CPU threads (0: leave torch's default).")]
 
 
@@ -69,7 +70,7 @@ def set_threads(threads: int) -> None:
         torch.set_num_threads(threads)
 
 
-def load_with_progress(spec: str) -> Any:
+def load_with_progress(spec: str, backend: str = "torch") -> Any:
     from leapdecode.models import load_model
 
     with err_console.status(f"loading {spec} ...", spinner="dots") as status:
@@ -77,7 +78,7 @@ def load_with_progress(spec: str) -> Any:
             status.update(msg)
             err_console.log(msg)
 
-        return load_model(spec, log=log)
+        return load_model(spec, log=log, backend=backend)
 
 
 def read_prompt(prompt: str | None) -> str:
@@ -103,6 +104,7 @@ def generate(
     top_k: Annotated[int, typer.Option("--top-k", help="Sample from the k most likely tokens (0: off).")] = 0,
     top_p: Annotated[float, typer.Option("--top-p", help="Sample from the smallest set of tokens with this much probability (1: off).")] = 1.0,
     seed: Annotated[int | None, typer.Option("--seed", help="Make a sampled run reproducible.")] = None,
+    backend: BackendOpt = "torch",
 ) -> None:
     """Stream a completion and print one line of statistics."""
     from leapdecode.api import wrap
@@ -116,7 +118,7 @@ def generate(
     parse_method(method)  # a bad method string or sampling setting fails before the model loads
     sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
     SamplingParams(**sampling)
-    decoder = wrap(load_with_progress(model), method)
+    decoder = wrap(load_with_progress(model, backend=backend), method)
     lm = decoder.lm
     stops = tuple(stop or ())
     if compare:  # warm up so that neither timed run pays first-call costs
@@ -141,6 +143,11 @@ def generate(
         verdict = "[green]identical[/]" if same else f"[red]DIFFERENT at token {_first_difference(plain.token_ids, token_ids)}[/]"
         err_console.print(f"plain decoding: {plain.stats.summary()}")
         err_console.print(f"speed-up {speedup:.2f}x over plain decoding; output {verdict}")
+        if not decoder.method.lossless:
+            from leapdecode.bench.runner import token_agreement
+
+            agreed = token_agreement(lm, plain.prompt_ids, token_ids)
+            err_console.print(f"agreement with the full model (same prefix, token by token): {agreed:.3f} (lossy method)")
         if temperature > 0:
             err_console.print("[dim]sampled runs keep the distribution, not the tokens: different tokens are expected[/]")
         elif not same and decoder.method.lossless:
@@ -295,3 +302,4 @@ def main() -> None:
 # The benchmark commands (bench, sweep, trace) live with the benchmark; importing registers them.
 from leapdecode.bench import cli as _bench_cli  # noqa: E402,F401
 from leapdecode.server import cli as _server_cli  # noqa: E402,F401
+from leapdecode.early_exit import cli as _early_exit_cli  # noqa: E402,F401

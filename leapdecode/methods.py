@@ -22,9 +22,15 @@ from leapdecode.drafters.jacobi import INITS, MODES, JacobiDrafter
 from leapdecode.drafters.lookahead import LookaheadDrafter
 from leapdecode.drafters.rest import Datastore, RestDrafter
 from leapdecode.drafters.trie import TrieDrafter
-from leapdecode.engine import TorchBackend
+from leapdecode.drafters.cost_aware import CostAwareDrafter
+from leapdecode.drafters.self_draft import SelfDrafter
+from leapdecode.early_exit.backend import SelfDraftBackend
+from leapdecode.early_exit.calibrate import LayerSkipCalibration, calibration_path, parse_layer_set
+from leapdecode.early_exit.calm import MEASURES, CalmBackend
+from leapdecode.engine import Backend, TorchBackend
+from leapdecode.engine.cost import measure_forward_cost
 from leapdecode.errors import MethodError, ModelLoadError
-from leapdecode.models import LoadedModel, load_model
+from leapdecode.models import LoadedModel, default_cache_dir, load_model
 from leapdecode.verifiers import SamplingParams
 
 # Builds a fresh drafter for one request, given how that request samples.
@@ -44,9 +50,16 @@ class Method:
 
     def prepare(
         self, target: LoadedModel, *, draft_model: LoadedModel | None = None, log: Callable[[str], None] = print,
+        backend: Backend | None = None,
     ) -> DrafterFactory:
-        """Load what the method needs once per model (a draft model); return a per-request drafter factory."""
+        """Load what the method needs once per model (a draft model; the forward cost of
+        `backend`, which runs the target); return a per-request drafter factory."""
         return lambda sampling, generator: self.build_drafter()
+
+    def make_backend(self, target: LoadedModel) -> Backend:
+        """What runs the target for this method: the model's own backend (PyTorch or
+        llama.cpp), unless the method runs it layer by layer (early exit, self-speculation)."""
+        return backend_for(target)
 
     @property
     def draft_length(self) -> int:
@@ -55,7 +68,12 @@ class Method:
         return 0
 
     def __str__(self) -> str:
-        params = ",".join(f"{f.name}={getattr(self, f.name)}" for f in dataclasses.fields(self))
+        """The canonical string: every parameter, except switches left off and names left unset
+        (a default of False or "")."""
+        params = ",".join(
+            f"{f.name}={getattr(self, f.name)}" for f in dataclasses.fields(self)
+            if not ((f.default is False or f.default == "") and getattr(self, f.name) == f.default)
+        )
         return f"{self.name}:{params}" if params else self.name
 
     def _require(self, ok: bool, message: str) -> None:
@@ -80,6 +98,7 @@ class Anpd(Method):
     summary: ClassVar[str] = "Adaptive N-gram Parallel Decoding: n-gram table from prompt and output, MLN fallback"
     n: int = 5
     k: int = 7
+    cost_aware: bool = False  # keep only the part of each draft worth its measured cost
 
     def __post_init__(self) -> None:
         self._require(self.n >= 2, f"n must be >= 2 (an n-gram needs context), got {self.n}")
@@ -88,6 +107,12 @@ class Anpd(Method):
 
     def build_drafter(self) -> Drafter:
         return AnpdDrafter(n=self.n, k=self.k)
+
+    def prepare(
+        self, target: LoadedModel, *, draft_model: LoadedModel | None = None, log: Callable[[str], None] = print,
+        backend: Backend | None = None,
+    ) -> DrafterFactory:
+        return _maybe_cost_aware(self.cost_aware, self.build_drafter, self.k, target, backend, log)
 
     @property
     def draft_length(self) -> int:
@@ -103,6 +128,7 @@ class PromptLookup(Method):
     k: int = 10
     max_ngram: int = 3
     min_ngram: int = 1
+    cost_aware: bool = False  # keep only the part of each draft worth its measured cost
 
     def __post_init__(self) -> None:
         self._require(self.k >= 1, f"k must be >= 1, got {self.k}")
@@ -110,6 +136,26 @@ class PromptLookup(Method):
 
     def build_drafter(self) -> Drafter:
         return PromptLookupDrafter(k=self.k, max_ngram=self.max_ngram, min_ngram=self.min_ngram)
+
+    def prepare(
+        self, target: LoadedModel, *, draft_model: LoadedModel | None = None, log: Callable[[str], None] = print,
+        backend: Backend | None = None,
+    ) -> DrafterFactory:
+        return _maybe_cost_aware(self.cost_aware, self.build_drafter, self.k, target, backend, log)
+
+
+def _maybe_cost_aware(
+    enabled: bool, build: Callable[[], Drafter], k: int, target: LoadedModel, backend: Backend | None,
+    log: Callable[[str], None],
+) -> DrafterFactory:
+    """The plain drafter, or (cost_aware) the drafter cut by the backend's cost, measured once here."""
+    if not enabled:
+        return lambda sampling, generator: build()
+    backend = backend if backend is not None else backend_for(target)
+    log(f"measuring the forward cost of 1..{k + 1} tokens on the {target.backend} backend")
+    cost = measure_forward_cost(backend, k + 1)
+    log("forward cost (ms): " + " ".join(f"{n}:{1000 * s:.0f}" for n, s in enumerate(cost.seconds, 1)))
+    return lambda sampling, generator: CostAwareDrafter(build(), cost)
 
     @property
     def draft_length(self) -> int:
@@ -180,6 +226,7 @@ class Rest(Method):
 
     def prepare(
         self, target: LoadedModel, *, draft_model: LoadedModel | None = None, log: Callable[[str], None] = print,
+        backend: Backend | None = None,
     ) -> DrafterFactory:
         store = Datastore.load(self.datastore)
         store.check_tokenizer(target.tokenizer, target.name)
@@ -256,7 +303,10 @@ class DraftModel(Method):
 
     def prepare(
         self, target: LoadedModel, *, draft_model: LoadedModel | None = None, log: Callable[[str], None] = print,
+        backend: Backend | None = None,
     ) -> DrafterFactory:
+        if target.backend != "torch":
+            raise MethodError(f"draft: draft-model decoding runs on the torch backend, not {target.backend}")
         if draft_model is None:
             if not self.model:
                 raise MethodError("draft: needs model=NAME (a preset, folder, .gguf or hub id) for the draft model")
@@ -276,6 +326,126 @@ class DraftModel(Method):
     @property
     def draft_length(self) -> int:
         return self.k
+
+
+def backend_for(target: LoadedModel) -> Backend:
+    """The plain backend of a loaded model."""
+    if target.backend == "llama.cpp":
+        from leapdecode.engine.llamacpp_backend import LlamaCppBackend
+
+        return LlamaCppBackend(target.model)
+    return TorchBackend(target.model)
+
+
+def _num_layers(target: LoadedModel) -> int:
+    """Decoder layers of a PyTorch model; layer-level methods cannot reach inside llama.cpp."""
+    if target.backend != "torch":
+        raise MethodError(f"layer-level methods (self-spec, layerskip, calm) run on the torch backend, not {target.backend}")
+    return int(target.model.config.get_text_config().num_hidden_layers)
+
+
+@dataclass(frozen=True)
+class SelfSpec(Method):
+    """Self-speculative decoding (Draft & Verify, arXiv 2309.08168): the target skipping layers drafts."""
+
+    name: ClassVar[str] = "self-spec"
+    summary: ClassVar[str] = "self-speculative (Draft & Verify): draft with a set of layers skipped, verify with all"
+    skip: str = ""  # layers to skip, e.g. 4-9/12; empty: the set saved by `leapdecode calibrate layer-skip`
+    k: int = 4
+    threshold: float = 0.5  # stop drafting after a token the draft gives less than this
+
+    def __post_init__(self) -> None:
+        if self.skip:
+            parse_layer_set(self.skip)
+        self._require(1 <= self.k <= 64, f"k must be between 1 and 64, got {self.k}")
+        self._require(0.0 <= self.threshold < 1.0, f"threshold must be in [0, 1), got {self.threshold}")
+
+    def skip_layers(self, target: LoadedModel) -> tuple[int, ...]:
+        """The explicit skip set, or the calibrated one for this model."""
+        if self.skip:
+            skip = parse_layer_set(self.skip)
+        else:
+            path = calibration_path(default_cache_dir(), target.name)
+            if not path.exists():
+                raise MethodError(
+                    f"self-spec: no skip set for {target.name!r}; give skip=LAYERS (e.g. skip=4-9/12) or run "
+                    f"`leapdecode calibrate layer-skip --model {target.name}` first"
+                )
+            calibration = LayerSkipCalibration.load(path)
+            self._require(calibration.num_layers == _num_layers(target), f"calibration {path} is for another model")
+            skip = parse_layer_set(calibration.skip)
+        self._require(max(skip) < _num_layers(target), f"skip {self.skip!r} names layers past the last, {_num_layers(target) - 1}")
+        return skip
+
+    def make_backend(self, target: LoadedModel) -> Backend:
+        skip = set(self.skip_layers(target))
+        return SelfDraftBackend(target.model, tuple(i for i in range(_num_layers(target)) if i not in skip))
+
+    def prepare(
+        self, target: LoadedModel, *, draft_model: LoadedModel | None = None, log: Callable[[str], None] = print,
+        backend: Backend | None = None,
+    ) -> DrafterFactory:
+        return lambda sampling, generator: SelfDrafter(self.k, self.threshold, sampling=sampling, generator=generator)
+
+    @property
+    def draft_length(self) -> int:
+        return self.k
+
+
+@dataclass(frozen=True)
+class LayerSkip(Method):
+    """LayerSkip-style early-exit drafting (arXiv 2404.16710): draft from layer E, verify with the rest."""
+
+    name: ClassVar[str] = "layerskip"
+    summary: ClassVar[str] = "early-exit drafting (LayerSkip): draft from the first E layers, the rest verify reusing their KV"
+    exit: int = 0  # drafting layers: 0..exit-1, then the final norm and LM head
+    k: int = 4
+    threshold: float = 0.0
+
+    def __post_init__(self) -> None:
+        self._require(self.exit >= 1, f"needs exit=E, the number of layers that draft (>= 1), got {self.exit}")
+        self._require(1 <= self.k <= 64, f"k must be between 1 and 64, got {self.k}")
+        self._require(0.0 <= self.threshold < 1.0, f"threshold must be in [0, 1), got {self.threshold}")
+
+    def make_backend(self, target: LoadedModel) -> Backend:
+        self._require(self.exit < _num_layers(target), f"exit must be below the model's {_num_layers(target)} layers, got {self.exit}")
+        return SelfDraftBackend(target.model, tuple(range(self.exit)))
+
+    def prepare(
+        self, target: LoadedModel, *, draft_model: LoadedModel | None = None, log: Callable[[str], None] = print,
+        backend: Backend | None = None,
+    ) -> DrafterFactory:
+        return lambda sampling, generator: SelfDrafter(self.k, self.threshold, sampling=sampling, generator=generator)
+
+    @property
+    def draft_length(self) -> int:
+        return self.k
+
+
+@dataclass(frozen=True)
+class Calm(Method):
+    """CALM early exit (arXiv 2207.07061): each token leaves at the first confident layer. Lossy."""
+
+    name: ClassVar[str] = "calm"
+    summary: ClassVar[str] = "CALM early exit (lossy): a token exits at the first layer whose confidence passes threshold"
+    lossless: ClassVar[bool] = False
+    threshold: float = 0.9  # 1 never exits (plain decoding)
+    measure: str = "softmax"  # softmax: top-1 minus top-2 probability; state: cosine to the previous layer
+    first: int = 0  # first layer after which a token may exit (0-based)
+    every: int = 1  # check confidence every this many layers
+
+    def __post_init__(self) -> None:
+        self._require(0.0 <= self.threshold <= 1.0, f"threshold must be in [0, 1], got {self.threshold}")
+        self._require(self.measure in MEASURES, f"measure must be one of {', '.join(MEASURES)}, got {self.measure!r}")
+        self._require(self.first >= 0, f"first must be >= 0, got {self.first}")
+        self._require(self.every >= 1, f"every must be >= 1, got {self.every}")
+
+    def make_backend(self, target: LoadedModel) -> Backend:
+        self._require(self.first < _num_layers(target), f"first must be below the model's {_num_layers(target)} layers")
+        return CalmBackend(target.model, self.measure, self.threshold, self.first, self.every)
+
+    def build_drafter(self) -> Drafter:
+        return NoDrafter()
 
 
 def check_same_vocabulary(target: LoadedModel, draft: LoadedModel) -> None:
@@ -336,9 +506,33 @@ class HfAssisted(Method):
         return self.tokens
 
 
+@dataclass(frozen=True)
+class LlamaCppPlain(Method):
+    name: ClassVar[str] = "llama-cpp"
+    summary: ClassVar[str] = "peer: llama-cpp-python's own greedy generation (--backend llama.cpp)"
+    peer: ClassVar[bool] = True
+
+
+@dataclass(frozen=True)
+class LlamaCppPromptLookup(Method):
+    name: ClassVar[str] = "llama-cpp-pld"
+    summary: ClassVar[str] = "peer: llama-cpp-python with LlamaPromptLookupDecoding (--backend llama.cpp)"
+    peer: ClassVar[bool] = True
+    tokens: int = 10  # num_pred_tokens, its default
+    max_ngram: int = 2  # max_ngram_size, its default
+
+    def __post_init__(self) -> None:
+        self._require(self.tokens >= 1, f"tokens must be >= 1, got {self.tokens}")
+        self._require(self.max_ngram >= 1, f"max_ngram must be >= 1, got {self.max_ngram}")
+
+    @property
+    def draft_length(self) -> int:
+        return self.tokens
+
+
 METHODS: tuple[type[Method], ...] = (
-    Autoregressive, Anpd, PromptLookup, AnpdTree, Trie, Rest, Jacobi, Lookahead, DraftModel, HfGenerate, HfPromptLookup,
-    HfAssisted,
+    Autoregressive, Anpd, PromptLookup, AnpdTree, Trie, Rest, Jacobi, Lookahead, DraftModel, SelfSpec, LayerSkip, Calm,
+    HfGenerate, HfPromptLookup, HfAssisted, LlamaCppPlain, LlamaCppPromptLookup,
 )
 
 

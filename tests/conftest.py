@@ -13,12 +13,12 @@ from leapdecode.drafters import Draft, Drafter
 TINY_VOCAB = 96
 
 
-def make_tiny_model(arch: str = "llama", seed: int = 0, vocab: int = TINY_VOCAB):
-    """A 2-layer model with a peaked output distribution, so greedy choices are not near-ties."""
+def make_tiny_model(arch: str = "llama", seed: int = 0, vocab: int = TINY_VOCAB, layers: int = 2):
+    """A small random model (2 layers unless told) with a peaked output distribution, so greedy choices are not near-ties."""
     from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
 
     common = dict(
-        vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
         initializer_range=0.3, bos_token_id=0, eos_token_id=1, pad_token_id=1, tie_word_embeddings=False,
     )

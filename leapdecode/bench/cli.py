@@ -18,8 +18,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from leapdecode.bench import plots, report
 from leapdecode.bench.datasets import load_dataset
-from leapdecode.bench.runner import BASELINE, Sample, parse_methods, run_benchmark
-from leapdecode.cli import DEFAULT_MODEL, ChatOpt, MaxNewOpt, MethodOpt, ModelOpt, PromptArg, load_with_progress, read_prompt, set_threads, app, console, friendly
+from leapdecode.bench.runner import BASELINE, Entry, Sample, parse_entries, run_benchmark
+from leapdecode.cli import DEFAULT_MODEL, BackendOpt, ChatOpt, MaxNewOpt, MethodOpt, ModelOpt, PromptArg, load_with_progress, read_prompt, set_threads, app, console, friendly
 from leapdecode.errors import InputError, MethodError
 from leapdecode.methods import Method, parse_method
 
@@ -46,9 +46,9 @@ def _threads(threads: int) -> int:
     return torch.get_num_threads()
 
 
-def _run_with_progress(lm, methods: list[Method], prompts, max_new_tokens: int) -> list[Sample]:
+def _run_with_progress(lm, methods: list[Method] | list[Entry], prompts, max_new_tokens: int, load_backend=None) -> list[Sample]:
     times: dict[str, float] = defaultdict(float)
-    total = len(prompts) * (1 + sum(1 for m in methods if str(m) != BASELINE))
+    total = len(prompts) * (1 + sum(1 for m in methods if (m.label if isinstance(m, Entry) else str(m)) != BASELINE))
     with Progress(
         TextColumn("[bold]bench"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
         TextColumn("{task.fields[live]}"), console=console,
@@ -61,7 +61,9 @@ def _run_with_progress(lm, methods: list[Method], prompts, max_new_tokens: int) 
             live = "  ".join(f"{m} {plain / t:.2f}x" for m, t in times.items() if m != BASELINE and t > 0)
             progress.update(task, advance=1, live=live or "plain decoding")
 
-        return run_benchmark(lm, methods, prompts, max_new_tokens, on_sample=on_sample, log=console.log)
+        return run_benchmark(
+            lm, methods, prompts, max_new_tokens, on_sample=on_sample, log=console.log, load_backend=load_backend,
+        )
 
 
 def _meta(model: str, dataset: str, limit: str, max_new_tokens: int, threads: int, n_prompts: int) -> dict[str, object]:
@@ -82,17 +84,21 @@ def bench(
     out: OutOpt = Path("out/bench"),
     threads: BenchThreadsOpt = 0,
     plot: Annotated[bool, typer.Option("--plots/--no-plots", help="Write PNG plots.")] = True,
+    backend: BackendOpt = "torch",
 ) -> None:
-    """Run methods and peers side by side (interleaved, one run) and write tables and plots."""
-    chosen = parse_methods(methods)
+    """Run methods and peers side by side (interleaved, one run) and write tables and plots.
+    `--backend` runs the model (and `ar`, the baseline) on torch or llama.cpp; a method ending
+    in @torch or @llama.cpp runs on that backend instead, in the same run."""
+    chosen = parse_entries(methods)
     prompts = load_dataset(dataset, limit)
     if max_new_tokens <= 0:
         raise InputError(f"max_new_tokens must be a positive integer, got {max_new_tokens}")
     n_threads = _threads(threads)
-    lm = load_with_progress(model)
-    samples = _run_with_progress(lm, chosen, prompts, max_new_tokens)
+    lm = load_with_progress(model, backend=backend)
+    samples = _run_with_progress(lm, chosen, prompts, max_new_tokens, lambda other: load_with_progress(model, backend=other))
     meta = _meta(lm.name, dataset, limit, max_new_tokens, n_threads, len(prompts))
-    k = {str(m): m.draft_length for m in chosen}
+    meta["backend"] = backend
+    k = {e.label: e.method.draft_length for e in chosen}
     paths = report.write_outputs(out, samples, meta, k)
     if plot:
         title = f"{lm.name}, {len(prompts)} prompts, {max_new_tokens} new tokens, greedy"
@@ -116,7 +122,7 @@ def report_command(
         raise InputError(f"{out} is not a bench output folder (needs samples.jsonl and summary.json)")
     samples = report.read_samples(samples_path)
     meta = json.loads(summary_path.read_text(encoding="utf-8"))["meta"]
-    draft_lengths = {str(m): m.draft_length for m in parse_methods(report.methods_in(samples))}
+    draft_lengths = {e.label: e.method.draft_length for e in parse_entries(report.methods_in(samples))}
     report.write_outputs(out, samples, meta, draft_lengths)
     title = f"{meta['model']}, {meta['prompts']} prompts, {meta['max_new_tokens']} new tokens, greedy"
     plots.speedup_by_category(samples, out / "speedup_by_category.png", title)

@@ -129,3 +129,14 @@ def load_dataset(spec: str, limit: str | int | None = None) -> list[BenchPrompt]
                 kept.append(p)
         prompts = kept
     return prompts
+
+
+def calibration_set(per_category: int = 1) -> list[BenchPrompt]:
+    """Prompts for calibration, disjoint from what `--limit` benchmarks: the last `per_category`
+    of HumanEval and of each Spec-Bench category."""
+    if per_category < 1:
+        raise InputError(f"calibration needs at least one prompt per category, got {per_category}")
+    by_category: dict[str, list[BenchPrompt]] = defaultdict(list)
+    for p in humaneval() + spec_bench():
+        by_category[p.category].append(p)
+    return [p for prompts in by_category.values() for p in prompts[-per_category:]]

@@ -33,6 +33,7 @@ class Aggregate:
     plain_wall_time_s: float
     mismatches: int
     peak_memory_mb: float = 0.0  # the largest over the group's samples
+    agreement: float | None = None  # lossy methods: token-weighted agreement with the full model
 
     @property
     def speedup(self) -> float:
@@ -73,8 +74,17 @@ def aggregate(samples: Sequence[Sample]) -> dict[tuple[str, str], Aggregate]:
                 plain_wall_time_s=sum(plain_time[(s.prompt_id, s.category)] for s in group),
                 mismatches=sum(1 for s in group if s.equal_to_plain is False),
                 peak_memory_mb=max(s.peak_memory_mb for s in group),
+                agreement=_pooled_agreement(group),
             )
     return out
+
+
+def _pooled_agreement(group: Sequence[Sample]) -> float | None:
+    scored = [s for s in group if s.agreement is not None]
+    tokens = sum(s.new_tokens for s in scored)
+    if not scored or tokens == 0:
+        return None
+    return sum(s.agreement * s.new_tokens for s in scored if s.agreement is not None) / tokens
 
 
 def mismatches(samples: Sequence[Sample]) -> list[Sample]:
@@ -86,7 +96,7 @@ def markdown_table(samples: Sequence[Sample], draft_lengths: dict[str, int] | No
     """Spec-Bench's layout: one column per category (speed-up and tau), then overall figures."""
     aggs = aggregate(samples)
     cats = categories_in(samples)
-    head = ["Method", *(CATEGORY_TITLES.get(c, c) for c in cats), "Overall speed-up", "τ", "α", "α·K+1", "tok/s", "peak MB", "identical"]
+    head = ["Method", *(CATEGORY_TITLES.get(c, c) for c in cats), "Overall speed-up", "τ", "α", "α·K+1", "tok/s", "peak MB", "identical", "agreement"]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join([":---"] + ["---:"] * (len(head) - 1)) + "|"]
     for method in methods_in(samples):
         row = [f"`{method}`"]
@@ -99,7 +109,8 @@ def markdown_table(samples: Sequence[Sample], draft_lengths: dict[str, int] | No
         alpha = f"{o.stats.alpha:.2f}" if o.stats.drafted_tokens else "–"
         same = "–" if method == BASELINE else ("all" if o.mismatches == 0 else f"**{o.prompts - o.mismatches}/{o.prompts}**")
         memory = f"{o.peak_memory_mb:,.0f}" if o.peak_memory_mb else "–"
-        row += [f"**{o.speedup:.2f}x**", f"{o.stats.tau:.2f}", alpha, bound, f"{o.stats.tokens_per_s:.1f}", memory, same]
+        agreed = f"{o.agreement:.3f}" if o.agreement is not None else "–"
+        row += [f"**{o.speedup:.2f}x**", f"{o.stats.tau:.2f}", alpha, bound, f"{o.stats.tokens_per_s:.1f}", memory, same, agreed]
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
 
@@ -133,7 +144,7 @@ def write_outputs(out_dir: Path, samples: Sequence[Sample], meta: dict[str, obje
                 "method": a.method, "category": a.category, "prompts": a.prompts, "speedup": a.speedup,
                 "tau": a.stats.tau, "alpha": a.stats.alpha, "tokens_per_s": a.stats.tokens_per_s,
                 "new_tokens": a.stats.new_tokens, "wall_time_s": a.stats.wall_time_s, "mismatches": a.mismatches,
-                "peak_memory_mb": a.peak_memory_mb,
+                "peak_memory_mb": a.peak_memory_mb, "agreement": a.agreement,
             }
             for a in aggs.values()
         ],
@@ -145,7 +156,9 @@ def write_outputs(out_dir: Path, samples: Sequence[Sample], meta: dict[str, obje
         f"limit {meta.get('limit')} per category); machine: {meta.get('machine')}.\n"
         "Speed-up = total time of plain decoding (`ar`) / total time of the method, same prompts, same run. "
         "τ = new tokens / target forward passes; α = accepted / drafted tokens; peak MB = parameters of the "
-        "models a method runs + the largest growth of resident memory during one of its generations.\n"
+        "models a method runs + the largest growth of resident memory during one of its generations; "
+        "agreement (lossy methods only) = share of generated tokens equal to the full model's greedy token "
+        "after the same prefix.\n"
     )
     paths["table"].write_text(header + "\n" + markdown_table(samples, draft_lengths) + "\n\n" + mismatch_report(samples) + "\n", encoding="utf-8")
     return paths

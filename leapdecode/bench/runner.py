@@ -15,12 +15,15 @@ import torch
 from leapdecode.api import Decoder, encode_prompt
 from leapdecode.bench.datasets import BenchPrompt
 from leapdecode.bench.memory import PeakRss, parameter_mb
+from leapdecode.early_exit.calm import agreement, full_model_predictions
 from leapdecode.engine import GenerationStats, StopCriteria
 from leapdecode.errors import MethodError
 from leapdecode.methods import (
-    Autoregressive, DraftModel, HfAssisted, HfGenerate, HfPromptLookup, Method, check_same_vocabulary, parse_method,
+    Autoregressive, DraftModel, HfAssisted, HfGenerate, HfPromptLookup, LlamaCppPlain, LlamaCppPromptLookup, Method,
+    check_same_vocabulary, parse_method,
 )
 from leapdecode.models import LoadedModel, load_model
+from leapdecode.models.loading import BACKENDS
 
 BASELINE = str(Autoregressive())
 
@@ -53,6 +56,7 @@ class Sample:
     first_difference: int | None = None  # first differing position, when not equal
     token_ids: list[int] = field(default_factory=list)
     peak_memory_mb: float = 0.0  # parameters of the models used + peak RSS growth while generating
+    agreement: float | None = None  # lossy methods: share of tokens equal to the full model's on the same prefix
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -60,18 +64,31 @@ class Sample:
 
 class Runner(Protocol):
     method: Method
+    label: str  # the method's name in the results, with @backend when not the run's
+    lm: LoadedModel
     weights_mb: float  # parameters of every model the method runs
 
     def run(self, prompt_ids: list[int], max_new_tokens: int) -> RunOutput: ...
 
 
+def weights_mb(lm: LoadedModel) -> float:
+    """Memory of a model's parameters: float tensors for PyTorch, the GGUF file for llama.cpp."""
+    if lm.backend == "llama.cpp":
+        from leapdecode.models.llamacpp import parameter_mb as gguf_mb
+
+        return gguf_mb(lm.model)
+    return parameter_mb(lm.model)
+
+
 class EngineRunner:
     """A method of this project, through the shared decode loop."""
 
-    def __init__(self, lm: LoadedModel, method: Method, draft_model: LoadedModel | None = None) -> None:
+    def __init__(self, lm: LoadedModel, method: Method, draft_model: LoadedModel | None = None, label: str = "") -> None:
         self.method = method
+        self.lm = lm
+        self.label = label or str(method)
         self.decoder = Decoder(lm, method, draft_model=draft_model)
-        self.weights_mb = parameter_mb(lm.model) + (parameter_mb(draft_model.model) if draft_model else 0.0)
+        self.weights_mb = weights_mb(lm) + (weights_mb(draft_model) if draft_model else 0.0)
 
     def run(self, prompt_ids: list[int], max_new_tokens: int) -> RunOutput:
         result = self.decoder.generate(prompt_ids, max_new_tokens=max_new_tokens)
@@ -85,9 +102,12 @@ class HfRunner:
     tau is comparable with the engine's.
     """
 
-    def __init__(self, lm: LoadedModel, method: Method, assistant: LoadedModel | None = None) -> None:
+    def __init__(self, lm: LoadedModel, method: Method, assistant: LoadedModel | None = None, label: str = "") -> None:
         self.method = method
         self.lm = lm
+        self.label = label or str(method)
+        if lm.backend != "torch":
+            raise MethodError(f"{method.name} runs Hugging Face generate: give it the torch backend ({method.name}@torch)")
         self.kwargs: dict[str, Any] = {}
         self.weights_mb = parameter_mb(lm.model)
         if isinstance(method, HfPromptLookup):
@@ -132,19 +152,84 @@ class HfRunner:
         return RunOutput(tokens, stats)
 
 
+class LlamaCppPeerRunner:
+    """A peer: llama-cpp-python's own generator, greedy, on the same GGUF and thread count;
+    with `llama-cpp-pld`, its prompt-lookup speculative decoding (`LlamaPromptLookupDecoding`).
+    Forward passes are counted by a subclass that counts `eval` calls."""
+
+    def __init__(self, lm: LoadedModel, method: Method, label: str = "") -> None:
+        if lm.backend != "llama.cpp":
+            raise MethodError(f"{method.name} is llama-cpp-python itself: run the bench with --backend llama.cpp")
+        from llama_cpp import Llama
+        from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+        class CountingLlama(Llama):
+            evals = 0
+
+            def eval(self, tokens: Sequence[int]) -> None:
+                self.evals += 1
+                super().eval(tokens)
+
+        self.method = method
+        self.lm = lm
+        self.label = label or str(method)
+        draft = None
+        if isinstance(method, LlamaCppPromptLookup):
+            draft = LlamaPromptLookupDecoding(num_pred_tokens=method.tokens, max_ngram_size=method.max_ngram)
+        model = lm.model
+        self.llm = CountingLlama(
+            model_path=str(model.path), n_ctx=model.n_ctx, n_batch=model.n_batch, n_threads=model.n_threads,
+            n_threads_batch=model.n_threads, draft_model=draft, verbose=False,
+        )
+        self.weights_mb = weights_mb(lm)
+
+    def run(self, prompt_ids: list[int], max_new_tokens: int) -> RunOutput:
+        llm = self.llm
+        llm.reset()  # no prefix reuse from the previous prompt: every method starts cold
+        llm.evals = 0
+        tokens: list[int] = []
+        start = time.perf_counter()
+        for token in llm.generate(prompt_ids, top_k=1, top_p=1.0, min_p=0.0, temp=0.0, repeat_penalty=1.0, reset=True):
+            tokens.append(int(token))
+            if token in self.lm.eos_token_ids or len(tokens) >= max_new_tokens:
+                break
+        elapsed = time.perf_counter() - start
+        stats = GenerationStats(
+            new_tokens=len(tokens), forward_passes=llm.evals, drafted_tokens=0, accepted_tokens=0,
+            wall_time_s=elapsed, accepted_lengths=(),
+        )
+        return RunOutput(tokens, stats)
+
+
 def _pad_id(lm: LoadedModel) -> int:
     pad = lm.tokenizer.pad_token_id
     return pad if pad is not None else min(lm.eos_token_ids)
 
 
-def make_runner(lm: LoadedModel, method: Method, load_draft: Callable[[str], LoadedModel]) -> Runner:
+def make_runner(lm: LoadedModel, entry: Entry, load_draft: Callable[[str], LoadedModel]) -> Runner:
+    method = entry.method
+    if isinstance(method, (LlamaCppPlain, LlamaCppPromptLookup)):
+        return LlamaCppPeerRunner(lm, method, entry.label)
     draft = load_draft(method.model) if isinstance(method, (DraftModel, HfAssisted)) and method.model else None
-    return HfRunner(lm, method, draft) if method.peer else EngineRunner(lm, method, draft)
+    return HfRunner(lm, method, draft, entry.label) if method.peer else EngineRunner(lm, method, draft, entry.label)
 
 
-def parse_methods(text: str | Sequence[str]) -> list[Method]:
+@dataclass(frozen=True)
+class Entry:
+    """A method in a benchmark, with the backend it runs on (None: the run's own model)."""
+
+    method: Method
+    backend: str | None = None
+
+    @property
+    def label(self) -> str:
+        return f"{self.method}@{self.backend}" if self.backend else str(self.method)
+
+
+def parse_entries(text: str | Sequence[str]) -> list[Entry]:
     """A comma list of method strings; parameters attach to the method before them:
-    `ar,anpd:n=5,k=7,hf-pld:tokens=10` is ar, anpd:n=5,k=7 and hf-pld:tokens=10."""
+    `ar,anpd:n=5,k=7,hf-pld:tokens=10` is ar, anpd:n=5,k=7 and hf-pld:tokens=10. A method may
+    end in `@torch` or `@llama.cpp` to run on that backend instead of the run's."""
     items = [t.strip() for t in (text.split(",") if isinstance(text, str) else text) if t.strip()]
     groups: list[str] = []
     for item in items:
@@ -152,12 +237,25 @@ def parse_methods(text: str | Sequence[str]) -> list[Method]:
             groups[-1] += "," + item
         else:
             groups.append(item)
-    methods = [parse_method(g) for g in groups]
-    labels = [str(m) for m in methods]
+    entries = []
+    for group in groups:
+        spec, at, backend = group.rpartition("@")
+        if at and backend.strip() in BACKENDS:
+            entries.append(Entry(parse_method(spec), backend.strip()))
+        elif at:
+            raise MethodError(f"unknown backend {backend!r} in {group!r}; known: {', '.join(BACKENDS)}")
+        else:
+            entries.append(Entry(parse_method(group)))
+    labels = [e.label for e in entries]
     duplicates = {label for label in labels if labels.count(label) > 1}
     if duplicates:
         raise MethodError(f"method listed twice: {', '.join(sorted(duplicates))}")
-    return methods
+    return entries
+
+
+def parse_methods(text: str | Sequence[str]) -> list[Method]:
+    """`parse_entries` without the backends: the methods alone."""
+    return [e.method for e in parse_entries(text)]
 
 
 def first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
@@ -167,24 +265,46 @@ def first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
+def token_agreement(lm: LoadedModel, prompt_ids: list[int], token_ids: list[int]) -> float:
+    """A lossy method's agreement (CALM's consistency): the share of its tokens that the full
+    model would have chosen after the same prefix; measured after the timed run."""
+    if not token_ids:
+        return 1.0
+    predicted = full_model_predictions(lm.model, prompt_ids, token_ids)  # [T]
+    return agreement(predicted, torch.tensor(token_ids, device=predicted.device))
+
+
 def run_benchmark(
     lm: LoadedModel,
-    methods: Sequence[Method],
+    methods: Sequence[Method | Entry],
     prompts: Sequence[BenchPrompt],
     max_new_tokens: int,
     on_sample: Callable[[Sample], None] = lambda s: None,
     log: Callable[[str], None] = lambda m: None,
+    load_backend: Callable[[str], LoadedModel] | None = None,
 ) -> list[Sample]:
-    """Every method on every prompt, plain decoding first; returns one Sample per pair."""
-    ordered = [Autoregressive()] + [m for m in methods if str(m) != BASELINE]
+    """Every method on every prompt, plain decoding (on `lm`'s backend) first; returns one Sample
+    per pair. Entries for another backend run on the model `load_backend(backend)` gives."""
+    entries = [m if isinstance(m, Entry) else Entry(m) for m in methods]
+    entries = [Entry(e.method) if e.backend == lm.backend else e for e in entries]
+    ordered = [Entry(Autoregressive())] + [e for e in entries if e.label != BASELINE]
     drafts: dict[str, LoadedModel] = {}
+    models: dict[str, LoadedModel] = {lm.backend: lm}
 
     def load_draft(name: str) -> LoadedModel:  # one copy of each draft model for the whole run
         if name not in drafts:
-            drafts[name] = load_model(name, device=lm.device, dtype=lm.model.dtype, log=log)
+            drafts[name] = load_model(name, device=lm.device, log=log)
         return drafts[name]
 
-    runners = [make_runner(lm, m, load_draft) for m in ordered]
+    def model_for(entry: Entry) -> LoadedModel:
+        backend = entry.backend or lm.backend
+        if backend not in models:
+            if load_backend is None:
+                raise MethodError(f"{entry.label}: this benchmark cannot load the model on {backend}")
+            models[backend] = load_backend(backend)
+        return models[backend]
+
+    runners = [make_runner(model_for(e), e, load_draft) for e in ordered]
     encoded = [encode_prompt(lm, p.text, chat=p.chat) for p in prompts]
     for runner in runners:  # one warm-up generation per method
         runner.run(encoded[0], min(16, max_new_tokens))
@@ -194,10 +314,11 @@ def run_benchmark(
         for runner in runners:
             with PeakRss(lm.device) as memory:
                 out = runner.run(prompt_ids, max_new_tokens)
-            label = str(runner.method)
+            label = runner.label
             if label == BASELINE:
                 plain_tokens = out.token_ids
             diff = None if label == BASELINE else first_difference(plain_tokens, out.token_ids)
+            agreed = None if runner.method.lossless else token_agreement(runner.lm, prompt_ids, out.token_ids)
             s = out.stats
             sample = Sample(
                 method=label, prompt_id=prompt.id, category=prompt.category, prompt_tokens=len(prompt_ids),
@@ -206,7 +327,7 @@ def run_benchmark(
                 accepted_lengths=list(s.accepted_lengths), tau=s.tau, alpha=s.alpha, tokens_per_s=s.tokens_per_s,
                 lossless=runner.method.lossless, equal_to_plain=None if label == BASELINE else diff is None,
                 first_difference=diff, token_ids=out.token_ids,
-                peak_memory_mb=runner.weights_mb + memory.growth_mb,
+                peak_memory_mb=runner.weights_mb + memory.growth_mb, agreement=agreed,
             )
             samples.append(sample)
             on_sample(sample)

@@ -10,9 +10,13 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
+
+if TYPE_CHECKING:
+    from leapdecode.engine.backend import Backend
+    from leapdecode.engine.backend import Sequence as CacheSequence
 
 
 @dataclass(frozen=True)
@@ -28,6 +32,9 @@ class Draft:
     tokens: list[int] = field(default_factory=list)
     q: torch.Tensor | None = None  # [len(tokens), vocab]
     parents: tuple[int, ...] | None = None
+    # Optional, per drafted token: the drafter's evidence for it (a small int, e.g. how long a
+    # match it came from), so that cost-aware drafting can learn acceptance per kind of evidence.
+    evidence: tuple[int, ...] | None = None
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -52,6 +59,10 @@ class Drafter(ABC):
     def update(self, tokens: Sequence[int], num_accepted: int) -> None:
         """`tokens` were appended to the stream: the first `num_accepted` were drafted tokens
         the target accepted, the last one is the target's own (bonus) token."""
+
+    def attach(self, backend: Backend, seq: CacheSequence) -> None:  # noqa: B027 - optional hook, no-op by default
+        """The target's backend and this request's cache, right after the prefill: drafters
+        that draft with the target's own layers (self-speculative, early exit) share them."""
 
     def observe(self, predicted: Sequence[int]) -> None:  # noqa: B027 - optional hook, no-op by default
         """The target's greedy token after each scored position of the last pass: the pending

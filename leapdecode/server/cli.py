@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from leapdecode.cli import DEFAULT_MODEL, MethodOpt, ModelOpt, load_with_progress, set_threads, app, console, friendly
+from leapdecode.cli import DEFAULT_MODEL, BackendOpt, MethodOpt, ModelOpt, load_with_progress, set_threads, app, console, friendly
 from leapdecode.methods import parse_method
 
 
@@ -21,6 +21,7 @@ def serve(
     timeout: Annotated[float, typer.Option("--timeout", help="Per-request time limit in seconds (503 beyond it).")] = 120.0,
     served_model_name: Annotated[str | None, typer.Option("--served-model-name", help="Model id clients use (default: --model).")] = None,
     threads: Annotated[int, typer.Option("--threads", help="Torch CPU threads (0: default).")] = 0,
+    backend: BackendOpt = "torch",
 ) -> None:
     """Serve the model over an OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions)."""
     import uvicorn
@@ -31,7 +32,7 @@ def serve(
     if max_queue < 1 or timeout <= 0:
         raise typer.BadParameter("--max-queue must be >= 1 and --timeout > 0")
     set_threads(threads)
-    lm = load_with_progress(model)
+    lm = load_with_progress(model, backend=backend)
     config = ServerConfig(model_name=served_model_name or lm.name, default_method=method, max_queue=max_queue, timeout_s=timeout)
     console.print(f"serving [bold]{config.model_name}[/] with [bold]{method}[/] on http://{host}:{port}/v1")
     uvicorn.run(create_app(lm, config), host=host, port=port, log_level="warning")

@@ -1,0 +1,72 @@
+"""What a target pass costs, by the number of tokens it scores, and the draft length that pays.
+
+On a GPU one pass over k tokens costs about one token's; on a CPU running quantized llama.cpp
+it costs almost k times as much, so a long draft of doubtful tokens loses time. With the cost
+curve measured on the backend itself and an acceptance probability per drafted token, the
+expected tokens per second of keeping L drafted tokens is
+
+    (1 + sum_{i<=L} prod_{j<=i} a_j) / cost(L + 1)
+
+(the bonus token always comes), and `best_length` picks the L that maximises it; L = 0 means
+decode one plain token.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from leapdecode.engine.backend import Backend
+
+
+@dataclass(frozen=True)
+class ForwardCost:
+    """Seconds of one target pass over n tokens, for n = 1..len(seconds)."""
+
+    seconds: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        if not self.seconds or any(s <= 0 for s in self.seconds):
+            raise ValueError(f"a cost curve needs positive seconds for 1..n tokens, got {self.seconds}")
+
+    def of(self, tokens: int) -> float:
+        """Cost of a pass over `tokens` tokens; past the measured range, the last slope goes on."""
+        n = len(self.seconds)
+        if tokens <= n:
+            return self.seconds[max(tokens, 1) - 1]
+        slope = self.seconds[-1] - self.seconds[-2] if n > 1 else self.seconds[-1]
+        return self.seconds[-1] + slope * (tokens - n)
+
+    def expected_rate(self, accept: Sequence[float], length: int) -> float:
+        """Expected emitted tokens per second when the first `length` drafted tokens are kept."""
+        survive, expected = 1.0, 1.0
+        for a in accept[:length]:
+            survive *= a
+            expected += survive
+        return expected / self.of(length + 1)
+
+    def best_length(self, accept: Sequence[float]) -> int:
+        """The draft length in 0..len(accept) with the most expected tokens per second."""
+        return max(range(len(accept) + 1), key=lambda length: (self.expected_rate(accept, length), -length))
+
+
+def measure_forward_cost(backend: Backend, max_tokens: int, *, context: int = 64, repeats: int = 3) -> ForwardCost:
+    """Time passes of 1..max_tokens tokens after a `context`-token prompt on `backend` (median
+    of `repeats`; made non-decreasing, as a longer pass never really costs less)."""
+    vocab = backend.vocab_size
+    tokens = [(1009 * i + 17) % vocab for i in range(context + max_tokens)]
+    seq, _ = backend.prefill(tokens[:context])
+    backend.forward(seq, tokens[context : context + 1])  # warm-up
+    backend.rollback(seq, context)
+    seconds: list[float] = []
+    for n in range(1, max_tokens + 1):
+        runs = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            backend.forward(seq, tokens[context : context + n])
+            runs.append(time.perf_counter() - start)
+            backend.rollback(seq, context)
+        seconds.append(max(statistics.median(runs), seconds[-1] if seconds else 0.0, 1e-6))
+    return ForwardCost(tuple(seconds))

@@ -1,0 +1,161 @@
+"""The llama.cpp backend on the real `smollm2-135m` GGUF: lossless against its own plain decoding.
+
+`make test` installs the `llamacpp` extra (llama-cpp-python, compiled from source), so these run
+in CI; they are not skipped.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from leapdecode.api import wrap
+from leapdecode.drafters import NoDrafter
+from leapdecode.engine import StopCriteria, decode
+from leapdecode.engine.cost import measure_forward_cost
+from leapdecode.engine.llamacpp_backend import LlamaCppBackend
+from leapdecode.errors import MethodError, ModelLoadError
+from leapdecode.models import load_model
+from tests.conftest import ScriptedDrafter
+
+PROMPTS = [
+    "def fibonacci(n):\n    if n < 2:\n        return n\n    return",
+    "Summarize: The city council met on Tuesday to discuss the new park. Residents asked for more trees.",
+    "for i in range(10):\n    print(i)\nfor j in range(10):\n   ",
+    "Translate to French: the cat sleeps on the warm windowsill.",
+]
+
+
+@pytest.fixture(scope="module")
+def cpp_lm():
+    return load_model("smollm2-135m", backend="llama.cpp", log=lambda m: None)
+
+
+def own_greedy(lm, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
+    """llama-cpp-python's own greedy generation on the same GGUF: the backend's reference."""
+    from llama_cpp import Llama
+
+    llm = Llama(model_path=str(lm.model.path), n_ctx=1024, n_threads=lm.model.n_threads, verbose=False)
+    out = []
+    for token in llm.generate(prompt_ids, top_k=1, top_p=1.0, min_p=0.0, temp=0.0, repeat_penalty=1.0):
+        out.append(int(token))
+        if len(out) >= max_new_tokens:
+            break
+    return out
+
+
+def encode(lm, text: str) -> list[int]:
+    return lm.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def run(lm, prompt_ids, drafter, max_new_tokens=24, eos=frozenset()):
+    steps = list(decode(LlamaCppBackend(lm.model), prompt_ids, drafter, StopCriteria(eos, max_new_tokens)))
+    return [t for s in steps for t in s.tokens], steps
+
+
+@pytest.fixture(scope="module")
+def references(cpp_lm):
+    return {p: run(cpp_lm, encode(cpp_lm, p), NoDrafter())[0] for p in PROMPTS}
+
+
+def test_plain_decoding_equals_llama_cpp_pythons_own(cpp_lm, references) -> None:
+    for prompt in PROMPTS[:2]:
+        assert references[prompt] == own_greedy(cpp_lm, encode(cpp_lm, prompt), 24)
+
+
+@pytest.mark.parametrize("method", [
+    "anpd:n=5,k=7", "anpd:n=3,k=3,cost_aware=true", "pld", "pld:k=4,cost_aware=true", "jacobi", "anpd-tree", "trie",
+    "lookahead",
+])
+def test_every_drafter_equals_plain_greedy_on_llama_cpp(cpp_lm, references, method) -> None:
+    decoder = wrap(cpp_lm, method)
+    for prompt in PROMPTS:
+        got = decoder.generate(encode(cpp_lm, prompt), max_new_tokens=24)
+        assert got.token_ids == references[prompt], (method, prompt)
+
+
+@pytest.mark.parametrize("wrong_every", [0, 1, 2, 3])
+def test_scripted_drafts_cut_the_cache_back_after_partial_acceptance(cpp_lm, references, wrong_every) -> None:
+    for prompt in PROMPTS:
+        reference = references[prompt]
+        got, steps = run(cpp_lm, encode(cpp_lm, prompt), ScriptedDrafter(reference, 5, cpp_lm.vocab_size, wrong_every))
+        assert got == reference
+        if wrong_every == 0:
+            assert len(steps) < len(reference)  # right drafts are accepted
+
+
+def test_rollback_then_new_tokens_score_as_a_fresh_run(cpp_lm) -> None:
+    backend = LlamaCppBackend(cpp_lm.model)
+    ids = encode(cpp_lm, PROMPTS[0])
+    seq, _ = backend.prefill(ids)
+    backend.forward(seq, [11, 12, 13, 14])
+    backend.rollback(seq, len(ids) + 1)  # keep one of the four
+    again = backend.forward(seq, [20, 21]).logits
+    fresh_seq, _ = backend.prefill(ids + [11])
+    fresh = backend.forward(fresh_seq, [20, 21]).logits
+    assert torch.equal(again.argmax(-1), fresh.argmax(-1))
+    torch.testing.assert_close(again, fresh, atol=1e-2, rtol=1e-3)
+    with pytest.raises(RuntimeError, match="newer prefill"):
+        backend.forward(seq, [1])  # the first sequence's cache is gone
+
+
+def test_eos_inside_a_draft_stops_exactly_there(cpp_lm, references) -> None:
+    prompt = PROMPTS[2]
+    reference = references[prompt]
+    eos = reference[5]
+    stop_at = reference.index(eos)
+    got, _ = run(cpp_lm, encode(cpp_lm, prompt), ScriptedDrafter(reference, 8, cpp_lm.vocab_size), eos=frozenset({eos}))
+    assert got == reference[: stop_at + 1]
+
+
+def test_tree_branches_share_one_pass(cpp_lm, references) -> None:
+    """A hand-made tree: the right path next to wrong siblings; the right one is kept."""
+    from leapdecode.drafters import Draft, Drafter
+
+    prompt = PROMPTS[0]
+    reference = references[prompt]
+
+    class TwoBranches(Drafter):
+        def __init__(self) -> None:
+            self.emitted = 0
+
+        def reset(self, prompt_ids) -> None:
+            self.emitted = 0
+
+        def update(self, tokens, num_accepted) -> None:
+            self.emitted += len(tokens)
+
+        def propose(self, max_tokens):
+            right = reference[self.emitted : self.emitted + 3]
+            if len(right) < 3 or max_tokens < 3:
+                return Draft()
+            wrong = [(t + 1) % cpp_lm.vocab_size for t in right]
+            # wrong[0] -> wrong[1]; right[0] -> right[1] -> right[2]; right[0] -> wrong[2]
+            return Draft([wrong[0], right[0], wrong[1], right[1], right[2], wrong[2]], parents=(-1, -1, 0, 1, 3, 1))
+
+    got, steps = run(cpp_lm, encode(cpp_lm, prompt), TwoBranches())
+    assert got == reference
+    assert max(s.num_accepted for s in steps) == 3
+
+
+def test_cost_curve_is_measured_on_the_backend(cpp_lm) -> None:
+    cost = measure_forward_cost(LlamaCppBackend(cpp_lm.model), 4, context=16, repeats=1)
+    assert len(cost.seconds) == 4 and all(b >= a for a, b in zip(cost.seconds, cost.seconds[1:]))
+
+
+def test_layer_methods_and_hidden_states_are_refused_clearly(cpp_lm) -> None:
+    for method in ("layerskip:exit=4", "calm", "self-spec:skip=3"):
+        with pytest.raises(MethodError, match="torch backend"):
+            wrap(cpp_lm, method)
+    with pytest.raises(ModelLoadError, match="GGUF"):
+        load_model("HuggingFaceTB/SmolLM2-135M-Instruct", backend="llama.cpp", log=lambda m: None)
+    with pytest.raises(ModelLoadError, match="unknown backend"):
+        load_model("smollm2-135m", backend="onnx", log=lambda m: None)
+
+
+def test_chat_prompts_encode_the_same_on_both_backends(cpp_lm, real_lm) -> None:
+    from leapdecode.api import encode_prompt
+
+    messages = [{"role": "user", "content": "Write a haiku about tea."}]
+    assert encode_prompt(cpp_lm, messages) == encode_prompt(real_lm, messages)
+    assert cpp_lm.eos_token_ids == real_lm.eos_token_ids
