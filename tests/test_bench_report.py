@@ -91,6 +91,34 @@ def test_parse_methods_groups_parameters_with_their_method() -> None:
         parse_methods("ar,warp")
 
 
+def test_entries_name_a_backend_with_at() -> None:
+    from leapdecode.bench.runner import parse_entries
+
+    entries = parse_entries("llama-cpp,anpd:n=5,k=7,cost_aware=true,ar@torch,anpd:n=5,k=7@torch")
+    assert [e.label for e in entries] == [
+        "llama-cpp", "anpd:n=5,k=7,cost_aware=True", "ar@torch", "anpd:n=5,k=7@torch",
+    ]
+    assert entries[3].method == Anpd(n=5, k=7) and entries[3].backend == "torch"
+    with pytest.raises(MethodError, match="unknown backend"):
+        parse_entries("anpd@onnx")
+    with pytest.raises(MethodError, match="listed twice"):
+        parse_entries("ar@torch,ar@torch")
+
+
+def test_agreement_is_pooled_by_tokens_for_lossy_methods() -> None:
+    samples = [
+        sample("ar", "a", "qa", 2.0), sample("ar", "b", "qa", 2.0),
+        sample("calm:threshold=0.9", "a", "qa", 1.0, equal=False, diff=3, lossless=False),
+        sample("calm:threshold=0.9", "b", "qa", 1.0, equal=False, diff=1, lossless=False),
+    ]
+    samples[2].agreement, samples[2].new_tokens = 1.0, 30
+    samples[3].agreement, samples[3].new_tokens = 0.5, 10
+    agg = report.aggregate(samples)[("calm:threshold=0.9", "overall")]
+    assert agg.agreement == pytest.approx((30 * 1.0 + 10 * 0.5) / 40)
+    assert report.aggregate(samples)[("ar", "overall")].agreement is None
+    assert "| 0.875 |" in report.markdown_table(samples)
+
+
 def test_datasets() -> None:
     he = load_dataset("humaneval")
     assert len(he) == 164 and he[0].id == "HumanEval/0" and he[0].chat

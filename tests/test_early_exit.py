@@ -286,3 +286,57 @@ def test_real_model_calm_never_exiting_is_plain(real_lm) -> None:
     prompt = REAL_PROMPTS[0]
     expected = wrap(real_lm, "ar").generate(prompt, max_new_tokens=16).token_ids
     assert wrap(real_lm, "calm:threshold=1.0").generate(prompt, max_new_tokens=16).token_ids == expected
+
+
+def test_calibrate_commands_on_the_real_model(real_lm, tmp_path, monkeypatch) -> None:
+    """Both calibrations run end to end (tiny budgets); self-spec then uses the saved skip set."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from leapdecode.cli import app
+
+    monkeypatch.setattr("leapdecode.models.default_cache_dir", lambda: tmp_path)
+    monkeypatch.setattr("leapdecode.methods.default_cache_dir", lambda: tmp_path)
+    runner = CliRunner()
+    out = tmp_path / "calibration.json"
+    result = runner.invoke(app, ["calibrate", "layer-skip", "-n", "4", "--fractions", "0.1", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    saved = json.loads(out.read_text())
+    assert saved["num_layers"] == 30 and len(saved["trials"]) == 1 and saved["skip"]
+    assert (tmp_path / "layer-skip" / "smollm2-135m.json").is_file()
+    fast = wrap(real_lm, "self-spec")
+    assert fast.backend.draft_layers == tuple(i for i in range(30) if i not in parse_layer_set(saved["skip"]))
+    assert fast.generate(REAL_PROMPTS[0], max_new_tokens=12).token_ids == wrap(real_lm, "ar").generate(REAL_PROMPTS[0], max_new_tokens=12).token_ids
+    result = runner.invoke(app, ["calibrate", "calm", "-n", "4", "--first", "20", "--every", "4", "--epsilon", "0.1"])
+    assert result.exit_code == 0, result.output
+    assert "calm:threshold=" in result.stdout
+    bad = runner.invoke(app, ["calibrate", "calm", "--measure", "entropy"])
+    assert bad.exit_code == 2 and "measure" in bad.stderr
+
+
+def test_self_drafting_with_sampling_keeps_the_distribution(deep_model) -> None:
+    """Sampled drafts from the skipped-layer model, verified by speculative sampling: the first
+    three tokens follow the target's exact distribution."""
+    import functools
+
+    from leapdecode.verifiers import SamplingParams, verify_speculative
+    from tests.test_sampling import assert_follows_exact, exact_joint
+
+    prompt = [5, 17, 33, 5, 17, 40, 8]
+    params = SamplingParams(temperature=1.5, top_k=3)
+    exact = exact_joint(deep_model, prompt, params, 3)
+    draws = 500
+    g = torch.Generator().manual_seed(3)
+    verifier = functools.partial(verify_speculative, params=params, generator=g)
+    backend = SelfDraftBackend(deep_model, (0, 1, 2, 4))
+    counts: dict[tuple[int, ...], int] = {}
+    drafted = 0
+    for _ in range(draws):
+        drafter = SelfDrafter(k=3, sampling=params, generator=g)
+        steps = list(decode(backend, prompt, drafter, StopCriteria(frozenset(), 3), verifier))
+        key = tuple(t for s in steps for t in s.tokens)
+        counts[key] = counts.get(key, 0) + 1
+        drafted += sum(len(s.drafted) for s in steps)
+    assert drafted > 0
+    assert_follows_exact(counts, exact, draws)

@@ -159,3 +159,17 @@ def test_chat_prompts_encode_the_same_on_both_backends(cpp_lm, real_lm) -> None:
     messages = [{"role": "user", "content": "Write a haiku about tea."}]
     assert encode_prompt(cpp_lm, messages) == encode_prompt(real_lm, messages)
     assert cpp_lm.eos_token_ids == real_lm.eos_token_ids
+
+
+def test_server_on_the_llama_cpp_backend(cpp_lm, references) -> None:
+    from fastapi.testclient import TestClient
+
+    from leapdecode.server.app import ServerConfig, create_app
+
+    app = create_app(cpp_lm, ServerConfig(model_name="smollm2-cpp", default_method="anpd:cost_aware=true", max_queue=2, timeout_s=60))
+    with TestClient(app) as client:
+        body = {"model": "smollm2-cpp", "prompt": PROMPTS[0], "max_tokens": 24, "temperature": 0}
+        resp = client.post("/v1/completions", json=body)
+        assert resp.status_code == 200, resp.text
+        assert resp.json()["usage"]["completion_tokens"] == len(references[PROMPTS[0]])
+        assert resp.json()["choices"][0]["text"] == cpp_lm.tokenizer.decode(references[PROMPTS[0]], skip_special_tokens=True)

@@ -177,9 +177,11 @@ class LlamaCppPeerRunner:
         if isinstance(method, LlamaCppPromptLookup):
             draft = LlamaPromptLookupDecoding(num_pred_tokens=method.tokens, max_ngram_size=method.max_ngram)
         model = lm.model
+        # With a draft model, Llama keeps logits for every position but sizes that buffer from
+        # logits_all: say it, or it overflows past n_batch tokens (llama-cpp-python 0.3.36).
         self.llm = CountingLlama(
             model_path=str(model.path), n_ctx=model.n_ctx, n_batch=model.n_batch, n_threads=model.n_threads,
-            n_threads_batch=model.n_threads, draft_model=draft, verbose=False,
+            n_threads_batch=model.n_threads, draft_model=draft, logits_all=draft is not None, verbose=False,
         )
         self.weights_mb = weights_mb(lm)
 
@@ -309,15 +311,19 @@ def run_benchmark(
     for runner in runners:  # one warm-up generation per method
         runner.run(encoded[0], min(16, max_new_tokens))
     samples: list[Sample] = []
+    # Each backend's output is checked against plain decoding on that backend when the run has it
+    # (`ar@torch` for `anpd@torch`): two backends' numerics differ, so their tokens may too.
+    plain_label = {r.label: BASELINE if r.lm is lm else f"{BASELINE}@{r.lm.backend}" for r in runners}
     for prompt, prompt_ids in zip(prompts, encoded):
-        plain_tokens: list[int] = []
+        plain_tokens: dict[str, list[int]] = {}
         for runner in runners:
             with PeakRss(lm.device) as memory:
                 out = runner.run(prompt_ids, max_new_tokens)
             label = runner.label
-            if label == BASELINE:
-                plain_tokens = out.token_ids
-            diff = None if label == BASELINE else first_difference(plain_tokens, out.token_ids)
+            if label in plain_label.values():
+                plain_tokens[label] = out.token_ids
+            reference = plain_tokens.get(plain_label[label]) if label != plain_label[label] else None
+            diff = None if reference is None else first_difference(reference, out.token_ids)
             agreed = None if runner.method.lossless else token_agreement(runner.lm, prompt_ids, out.token_ids)
             s = out.stats
             sample = Sample(
@@ -325,7 +331,7 @@ def run_benchmark(
                 new_tokens=s.new_tokens, wall_time_s=s.wall_time_s, forward_passes=s.forward_passes,
                 drafted_tokens=s.drafted_tokens, accepted_tokens=s.accepted_tokens,
                 accepted_lengths=list(s.accepted_lengths), tau=s.tau, alpha=s.alpha, tokens_per_s=s.tokens_per_s,
-                lossless=runner.method.lossless, equal_to_plain=None if label == BASELINE else diff is None,
+                lossless=runner.method.lossless, equal_to_plain=None if reference is None else diff is None,
                 first_difference=diff, token_ids=out.token_ids,
                 peak_memory_mb=runner.weights_mb + memory.growth_mb, agreement=agreed,
             )

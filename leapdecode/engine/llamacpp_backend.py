@@ -11,6 +11,11 @@ decides what is scored and what is kept:
   sequence 0 and every other branch is dropped; accepted nodes that do not lead the batch are
   recomputed in place, so that the cache is exactly plain decoding's (see `keep`).
 
+Exactness: llama.cpp picks its matrix kernels by batch size, and past a few tokens a batch's
+logits are no longer bit-identical to one-token decoding's (a near-tie can then flip a greedy
+token). The backend probes the largest exact batch once per model and scores longer drafts in
+chunks of that size, so every method's output is this backend's plain output exactly.
+
 One context is one KV cache: a backend serves one sequence at a time (a new prefill ends the
 previous sequence; using the old one after that is an error).
 """
@@ -46,6 +51,7 @@ class LlamaCppBackend:
         self.vocab_size: int = model.n_vocab
         self.device = torch.device("cpu")
         self._batch = self.llama_cpp.llama_batch_init(model.n_batch, 0, MAX_SEQUENCES)
+        self.exact_batch()  # probed now, before any sequence it would overwrite
 
     def __del__(self) -> None:
         batch = getattr(self, "_batch", None)
@@ -69,6 +75,45 @@ class LlamaCppBackend:
         code = self.llama_cpp.llama_decode(self.model.ctx, batch)
         if code != 0:
             raise RuntimeError(f"llama_decode failed with code {code} (context of {self.model.n_ctx} tokens full?)")
+
+    def _score(self, tokens: list[int], positions: list[int], seq_ids: list[tuple[int, ...]]) -> torch.Tensor:
+        """Logits for every token [n, vocab], decoded in chunks no longer than the batch that
+        scores exactly as one token at a time does (see `exact_batch`)."""
+        step = self.exact_batch()
+        rows = []
+        for i in range(0, len(tokens), step):
+            j = min(i + step, len(tokens))
+            self._decode(tokens[i:j], positions[i:j], seq_ids[i:j], [True] * (j - i))
+            rows.append(self._logits(j - i))
+        return torch.cat(rows)
+
+    def exact_batch(self, limit: int = 8) -> int:
+        """The largest batch whose logits equal one-token decoding's bit for bit, probed once per
+        model. llama.cpp switches matrix kernels with the batch size (on qwen2.5-coder-1.5b's GGUF
+        here: from 4 tokens on), and a near-tie can then flip a greedy token; verifying in
+        chunks below that size keeps the output plain decoding's exactly. On two CPU cores a
+        pass costs about the same per token either way."""
+        if self.model.exact_batch:
+            return self.model.exact_batch
+        probe = [(1009 * i + 17) % self.vocab_size for i in range(8 + limit)]
+        seq, _ = self.prefill(probe[:8])
+        singles = [self.forward_one(seq, token) for token in probe[8:]]  # each [vocab]
+        exact = 1
+        for n in range(2, limit + 1):
+            self.rollback(seq, 8)
+            self._decode(probe[8 : 8 + n], list(range(8, 8 + n)), [(0,)] * n, [True] * n)
+            seq.length = 8 + n
+            if not torch.equal(self._logits(n), torch.stack(singles[:n])):
+                break
+            exact = n
+        self.rollback(seq, 0)
+        self.model.exact_batch = exact
+        return exact
+
+    def forward_one(self, seq: Sequence, token: int) -> torch.Tensor:
+        self._decode([token], [seq.length], [(0,)], [True])
+        seq.length += 1
+        return self._logits(1)[0]
 
     def _logits(self, rows: int) -> torch.Tensor:
         pointer = self.llama_cpp.llama_get_logits(self.model.ctx)
@@ -103,7 +148,7 @@ class LlamaCppBackend:
         n = len(token_ids)
         if tree is None or tree.is_chain:
             state.leaf_of = {}
-            self._decode(token_ids, list(range(seq.length, seq.length + n)), [(0,)] * n, [True] * n)
+            logits = self._score(token_ids, list(range(seq.length, seq.length + n)), [(0,)] * n)
         else:
             ids = self._branch_ids(tree, state)
             memory = self.model.memory
@@ -111,9 +156,9 @@ class LlamaCppBackend:
                 self.llama_cpp.llama_memory_seq_cp(memory, 0, sid, -1, -1)  # the prefix, shared
             positions = (seq.length + tree.depth).tolist()
             state.tree_tokens = list(token_ids)
-            self._decode(token_ids, positions, ids, [True] * n)
+            logits = self._score(token_ids, positions, ids)  # chunks keep node order: cells stay consecutive
         seq.length += n
-        return Scores(logits=self._logits(n))  # [n, vocab]
+        return Scores(logits=logits)  # [n, vocab]
 
     @staticmethod
     def _branch_ids(tree: TreeLayout, state: _State) -> list[tuple[int, ...]]:
@@ -162,6 +207,6 @@ class LlamaCppBackend:
         # place: exactly plain decoding's cache, for one extra pass over those tokens.
         redo = [state.tree_tokens[node] for node in nodes[lead:]]
         if redo:
-            self._decode(redo, list(range(end, end + len(redo))), [(0,)] * len(redo), [False] * len(redo))
+            self._score(redo, list(range(end, end + len(redo))), [(0,)] * len(redo))
         state.leaf_of, state.tree_tokens = {}, []
         seq.length = start + len(nodes)

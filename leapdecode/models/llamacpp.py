@@ -57,6 +57,7 @@ class LlamaCppModel:
     n_ctx_train: int = 0
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     generation: int = 0  # prefills so far: the context's KV cache holds the latest one's sequence only
+    exact_batch: int = 0  # largest batch scored exactly as single tokens are (0: not probed yet)
 
     @property
     def memory(self) -> Any:
