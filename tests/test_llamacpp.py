@@ -173,3 +173,16 @@ def test_server_on_the_llama_cpp_backend(cpp_lm, references) -> None:
         assert resp.status_code == 200, resp.text
         assert resp.json()["usage"]["completion_tokens"] == len(references[PROMPTS[0]])
         assert resp.json()["choices"][0]["text"] == cpp_lm.tokenizer.decode(references[PROMPTS[0]], skip_special_tokens=True)
+
+
+def test_a_long_draft_scores_bit_for_bit_as_single_tokens(cpp_lm) -> None:
+    """Chunks of the probed exact batch: 9 tokens in one forward equal 9 one-token passes."""
+    backend = LlamaCppBackend(cpp_lm.model)
+    assert backend.exact_batch() >= 1
+    ids = encode(cpp_lm, PROMPTS[1])
+    tokens = encode(cpp_lm, " The council also voted on a new budget for the library")[:9]
+    seq, _ = backend.prefill(ids)
+    batched = backend.forward(seq, tokens).logits
+    seq, _ = backend.prefill(ids)
+    singles = torch.stack([backend.forward(seq, [t]).logits[0] for t in tokens])
+    assert torch.equal(batched, singles)

@@ -14,7 +14,8 @@ decides what is scored and what is kept:
 Exactness: llama.cpp picks its matrix kernels by batch size, and past a few tokens a batch's
 logits are no longer bit-identical to one-token decoding's (a near-tie can then flip a greedy
 token). The backend probes the largest exact batch once per model and scores longer drafts in
-chunks of that size, so every method's output is this backend's plain output exactly.
+chunks of that size. That is exact in the tests; at long contexts llama.cpp's attention can
+still round differently for a batch (1 of 20 benchmark prompts, see BENCHMARKS.md).
 
 One context is one KV cache: a backend serves one sequence at a time (a new prefill ends the
 previous sequence; using the old one after that is an error).
