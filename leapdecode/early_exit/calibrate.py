@@ -67,12 +67,7 @@ def block_influence(backend: LayerBackend, prompts: Sequence[Sequence[int]]) -> 
     totals = torch.zeros(runner.num_layers, dtype=torch.float64)
     count = 0
     for ids in prompts:
-        cache = runner.new_cache()
-        positions = runner.positions(0, len(ids))
-        state = runner.embed(ids)
-        rope = runner.rotary(state, positions)
-        for i in backend.all_layers:
-            previous, state = state, runner.run(cache, state, (i,), positions, position_embeddings=rope)
+        for i, previous, state in runner.states_by_layer(ids):
             cos = torch.nn.functional.cosine_similarity(state[0].float(), previous[0].float(), dim=-1)  # [n]
             totals[i] += float((1 - cos).sum())
         count += len(ids)

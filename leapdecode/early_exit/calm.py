@@ -120,18 +120,13 @@ def layer_confidences(backend: LayerBackend, token_ids: Sequence[int], measure: 
     """One full pass over `token_ids` layer by layer: for each candidate layer, the confidence
     and greedy token at every position ([C, n] each), and the full model's tokens [n]."""
     runner = backend.runner
-    cache = runner.new_cache()
-    positions = runner.positions(0, len(token_ids))
-    state = runner.embed(token_ids)
-    rope = runner.rotary(state, positions)
     confs, preds = [], []
-    for i in backend.all_layers:
-        previous, state = state, runner.run(cache, state, (i,), positions, position_embeddings=rope)
+    for i, previous, state in runner.states_by_layer(token_ids):
         if i in candidates:
             logits = runner.head(state)  # [n, vocab]
             confs.append(confidence(measure, logits, state[0], previous[0]))
             preds.append(logits.argmax(-1))
-    final = runner.head(state).argmax(-1)  # [n]
+    final = runner.head(state).argmax(-1)  # [n]: the last layer's state is the full model's
     return torch.stack(confs), torch.stack(preds), final
 
 

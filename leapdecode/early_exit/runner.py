@@ -14,7 +14,7 @@ sized from that layer's own cache length, so layers of different lengths stay co
 from __future__ import annotations
 
 import importlib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -124,6 +124,17 @@ class LayerRunner:
             values = layer.self_attn.v_proj(x).view(shape).transpose(1, 2)
             keys, _ = self._rope(keys, keys, cos, sin)
             cache.update(keys, values, i)
+
+    def states_by_layer(self, token_ids: Sequence[int]) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
+        """Run `token_ids` as a fresh sequence through every layer in turn, yielding (layer, its
+        input states, its output states), each [1, n, hidden]: what calibration measures."""
+        cache = self.new_cache()
+        positions = self.positions(0, len(token_ids))
+        state = self.embed(token_ids)
+        rope = self.rotary(state, positions)
+        for i in range(self.num_layers):
+            previous, state = state, self.run(cache, state, (i,), positions, position_embeddings=rope)
+            yield i, previous, state
 
     def positions(self, start: int, n: int) -> torch.Tensor:
         return torch.arange(start, start + n, device=self.device)[None]  # [1, n]
