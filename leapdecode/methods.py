@@ -344,8 +344,30 @@ def _num_layers(target: LoadedModel) -> int:
     return int(target.model.config.get_text_config().num_hidden_layers)
 
 
+class _OwnLayerDrafting(Method):
+    """What self-spec and layerskip share: the target drafts up to k tokens with a subset of its
+    own layers (its backend says which), stopping after a token its draft doubts."""
+
+    k: int  # fields of the dataclasses below
+    threshold: float
+
+    def _check_drafting(self) -> None:
+        self._require(1 <= self.k <= 64, f"k must be between 1 and 64, got {self.k}")
+        self._require(0.0 <= self.threshold < 1.0, f"threshold must be in [0, 1), got {self.threshold}")
+
+    def prepare(
+        self, target: LoadedModel, *, draft_model: LoadedModel | None = None, log: Callable[[str], None] = print,
+        backend: Backend | None = None,
+    ) -> DrafterFactory:
+        return lambda sampling, generator: SelfDrafter(self.k, self.threshold, sampling=sampling, generator=generator)
+
+    @property
+    def draft_length(self) -> int:
+        return self.k
+
+
 @dataclass(frozen=True)
-class SelfSpec(Method):
+class SelfSpec(_OwnLayerDrafting):
     """Self-speculative decoding (Draft & Verify, arXiv 2309.08168): the target skipping layers drafts."""
 
     name: ClassVar[str] = "self-spec"
@@ -357,8 +379,7 @@ class SelfSpec(Method):
     def __post_init__(self) -> None:
         if self.skip:
             parse_layer_set(self.skip)
-        self._require(1 <= self.k <= 64, f"k must be between 1 and 64, got {self.k}")
-        self._require(0.0 <= self.threshold < 1.0, f"threshold must be in [0, 1), got {self.threshold}")
+        self._check_drafting()
 
     def skip_layers(self, target: LoadedModel) -> tuple[int, ...]:
         """The explicit skip set, or the calibrated one for this model."""
@@ -381,19 +402,9 @@ class SelfSpec(Method):
         skip = set(self.skip_layers(target))
         return SelfDraftBackend(target.model, tuple(i for i in range(_num_layers(target)) if i not in skip))
 
-    def prepare(
-        self, target: LoadedModel, *, draft_model: LoadedModel | None = None, log: Callable[[str], None] = print,
-        backend: Backend | None = None,
-    ) -> DrafterFactory:
-        return lambda sampling, generator: SelfDrafter(self.k, self.threshold, sampling=sampling, generator=generator)
-
-    @property
-    def draft_length(self) -> int:
-        return self.k
-
 
 @dataclass(frozen=True)
-class LayerSkip(Method):
+class LayerSkip(_OwnLayerDrafting):
     """LayerSkip-style early-exit drafting (arXiv 2404.16710): draft from layer E, verify with the rest."""
 
     name: ClassVar[str] = "layerskip"
@@ -404,22 +415,11 @@ class LayerSkip(Method):
 
     def __post_init__(self) -> None:
         self._require(self.exit >= 1, f"needs exit=E, the number of layers that draft (>= 1), got {self.exit}")
-        self._require(1 <= self.k <= 64, f"k must be between 1 and 64, got {self.k}")
-        self._require(0.0 <= self.threshold < 1.0, f"threshold must be in [0, 1), got {self.threshold}")
+        self._check_drafting()
 
     def make_backend(self, target: LoadedModel) -> Backend:
         self._require(self.exit < _num_layers(target), f"exit must be below the model's {_num_layers(target)} layers, got {self.exit}")
         return SelfDraftBackend(target.model, tuple(range(self.exit)))
-
-    def prepare(
-        self, target: LoadedModel, *, draft_model: LoadedModel | None = None, log: Callable[[str], None] = print,
-        backend: Backend | None = None,
-    ) -> DrafterFactory:
-        return lambda sampling, generator: SelfDrafter(self.k, self.threshold, sampling=sampling, generator=generator)
-
-    @property
-    def draft_length(self) -> int:
-        return self.k
 
 
 @dataclass(frozen=True)
