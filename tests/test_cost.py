@@ -73,3 +73,28 @@ def test_cost_aware_drafter_stops_drafting_when_drafts_fail_and_learns_from_drop
         drafter.propose(10)
     assert drafter.kept_lengths[-1] > 0  # learned from dropped tokens alone
     assert inner.updates[-1] == ([5], 0)  # the inner drafter hears every update
+
+
+@pytest.mark.parametrize("curve", [(1.0,) * 8, (0.047, 0.070, 0.093, 0.115, 0.155, 0.195, 0.236, 0.278)], ids=["flat", "steep"])
+def test_cost_aware_anpd_equals_plain_greedy_on_tiny_models(tiny_model, curve) -> None:
+    from leapdecode.drafters import AnpdDrafter
+    from leapdecode.engine import StopCriteria, TorchBackend, decode
+    from leapdecode.engine.reference import greedy_reference
+    from tests.test_lossless_tiny import prompts
+
+    drafted = 0
+    for prompt in prompts(8):
+        drafter = CostAwareDrafter(AnpdDrafter(n=3, k=7), ForwardCost(curve))
+        steps = list(decode(TorchBackend(tiny_model), prompt, drafter, StopCriteria(frozenset(), 30)))
+        assert [t for s in steps for t in s.tokens] == greedy_reference(tiny_model, prompt, 30)
+        drafted += sum(len(s.drafted) for s in steps)
+    assert drafted > 0
+
+
+def test_cost_aware_methods_equal_plain_greedy_on_the_real_model(real_lm) -> None:
+    from leapdecode.api import wrap
+
+    prompt = "for i in range(10):\n    print(i)\nfor j in range(10):\n   "
+    expected = wrap(real_lm, "ar").generate(prompt, max_new_tokens=24).token_ids
+    for method in ("anpd:cost_aware=true", "pld:cost_aware=true"):
+        assert wrap(real_lm, method).generate(prompt, max_new_tokens=24).token_ids == expected, method
