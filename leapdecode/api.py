@@ -9,18 +9,24 @@
 from __future__ import annotations
 
 import functools
+import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import TYPE_CHECKING, Any, TypedDict, Union, Unpack
 
 import torch
 
-from leapdecode.engine import GenerationStats, Step, StopCriteria, TreeVerifier, Verifier, decode, truncate_at_stop
+from leapdecode.engine import GenerationStats, SamplingParams, Step, StopCriteria, TreeVerifier, Verifier, decode, truncate_at_stop
 from leapdecode.errors import InputError
 from leapdecode.methods import Method, parse_method
 from leapdecode.models import LoadedModel
-from leapdecode.verifiers import SamplingParams, verify_greedy, verify_speculative, verify_tree_greedy, verify_tree_speculative
+from leapdecode.verifiers import verify_greedy, verify_speculative, verify_tree_greedy, verify_tree_speculative
+
+if TYPE_CHECKING:
+    from leapdecode.drafters.base import Drafter
+
+logger = logging.getLogger("leapdecode")
 
 Message = dict[str, str]
 Prompt = Union[str, Sequence[Message], Sequence[int]]
@@ -35,6 +41,36 @@ class GenerationResult:
     stats: GenerationStats
     steps: tuple[Step, ...]  # one per target forward pass: drafted, accepted, emitted
     method: str
+
+
+class GenerationOptions(TypedDict, total=False):
+    """What `Decoder.stream` and `Decoder.generate` take besides the prompt (see `stream`)."""
+
+    max_new_tokens: int
+    stop: Sequence[str]
+    chat: bool
+    temperature: float
+    top_k: int
+    top_p: float
+    seed: int | None
+    generator: torch.Generator | None
+
+
+class StepStream(Iterator[Step]):
+    """The steps of one generation, as they come (an iterator), with the encoded prompt."""
+
+    def __init__(self, prompt_ids: list[int], steps: Iterator[Step]) -> None:
+        self.prompt_ids = prompt_ids
+        self._steps = steps
+
+    def __next__(self) -> Step:
+        return next(self._steps)
+
+    def close(self) -> None:
+        """Stop generating (frees the request's KV cache now rather than when collected)."""
+        close = getattr(self._steps, "close", None)
+        if close is not None:
+            close()
 
 
 def encode_prompt(lm: LoadedModel, prompt: Prompt, *, chat: bool = False) -> list[int]:
@@ -79,15 +115,17 @@ class Decoder:
         method: str | Method = "anpd",
         *,
         draft_model: LoadedModel | None = None,
-        log: Callable[[str], None] = print,
+        log: Callable[[str], None] | None = None,
     ) -> None:
-        """`draft_model` gives an already loaded draft model to `draft` (instead of its model=NAME)."""
+        """`draft_model` gives an already loaded draft model to `draft` (instead of its model=NAME).
+        Progress (loading a draft model, measuring forward cost) goes to `log`, by default the
+        `leapdecode` logger; never to standard output."""
         self.lm = lm
         self.method = parse_method(method)
         if self.method.peer:
             raise InputError(f"{self.method.name!r} is a benchmark peer (Hugging Face generate), not an engine method")
         self.backend = self.method.make_backend(lm)
-        self._new_drafter = self.method.prepare(lm, draft_model=draft_model, log=log, backend=self.backend)
+        self._new_drafter = self.method.prepare(lm, draft_model=draft_model, log=log or logger.info, backend=self.backend)
 
     def check_request(self, prompt_ids: list[int], max_new_tokens: int) -> None:
         """Raise InputError unless the prompt and max_new_tokens fit the model."""
@@ -125,57 +163,40 @@ class Decoder:
         top_p: float = 1.0,
         seed: int | None = None,
         generator: torch.Generator | None = None,
-    ) -> Iterator[Step]:
-        """Yield one `Step` per target forward pass, as soon as its tokens are accepted.
+    ) -> StepStream:
+        """The generation's steps, one `Step` per target forward pass, each as soon as its tokens
+        are accepted (an iterator; `StepStream.prompt_ids` holds the encoded prompt).
 
         temperature 0 (the default) is greedy decoding; otherwise tokens are sampled with
         temperature / top_k / top_p as in Hugging Face `generate`, reproducibly with `seed`
-        or a `torch.Generator`.
+        or a `torch.Generator`. Bad arguments raise here, before the first step is asked for.
         """
         sampling = SamplingParams(temperature, top_k, top_p, seed)
         prompt_ids = encode_prompt(self.lm, prompt, chat=chat)
         self.check_request(prompt_ids, max_new_tokens)
-        yield from self._steps(prompt_ids, max_new_tokens, stop, sampling, generator)
-
-    def _steps(
-        self, prompt_ids: list[int], max_new_tokens: int, stop: Sequence[str], sampling: SamplingParams,
-        generator: torch.Generator | None,
-    ) -> Iterator[Step]:
-        """The decode loop on already encoded and checked prompt ids."""
         criteria = StopCriteria(self.lm.eos_token_ids, max_new_tokens, stop, self.lm.tokenizer)
         if generator is None and sampling.seed is not None:
             generator = torch.Generator(device=self.backend.device).manual_seed(sampling.seed)
         verifier, tree_verifier = self._verifiers(sampling, generator)
-        drafter = self._new_drafter(sampling, generator)
+        return StepStream(prompt_ids, self._run(prompt_ids, self._new_drafter(sampling, generator), criteria, verifier, tree_verifier))
+
+    def _run(
+        self, prompt_ids: list[int], drafter: Drafter, criteria: StopCriteria, verifier: Verifier, tree_verifier: TreeVerifier,
+    ) -> Iterator[Step]:
         with torch.inference_mode():
             yield from decode(self.backend, prompt_ids, drafter, criteria, verifier, tree_verifier)
 
-    def generate(
-        self,
-        prompt: Prompt,
-        *,
-        max_new_tokens: int = 128,
-        stop: Sequence[str] = (),
-        chat: bool = False,
-        temperature: float = 0.0,
-        top_k: int = 0,
-        top_p: float = 1.0,
-        seed: int | None = None,
-        generator: torch.Generator | None = None,
-    ) -> GenerationResult:
-        """Generate a completion; see `stream` for the sampling arguments."""
-        sampling = SamplingParams(temperature, top_k, top_p, seed)
-        prompt_ids = encode_prompt(self.lm, prompt, chat=chat)
-        self.check_request(prompt_ids, max_new_tokens)
+    def generate(self, prompt: Prompt, **options: Unpack[GenerationOptions]) -> GenerationResult:
+        """Generate a completion: `stream`, collected. See `stream` for the options."""
         start = time.perf_counter()
-        steps = tuple(self._steps(prompt_ids, max_new_tokens, stop, sampling, generator))
+        stream = self.stream(prompt, **options)
+        steps = tuple(stream)
         elapsed = time.perf_counter() - start
         token_ids = [t for s in steps for t in s.tokens]
-        text = truncate_at_stop(self.lm.tokenizer.decode(token_ids, skip_special_tokens=True), stop)
         return GenerationResult(
-            text=text,
+            text=truncate_at_stop(self.lm.tokenizer.decode(token_ids, skip_special_tokens=True), options.get("stop", ())),
             token_ids=token_ids,
-            prompt_ids=prompt_ids,
+            prompt_ids=stream.prompt_ids,
             finish_reason=steps[-1].finish_reason or "length",
             stats=GenerationStats.from_steps(steps, elapsed),
             steps=steps,

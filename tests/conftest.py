@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from leapdecode.drafters import Draft, Drafter
+from leapdecode.verifiers import SamplingParams, logits_to_probs, verify_greedy, verify_tree_greedy
 
 TINY_VOCAB = 96
 
@@ -74,3 +75,60 @@ def real_lm():
     from leapdecode.models import load_model
 
     return load_model("smollm2-135m", log=lambda msg: None)
+
+
+# The greedy verifiers, chain and tree, for tests that run the decode loop directly.
+GREEDY = (verify_greedy, verify_tree_greedy)
+
+
+def prompts(
+    count: int, seed: int = 0, *, repetitive_every: int = 3, repetitive_len: tuple[int, int] = (8, 40),
+    random_len: tuple[int, int] = (1, 30), repeats: int = 12,
+) -> list[list[int]]:
+    """Random tiny-vocabulary prompts, and every `repetitive_every`-th one a short unit repeated,
+    where n-gram drafts run long."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(count):
+        if i % repetitive_every == 0:
+            unit = [rng.randrange(2, TINY_VOCAB) for _ in range(rng.randint(2, 5))]
+            out.append((unit * repeats)[: rng.randint(*repetitive_len)])
+        else:
+            out.append([rng.randrange(2, TINY_VOCAB) for _ in range(rng.randint(*random_len))])
+    return out
+
+
+# --- the sampling harness: empirical distributions against exactly computed ones ---------
+
+def tv(a: torch.Tensor, b: torch.Tensor) -> float:
+    return 0.5 * float((a - b).abs().sum())
+
+
+def tv_bound(p: torch.Tensor, n: int) -> float:
+    """A loose high-probability bound on TV(empirical of n draws, p): 4 standard deviations per cell."""
+    return 0.5 * float((4 * (p * (1 - p) / n).sqrt()).sum()) + 1e-9
+
+
+def assert_follows_exact(counts: dict[tuple[int, ...], int], exact: dict[tuple[int, ...], float], draws: int) -> None:
+    """Sequences drawn `draws` times stay in the exact support, and their empirical distribution is
+    within the TV bound of the exact one."""
+    support = sorted(exact)
+    assert set(counts) <= set(support)
+    p = torch.tensor([exact[k] for k in support])
+    emp = torch.tensor([counts.get(k, 0) / draws for k in support])
+    assert tv(emp, p) <= tv_bound(p, draws), tv(emp, p)
+
+
+def exact_joint(model, prompt: list[int], params: SamplingParams, length: int) -> dict[tuple[int, ...], float]:
+    """The exact probability of every continuation of `length` tokens (support cut by top_k)."""
+    out: dict[tuple[int, ...], float] = {(): 1.0}
+    for _ in range(length):
+        nxt = {}
+        for prefix, prob in out.items():
+            with torch.inference_mode():
+                logits = model(input_ids=torch.tensor([prompt + list(prefix)])).logits[0, -1:]
+            probs = logits_to_probs(logits, params)[0]
+            for token in torch.nonzero(probs).flatten().tolist():
+                nxt[prefix + (token,)] = prob * float(probs[token])
+        out = nxt
+    return out

@@ -5,7 +5,6 @@ from __future__ import annotations
 import shutil
 import subprocess
 
-import pytest
 from typer.testing import CliRunner
 
 from leapdecode import wrap

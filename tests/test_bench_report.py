@@ -7,7 +7,7 @@ import json
 import pytest
 
 from leapdecode.bench import report
-from leapdecode.bench.cli import parse_grid
+from leapdecode.bench.harness import parse_grid
 from leapdecode.bench.datasets import HUMANEVAL_TEMPLATE, load_dataset
 from leapdecode.bench.runner import Sample, first_difference, parse_methods
 from leapdecode.errors import InputError, MethodError

@@ -7,6 +7,7 @@ import pytest
 from leapdecode.drafters import Draft, Drafter
 from leapdecode.drafters.cost_aware import AcceptanceEstimate, CostAwareDrafter
 from leapdecode.engine.cost import ForwardCost
+from tests.conftest import GREEDY
 
 
 def test_flat_cost_keeps_every_token_a_linear_cost_keeps_only_sure_ones() -> None:
@@ -80,12 +81,12 @@ def test_cost_aware_anpd_equals_plain_greedy_on_tiny_models(tiny_model, curve) -
     from leapdecode.drafters import AnpdDrafter
     from leapdecode.engine import StopCriteria, TorchBackend, decode
     from leapdecode.engine.reference import greedy_reference
-    from tests.test_lossless_tiny import prompts
+    from tests.conftest import prompts
 
     drafted = 0
     for prompt in prompts(8):
         drafter = CostAwareDrafter(AnpdDrafter(n=3, k=7), ForwardCost(curve))
-        steps = list(decode(TorchBackend(tiny_model), prompt, drafter, StopCriteria(frozenset(), 30)))
+        steps = list(decode(TorchBackend(tiny_model), prompt, drafter, StopCriteria(frozenset(), 30), *GREEDY))
         assert [t for s in steps for t in s.tokens] == greedy_reference(tiny_model, prompt, 30)
         drafted += sum(len(s.drafted) for s in steps)
     assert drafted > 0

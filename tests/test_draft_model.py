@@ -18,9 +18,8 @@ from leapdecode.errors import MethodError, ModelLoadError
 from leapdecode.methods import DraftModel, parse_method
 from leapdecode.models import LoadedModel
 from leapdecode.verifiers import SamplingParams, verify_speculative
-from tests.conftest import TINY_VOCAB, make_tiny_model
-from tests.test_lossless_tiny import prompts
-from tests.test_sampling import assert_follows_exact, exact_joint
+from tests.conftest import GREEDY, TINY_VOCAB, make_tiny_model
+from tests.conftest import assert_follows_exact, exact_joint, prompts
 
 VARIANTS = [
     dict(k=4),
@@ -41,7 +40,7 @@ def random_draft():
 
 def run(target, draft, prompt, max_new_tokens, **options):
     drafter = DraftModelDrafter(TorchBackend(draft), **options)
-    steps = list(decode(TorchBackend(target), prompt, drafter, StopCriteria(frozenset(), max_new_tokens)))
+    steps = list(decode(TorchBackend(target), prompt, drafter, StopCriteria(frozenset(), max_new_tokens), *GREEDY))
     return [t for s in steps for t in s.tokens], steps, drafter
 
 
@@ -116,7 +115,7 @@ def test_draft_model_sampling_keeps_the_target_distribution(tiny_model) -> None:
     accepted = drafted = 0
     for i in range(draws):
         drafter = DraftModelDrafter(TorchBackend(draft), k=3, sampling=params, generator=g, cascade_n=3 if i % 2 else 0)
-        steps = list(decode(TorchBackend(tiny_model), prompt, drafter, StopCriteria(frozenset(), 3), verifier))
+        steps = list(decode(TorchBackend(tiny_model), prompt, drafter, StopCriteria(frozenset(), 3), verifier, GREEDY[1]))
         key = tuple(t for s in steps for t in s.tokens)
         counts[key] = counts.get(key, 0) + 1
         accepted += sum(s.num_accepted for s in steps)

@@ -6,7 +6,6 @@ Tiny random models (6 layers) for many prompts and every acceptance pattern; the
 
 from __future__ import annotations
 
-import random
 
 import pytest
 import torch
@@ -15,16 +14,15 @@ from leapdecode.api import wrap
 from leapdecode.drafters.self_draft import SelfDrafter
 from leapdecode.early_exit.backend import LayerBackend, SelfDraftBackend
 from leapdecode.early_exit.calibrate import block_influence, format_layer_set, parse_layer_set, skip_order
-from leapdecode.early_exit.calm import (
-    CalmBackend, agreement, full_model_predictions, layer_confidences, pick_threshold, simulate_thresholds,
-)
+from leapdecode.early_exit.calm import CalmBackend, layer_confidences, pick_threshold, simulate_thresholds
 from leapdecode.early_exit.runner import LayerRunner
 from leapdecode.engine import StopCriteria, decode
-from leapdecode.engine.reference import greedy_reference
+from leapdecode.engine.reference import agreement, full_model_predictions, greedy_reference
 from leapdecode.errors import MethodError
 from leapdecode.methods import parse_method
 from leapdecode.models import LoadedModel
-from tests.conftest import TINY_VOCAB, make_tiny_model
+from tests.conftest import GREEDY, make_tiny_model
+from tests.conftest import prompts as tiny_prompts
 
 LAYERS = 6
 
@@ -39,19 +37,11 @@ def tiny_lm(model) -> LoadedModel:
 
 
 def prompts(count: int, seed: int = 0) -> list[list[int]]:
-    rng = random.Random(seed)
-    out = []
-    for i in range(count):
-        if i % 2 == 0:
-            unit = [rng.randrange(2, TINY_VOCAB) for _ in range(rng.randint(2, 5))]
-            out.append((unit * 10)[: rng.randint(6, 30)])
-        else:
-            out.append([rng.randrange(2, TINY_VOCAB) for _ in range(rng.randint(1, 25))])
-    return out
+    return tiny_prompts(count, seed, repetitive_every=2, repetitive_len=(6, 30), random_len=(1, 25), repeats=10)
 
 
 def run(backend, prompt, drafter, max_new_tokens=30):
-    steps = list(decode(backend, prompt, drafter, StopCriteria(frozenset(), max_new_tokens)))
+    steps = list(decode(backend, prompt, drafter, StopCriteria(frozenset(), max_new_tokens), *GREEDY))
     return [t for s in steps for t in s.tokens], steps
 
 
@@ -179,7 +169,7 @@ def test_methods_build_backends_and_refuse_bad_layers(deep_model) -> None:
 
 
 def test_self_spec_without_a_calibration_says_what_to_run(deep_model, tmp_path, monkeypatch) -> None:
-    monkeypatch.setattr("leapdecode.methods.default_cache_dir", lambda: tmp_path)
+    monkeypatch.setattr("leapdecode.models.default_cache_dir", lambda: tmp_path)
     with pytest.raises(MethodError, match="calibrate layer-skip"):
         parse_method("self-spec").make_backend(tiny_lm(deep_model))
 
@@ -297,14 +287,14 @@ def test_calibrate_commands_on_the_real_model(real_lm, tmp_path, monkeypatch) ->
     from leapdecode.cli import app
 
     monkeypatch.setattr("leapdecode.models.default_cache_dir", lambda: tmp_path)
-    monkeypatch.setattr("leapdecode.methods.default_cache_dir", lambda: tmp_path)
     runner = CliRunner()
     out = tmp_path / "calibration.json"
     result = runner.invoke(app, ["calibrate", "layer-skip", "-n", "4", "--fractions", "0.1", "--out", str(out)])
     assert result.exit_code == 0, result.output
     saved = json.loads(out.read_text())
     assert saved["num_layers"] == 30 and len(saved["trials"]) == 1 and saved["skip"]
-    assert (tmp_path / "layer-skip" / "smollm2-135m.json").is_file()
+    assert (tmp_path / "layer-skip" / f"{real_lm.fingerprint}.json").is_file()  # keyed by the weights
+    assert saved["fingerprint"] == real_lm.fingerprint
     fast = wrap(real_lm, "self-spec")
     assert fast.backend.draft_layers == tuple(i for i in range(30) if i not in parse_layer_set(saved["skip"]))
     assert fast.generate(REAL_PROMPTS[0], max_new_tokens=12).token_ids == wrap(real_lm, "ar").generate(REAL_PROMPTS[0], max_new_tokens=12).token_ids
@@ -321,7 +311,7 @@ def test_self_drafting_with_sampling_keeps_the_distribution(deep_model) -> None:
     import functools
 
     from leapdecode.verifiers import SamplingParams, verify_speculative
-    from tests.test_sampling import assert_follows_exact, exact_joint
+    from tests.conftest import assert_follows_exact, exact_joint
 
     prompt = [5, 17, 33, 5, 17, 40, 8]
     params = SamplingParams(temperature=1.5, top_k=3)
@@ -334,7 +324,7 @@ def test_self_drafting_with_sampling_keeps_the_distribution(deep_model) -> None:
     drafted = 0
     for _ in range(draws):
         drafter = SelfDrafter(k=3, sampling=params, generator=g)
-        steps = list(decode(backend, prompt, drafter, StopCriteria(frozenset(), 3), verifier))
+        steps = list(decode(backend, prompt, drafter, StopCriteria(frozenset(), 3), verifier, GREEDY[1]))
         key = tuple(t for s in steps for t in s.tokens)
         counts[key] = counts.get(key, 0) + 1
         drafted += sum(len(s.drafted) for s in steps)

@@ -16,7 +16,7 @@ from leapdecode.engine.cost import measure_forward_cost
 from leapdecode.engine.llamacpp_backend import LlamaCppBackend
 from leapdecode.errors import MethodError, ModelLoadError
 from leapdecode.models import load_model
-from tests.conftest import ScriptedDrafter
+from tests.conftest import GREEDY, ScriptedDrafter
 
 PROMPTS = [
     "def fibonacci(n):\n    if n < 2:\n        return n\n    return",
@@ -49,7 +49,7 @@ def encode(lm, text: str) -> list[int]:
 
 
 def run(lm, prompt_ids, drafter, max_new_tokens=24, eos=frozenset()):
-    steps = list(decode(LlamaCppBackend(lm.model), prompt_ids, drafter, StopCriteria(eos, max_new_tokens)))
+    steps = list(decode(LlamaCppBackend(lm.model), prompt_ids, drafter, StopCriteria(eos, max_new_tokens), *GREEDY))
     return [t for s in steps for t in s.tokens], steps
 
 

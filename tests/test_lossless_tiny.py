@@ -6,34 +6,19 @@ with Hugging Face `generate(do_sample=False)`.
 
 from __future__ import annotations
 
-import random
-
 import pytest
 import torch
 
 from leapdecode.drafters import AnpdDrafter, NoDrafter, PromptLookupDrafter
 from leapdecode.engine import StopCriteria, TorchBackend, decode
 from leapdecode.engine.reference import greedy_reference
-from tests.conftest import TINY_VOCAB, ScriptedDrafter
+from tests.conftest import GREEDY, TINY_VOCAB, ScriptedDrafter, prompts
 
 EOS = 1
 
 
-def prompts(count: int, seed: int = 0) -> list[list[int]]:
-    """Random prompts, plus highly repetitive ones where n-gram drafts run long."""
-    rng = random.Random(seed)
-    out = []
-    for i in range(count):
-        if i % 3 == 0:
-            unit = [rng.randrange(2, TINY_VOCAB) for _ in range(rng.randint(2, 5))]
-            out.append((unit * 12)[: rng.randint(8, 40)])
-        else:
-            out.append([rng.randrange(2, TINY_VOCAB) for _ in range(rng.randint(1, 30))])
-    return out
-
-
 def run(model, prompt, drafter, max_new_tokens, eos=frozenset()):
-    steps = list(decode(TorchBackend(model), prompt, drafter, StopCriteria(eos, max_new_tokens)))
+    steps = list(decode(TorchBackend(model), prompt, drafter, StopCriteria(eos, max_new_tokens), *GREEDY))
     return [t for s in steps for t in s.tokens], steps
 
 

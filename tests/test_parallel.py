@@ -21,8 +21,8 @@ from leapdecode.engine import StopCriteria, TorchBackend, compile_tree, decode
 from leapdecode.engine.reference import greedy_reference
 from leapdecode.methods import parse_method
 from leapdecode.verifiers import SamplingParams, verify_speculative, verify_tree_speculative
-from tests.test_lossless_tiny import prompts
-from tests.test_sampling import assert_follows_exact, exact_joint
+from tests.conftest import assert_follows_exact, exact_joint, prompts
+from tests.conftest import GREEDY
 
 DRAFTERS = {
     "jacobi-sliding-repeat": lambda: JacobiDrafter(block=6, mode="sliding", init="repeat"),
@@ -37,7 +37,7 @@ DRAFTERS = {
 
 
 def run(model, prompt, drafter, max_new_tokens):
-    steps = list(decode(TorchBackend(model), prompt, drafter, StopCriteria(frozenset(), max_new_tokens)))
+    steps = list(decode(TorchBackend(model), prompt, drafter, StopCriteria(frozenset(), max_new_tokens), *GREEDY))
     return [t for s in steps for t in s.tokens], steps
 
 

@@ -11,28 +11,9 @@ from leapdecode.engine import StopCriteria, TorchBackend, decode
 from leapdecode.engine.reference import greedy_reference, sample_reference
 from leapdecode.errors import InputError
 from leapdecode.verifiers import SamplingParams, logits_to_probs, verify_speculative
-from tests.conftest import TINY_VOCAB, ScriptedDrafter
+from tests.conftest import GREEDY, TINY_VOCAB, ScriptedDrafter, assert_follows_exact, exact_joint, tv, tv_bound
 
 PLAIN = SamplingParams(temperature=1.0)
-
-
-def tv(a: torch.Tensor, b: torch.Tensor) -> float:
-    return 0.5 * float((a - b).abs().sum())
-
-
-def tv_bound(p: torch.Tensor, n: int) -> float:
-    """A loose high-probability bound on TV(empirical of n draws, p): 4 standard deviations per cell."""
-    return 0.5 * float((4 * (p * (1 - p) / n).sqrt()).sum()) + 1e-9
-
-
-def assert_follows_exact(counts: dict[tuple[int, ...], int], exact: dict[tuple[int, ...], float], draws: int) -> None:
-    """Sequences drawn `draws` times stay in the exact support, and their empirical distribution is
-    within the TV bound of the exact one."""
-    support = sorted(exact)
-    assert set(counts) <= set(support)
-    p = torch.tensor([exact[k] for k in support])
-    emp = torch.tensor([counts.get(k, 0) / draws for k in support])
-    assert tv(emp, p) <= tv_bound(p, draws), tv(emp, p)
 
 
 def first_token_distribution(p: torch.Tensor, q: torch.Tensor | None, draws: int, seed: int, fixed: int = 0) -> torch.Tensor:
@@ -43,7 +24,7 @@ def first_token_distribution(p: torch.Tensor, q: torch.Tensor | None, draws: int
     counts = torch.zeros_like(p)
     for _ in range(draws):
         x = int(torch.multinomial(q, 1, generator=g)) if q is not None else fixed
-        _, tokens = verify_speculative(torch.tensor([x]), logits, None if q is None else q[None], PLAIN, g)
+        tokens = verify_speculative(torch.tensor([x]), logits, None if q is None else q[None], PLAIN, g).tokens
         counts[int(tokens[0])] += 1
     return counts / draws
 
@@ -74,8 +55,8 @@ def test_p_equal_q_accepts_everything() -> None:
     logits = p.log().expand(4, -1)
     for _ in range(200):
         draft = torch.multinomial(p, 3, replacement=True, generator=g)
-        n, tokens = verify_speculative(draft, logits, p.expand(3, -1), PLAIN, g)
-        assert n == 3 and tokens[:3].tolist() == draft.tolist()
+        verdict = verify_speculative(draft, logits, p.expand(3, -1), PLAIN, g)
+        assert verdict.num_accepted == 3 and verdict.tokens[:3] == draft.tolist()
 
 
 def test_disjoint_supports_always_reject_and_sample_from_p() -> None:
@@ -109,21 +90,6 @@ def test_bad_sampling_parameters(kwargs) -> None:
         SamplingParams(**kwargs)
 
 
-def exact_joint(model, prompt: list[int], params: SamplingParams, length: int) -> dict[tuple[int, ...], float]:
-    """The exact probability of every continuation of `length` tokens (support cut by top_k)."""
-    out: dict[tuple[int, ...], float] = {(): 1.0}
-    for _ in range(length):
-        nxt = {}
-        for prefix, prob in out.items():
-            with torch.inference_mode():
-                logits = model(input_ids=torch.tensor([prompt + list(prefix)])).logits[0, -1:]
-            probs = logits_to_probs(logits, params)[0]
-            for token in torch.nonzero(probs).flatten().tolist():
-                nxt[prefix + (token,)] = prob * float(probs[token])
-        out = nxt
-    return out
-
-
 @pytest.mark.parametrize("drafter_kind", ["none", "anpd", "scripted-right", "scripted-wrong"])
 def test_speculative_sampling_end_to_end_keeps_the_distribution(tiny_model, drafter_kind) -> None:
     # Every token of the vocabulary appears in the prompt with a successor, so the n-gram
@@ -146,7 +112,7 @@ def test_speculative_sampling_end_to_end_keeps_the_distribution(tiny_model, draf
             "scripted-right": ScriptedDrafter(greedy, k=4, vocab=TINY_VOCAB, seed=i),
             "scripted-wrong": ScriptedDrafter(greedy, k=4, vocab=TINY_VOCAB, wrong_every=1, seed=i),
         }[drafter_kind]
-        steps = list(decode(backend, prompt, drafter, StopCriteria(frozenset(), 3), verifier))
+        steps = list(decode(backend, prompt, drafter, StopCriteria(frozenset(), 3), verifier, GREEDY[1]))
         key = tuple(t for s in steps for t in s.tokens)
         counts[key] = counts.get(key, 0) + 1
         accepted += sum(s.num_accepted for s in steps)

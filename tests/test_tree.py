@@ -13,7 +13,7 @@ from leapdecode.drafters import Draft, Drafter
 from leapdecode.engine import StopCriteria, TorchBackend, chain_parents, compile_tree, decode, keep_cache_entries
 from leapdecode.engine.reference import greedy_reference
 from leapdecode.verifiers import SamplingParams, verify_speculative, verify_tree_greedy, verify_tree_speculative
-from tests.conftest import TINY_VOCAB
+from tests.conftest import GREEDY, TINY_VOCAB
 from tests.test_sampling import assert_follows_exact, exact_joint, tv, tv_bound
 
 #        root
@@ -92,12 +92,12 @@ def test_greedy_tree_verifier_walks_the_matching_branch() -> None:
     logits = torch.full((7, 20), -5.0)
     for node, best in enumerate([11, 3, 14, 0, 0, 0, 0]):  # root->d1 (11), d1->d4 (14), d4->bonus 0
         logits[node, best] = 5.0
-    path, kept = verify_tree_greedy(tokens, tree, logits)
-    assert path == [1, 4] and kept.tolist() == [11, 14, 0]
+    path, kept, _ = verify_tree_greedy(tokens, tree, logits)
+    assert path == [1, 4] and kept == [11, 14, 0]
     logits[0] = -5.0
     logits[0, 7] = 5.0  # no child of the root matches
-    path, kept = verify_tree_greedy(tokens, tree, logits)
-    assert path == [] and kept.tolist() == [7]
+    path, kept, _ = verify_tree_greedy(tokens, tree, logits)
+    assert path == [] and kept == [7]
 
 
 def test_tree_speculative_sampling_keeps_p_over_siblings() -> None:
@@ -111,7 +111,7 @@ def test_tree_speculative_sampling_keeps_p_over_siblings() -> None:
     draws = 8000
     counts = torch.zeros(5)
     for _ in range(draws):
-        _, kept = verify_tree_speculative(tokens, tree, logits, params, g)
+        kept = verify_tree_speculative(tokens, tree, logits, params, g).tokens
         counts[int(kept[0])] += 1
     assert tv(counts / draws, p) <= tv_bound(p, draws)
 
@@ -181,6 +181,6 @@ def test_tree_decoding_equals_greedy_with_branches_right_and_wrong(tiny_model) -
             side = (right[1] + 1) % TINY_VOCAB
             return Draft([wrong, right[0], right[1], side, right[2]], parents=(-1, -1, 1, 1, 2))
 
-    steps = list(decode(TorchBackend(tiny_model), prompt, BranchyDrafter(), StopCriteria(frozenset(), 30)))
+    steps = list(decode(TorchBackend(tiny_model), prompt, BranchyDrafter(), StopCriteria(frozenset(), 30), *GREEDY))
     assert [t for s in steps for t in s.tokens] == reference
     assert any(s.path == (1, 2, 4) for s in steps)  # the deepest branch, not the first child, accepted

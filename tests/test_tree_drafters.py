@@ -21,7 +21,7 @@ from leapdecode.drafters.rest import KEY, sort_suffixes
 from leapdecode.engine import StopCriteria, TorchBackend, decode
 from leapdecode.engine.reference import greedy_reference
 from leapdecode.methods import parse_method
-from tests.conftest import TINY_VOCAB
+from tests.conftest import GREEDY, TINY_VOCAB
 from tests.test_lossless_tiny import prompts
 
 
@@ -50,7 +50,7 @@ def rest_drafter(model, test_prompts) -> RestDrafter:
 
 
 def run(model, prompt, drafter, max_new_tokens):
-    steps = list(decode(TorchBackend(model), prompt, drafter, StopCriteria(frozenset(), max_new_tokens)))
+    steps = list(decode(TorchBackend(model), prompt, drafter, StopCriteria(frozenset(), max_new_tokens), *GREEDY))
     return [t for s in steps for t in s.tokens], steps
 
 

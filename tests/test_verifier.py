@@ -14,20 +14,20 @@ def logits_for(argmaxes: list[int], vocab: int = 10) -> torch.Tensor:
 
 
 def test_all_accepted_gives_every_draft_plus_the_bonus() -> None:
-    n, tokens = verify_greedy(torch.tensor([3, 4, 5]), logits_for([3, 4, 5, 6]))
-    assert n == 3 and tokens.tolist() == [3, 4, 5, 6]
+    verdict = verify_greedy(torch.tensor([3, 4, 5]), logits_for([3, 4, 5, 6]))
+    assert verdict.num_accepted == 3 and verdict.tokens == [3, 4, 5, 6]
 
 
 def test_first_rejected_gives_only_the_targets_token() -> None:
-    n, tokens = verify_greedy(torch.tensor([3, 4, 5]), logits_for([2, 4, 5, 6]))
-    assert n == 0 and tokens.tolist() == [2]
+    verdict = verify_greedy(torch.tensor([3, 4, 5]), logits_for([2, 4, 5, 6]))
+    assert verdict.num_accepted == 0 and verdict.tokens == [2]
 
 
 def test_partial_acceptance_stops_at_the_first_mismatch_even_if_later_ones_match() -> None:
-    n, tokens = verify_greedy(torch.tensor([3, 9, 5]), logits_for([3, 4, 5, 6]))
-    assert n == 1 and tokens.tolist() == [3, 4]
+    verdict = verify_greedy(torch.tensor([3, 9, 5]), logits_for([3, 4, 5, 6]))
+    assert verdict.num_accepted == 1 and verdict.tokens == [3, 4]
 
 
 def test_no_draft_is_plain_decoding() -> None:
-    n, tokens = verify_greedy(torch.tensor([], dtype=torch.long), logits_for([7]))
-    assert n == 0 and tokens.tolist() == [7]
+    verdict = verify_greedy(torch.tensor([], dtype=torch.long), logits_for([7]))
+    assert verdict.num_accepted == 0 and verdict.tokens == [7]

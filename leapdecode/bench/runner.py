@@ -5,6 +5,7 @@ per method, greedy, fixed max_new_tokens, fixed threads, and a lossless check on
 
 from __future__ import annotations
 
+import copy
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -15,8 +16,8 @@ import torch
 from leapdecode.api import Decoder, encode_prompt
 from leapdecode.bench.datasets import BenchPrompt
 from leapdecode.bench.memory import PeakRss, parameter_mb
-from leapdecode.early_exit.calm import agreement, full_model_predictions
 from leapdecode.engine import GenerationStats, StopCriteria
+from leapdecode.engine.reference import agreement, full_model_predictions
 from leapdecode.errors import MethodError
 from leapdecode.methods import (
     Autoregressive, DraftModel, HfAssisted, HfGenerate, HfPromptLookup, LlamaCppPlain, LlamaCppPromptLookup, Method,
@@ -116,12 +117,7 @@ class HfRunner:
             if assistant is None:
                 raise MethodError("hf-assisted needs its draft model loaded")
             check_same_vocabulary(lm, assistant)
-            # transformers reads these from the assistant's own generation config
-            config = assistant.model.generation_config
-            config.num_assistant_tokens = method.tokens
-            config.num_assistant_tokens_schedule = method.schedule
-            config.assistant_confidence_threshold = method.threshold
-            self.kwargs = dict(assistant_model=assistant.model)
+            self.kwargs = dict(assistant_model=_with_assistant_settings(assistant.model, method))
             self.weights_mb += parameter_mb(assistant.model)
         elif not isinstance(method, HfGenerate):
             raise MethodError(f"{method.name} is not a Hugging Face peer")
@@ -201,6 +197,20 @@ class LlamaCppPeerRunner:
             wall_time_s=elapsed, accepted_lengths=(),
         )
         return RunOutput(tokens, stats)
+
+
+def _with_assistant_settings(model: Any, method: HfAssisted) -> Any:
+    """The draft model as transformers' assisted generation should see it: transformers reads the
+    draft length, schedule and confidence threshold from the assistant's own generation config,
+    so this peer gets a shallow copy of the model (same modules and weights) with a config of its
+    own, and the loaded draft model that other methods share is left as it was."""
+    view = copy.copy(model)
+    config = copy.deepcopy(model.generation_config)
+    config.num_assistant_tokens = method.tokens
+    config.num_assistant_tokens_schedule = method.schedule
+    config.assistant_confidence_threshold = method.threshold
+    view.generation_config = config
+    return view
 
 
 def _pad_id(lm: LoadedModel) -> int:

@@ -33,7 +33,8 @@ from leapdecode.drafters.base import Draft, Drafter
 from leapdecode.drafters.ngram import NGramModule
 from leapdecode.engine.backend import Backend
 from leapdecode.engine.backend import Sequence as CacheSequence
-from leapdecode.verifiers import SamplingParams, logits_to_probs, verify_greedy, verify_speculative
+from leapdecode.engine.sampling import SamplingParams, logits_to_probs
+from leapdecode.verifiers import Verdict, verify_greedy, verify_speculative
 
 SCHEDULES = ("constant", "heuristic")
 
@@ -79,16 +80,26 @@ class DraftModelDrafter(Drafter):
         if self.ngram is not None:
             self.ngram.initialise(prompt_ids)
 
-    def _verify(self, lower: list[int], logits: torch.Tensor) -> tuple[int, torch.Tensor]:
+    def _verify(self, lower: list[int], logits: torch.Tensor) -> Verdict:
         """The draft model judging the n-gram drafts: the target's rule, one level down."""
-        lower_tensor = torch.tensor(lower, dtype=torch.long, device=logits.device)
         if self.sampling.greedy:
-            return verify_greedy(lower_tensor, logits)
-        return verify_speculative(lower_tensor, logits, None, self.sampling, self.generator)
+            return verify_greedy(lower, logits)
+        return verify_speculative(lower, logits, None, self.sampling, self.generator)
 
     def _probs(self, logits: torch.Tensor) -> torch.Tensor:
         """q for the rows of `logits`; greedy runs use the plain softmax (for the threshold)."""
         return logits.float().softmax(-1) if self.sampling.greedy else logits_to_probs(logits, self.sampling)
+
+    def _tokens_from(self, start: int, drafted: list[int]) -> list[int]:
+        """(stream + drafted)[start:], without copying the stream: work proportional to the tail."""
+        n = len(self.stream)
+        return drafted[start - n :] if start >= n else self.stream[start:] + drafted
+
+    def _last(self, count: int, drafted: list[int]) -> list[int]:
+        """The last `count` tokens of stream + drafted."""
+        if len(drafted) >= count:
+            return drafted[len(drafted) - count :]
+        return self.stream[len(self.stream) - (count - len(drafted)) :] + drafted
 
     def propose(self, max_tokens: int) -> Draft:
         budget = min(self.k_now, max_tokens)
@@ -99,11 +110,10 @@ class DraftModelDrafter(Drafter):
         q_rows: list[torch.Tensor] = []  # each [tokens in that round, vocab]
         while len(drafted) < budget:
             # 1. What the cache lacks (at least the last emitted or drafted token), plus n-gram drafts.
-            context = self.stream + drafted
-            tail = context[self.seq.length :] if self.seq is not None else context
+            tail = self._tokens_from(self.seq.length if self.seq is not None else 0, drafted)
             lower: list[int] = []
             if self.ngram is not None and self.seq is not None:
-                lower = self.ngram.predict_chain(context[-(self.ngram.n - 1) :], budget - len(drafted) - 1)
+                lower = self.ngram.predict_chain(self._last(self.ngram.n - 1, drafted), budget - len(drafted) - 1)
             # 2. One draft-model pass; rows predict each lower draft and the token after them.
             if self.seq is None:
                 self.seq, scores = self.backend.prefill(tail)
@@ -112,9 +122,9 @@ class DraftModelDrafter(Drafter):
             self.draft_passes += 1
             logits = scores.logits[-(len(lower) + 1) :]  # [len(lower)+1, vocab]
             # 3. Keep the lower drafts the draft model agrees with, plus its own next token.
-            num_kept, kept = self._verify(lower, logits)
+            verdict = self._verify(lower, logits)
+            num_kept, new = verdict.num_accepted, verdict.tokens
             self.backend.rollback(self.seq, self.seq.length - (len(lower) - num_kept))
-            new = kept.tolist()
             drafted.extend(new)
             if self.sampling.greedy and self.threshold == 0.0:
                 continue  # greedy verification needs no q
@@ -122,6 +132,7 @@ class DraftModelDrafter(Drafter):
             q_rows.append(probs)
             # 4. Stop after a token the draft model itself doubts.
             if self.threshold > 0.0:
+                kept = torch.tensor(new, dtype=torch.long, device=probs.device)  # [num_kept+1]
                 token_probs = probs.gather(1, kept.view(-1, 1)).squeeze(1)  # [num_kept+1]
                 doubtful = (token_probs < self.threshold).nonzero()
                 if len(doubtful):

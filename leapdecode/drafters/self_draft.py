@@ -22,7 +22,7 @@ from leapdecode.early_exit.backend import LayeredSequence, SelfDraftBackend
 from leapdecode.engine.backend import Backend
 from leapdecode.engine.backend import Sequence as CacheSequence
 from leapdecode.errors import MethodError
-from leapdecode.verifiers import SamplingParams, logits_to_probs
+from leapdecode.engine.sampling import SamplingParams, logits_to_probs
 
 
 class SelfDrafter(Drafter):

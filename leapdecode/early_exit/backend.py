@@ -55,7 +55,7 @@ class LayerBackend:
         self._drop_draft(seq)
         positions = self.runner.positions(seq.length, len(token_ids))
         if tree is not None and not tree.is_chain:
-            positions = seq.length + tree.depth.to(self.device)[None]  # [1, n]
+            positions = seq.length + tree.depth_on(self.device)[None]  # [1, n]
         states = self.runner.run(seq.cache, self.runner.embed(token_ids), self.all_layers, positions, tree)
         seq.length += len(token_ids)
         return self._scores(states, hidden)

@@ -25,6 +25,7 @@ import torch
 from leapdecode.early_exit.backend import LayerBackend, LayeredSequence
 from leapdecode.engine.backend import Scores
 from leapdecode.engine.backend import Sequence as CacheSequence
+from leapdecode.engine.reference import agreement
 from leapdecode.engine.tree import TreeLayout
 from leapdecode.errors import MethodError
 
@@ -89,23 +90,6 @@ class CalmBackend(LayerBackend):
     def _record(seq: CacheSequence, layers: int) -> None:
         if isinstance(seq, LayeredSequence):
             seq.exit_layers.append(layers)
-
-
-def agreement(full_predictions: torch.Tensor, generated: torch.Tensor) -> float:
-    """Fraction of generated tokens [T] equal to the full model's greedy predictions [T] for
-    the same prefixes."""
-    if generated.numel() == 0:
-        return 1.0
-    return float((full_predictions == generated).float().mean())
-
-
-@torch.inference_mode()
-def full_model_predictions(model: Any, prompt_ids: Sequence[int], generated: Sequence[int]) -> torch.Tensor:
-    """The full model's greedy token at each generated position [T], teacher-forced on
-    prompt + generated in one pass."""
-    ids = torch.tensor([[*prompt_ids, *generated[:-1]]], dtype=torch.long, device=model.device)  # [1, P+T-1]
-    logits = model(input_ids=ids, logits_to_keep=len(generated)).logits[0]  # [T, vocab]
-    return logits.argmax(-1)
 
 
 @dataclass(frozen=True)

@@ -2,12 +2,13 @@
 
 from leapdecode.engine.backend import Backend, Scores, Sequence, TorchBackend, keep_cache_entries, rollback_cache
 from leapdecode.engine.loop import Step, TreeVerifier, Verifier, decode
+from leapdecode.engine.sampling import SamplingParams, logits_to_probs
 from leapdecode.engine.stats import GenerationStats
 from leapdecode.engine.stopping import StopCriteria, truncate_at_stop
-from leapdecode.engine.tree import TreeLayout, chain_parents, compile_tree
+from leapdecode.engine.tree import TreeLayout, TreeMaskBuffer, chain_parents, compile_tree
 
 __all__ = [
-    "Backend", "GenerationStats", "Scores", "Sequence", "Step", "StopCriteria", "TorchBackend", "TreeLayout",
-    "TreeVerifier", "Verifier", "chain_parents", "compile_tree", "decode", "keep_cache_entries", "rollback_cache",
-    "truncate_at_stop",
+    "Backend", "GenerationStats", "SamplingParams", "Scores", "Sequence", "Step", "StopCriteria", "TorchBackend",
+    "TreeLayout", "TreeMaskBuffer", "TreeVerifier", "Verifier", "chain_parents", "compile_tree", "decode",
+    "keep_cache_entries", "logits_to_probs", "rollback_cache", "truncate_at_stop",
 ]

@@ -7,12 +7,12 @@ loaded model can serve several sequences one after another.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
 
-from leapdecode.engine.tree import TreeLayout
+from leapdecode.engine.tree import TreeLayout, TreeMaskBuffer
 
 
 @dataclass
@@ -21,6 +21,7 @@ class Sequence:
 
     cache: Any
     length: int
+    tree_mask: TreeMaskBuffer = field(default_factory=TreeMaskBuffer)  # reused by every tree pass
 
 
 @dataclass(frozen=True)
@@ -70,8 +71,8 @@ class TorchBackend:
         input_ids = torch.tensor([token_ids], dtype=torch.long, device=self.device)  # [1, n]
         extra: dict[str, Any] = {}
         if tree is not None and not tree.is_chain:
-            extra["attention_mask"] = tree.attention_mask(seq.length, self.model.dtype, self.device)  # [1, 1, n, past+n]
-            extra["position_ids"] = (seq.length + tree.depth.to(self.device))[None]  # [1, n]
+            extra["attention_mask"] = seq.tree_mask.mask(tree, seq.length, self.model.dtype, self.device)  # [1, 1, n, past+n]
+            extra["position_ids"] = (seq.length + tree.depth_on(self.device))[None]  # [1, n]
         out = self.model(
             input_ids=input_ids,
             past_key_values=seq.cache,

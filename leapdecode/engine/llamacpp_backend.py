@@ -38,7 +38,6 @@ from leapdecode.models.llamacpp import MAX_SEQUENCES, LlamaCppModel, import_llam
 class _State:
     """What a llama.cpp sequence needs beyond its length."""
 
-    generation: int  # which prefill of the context this sequence belongs to
     leaf_of: dict[int, int] = field(default_factory=dict)  # last tree pass: node -> a sequence id through it
     tree_tokens: list[int] = field(default_factory=list)  # last tree pass: the token of each node
 
@@ -123,7 +122,7 @@ class LlamaCppBackend:
 
     def _check(self, seq: Sequence) -> _State:
         state = seq.cache
-        if not isinstance(state, _State) or state.generation != self.model.generation:
+        if not isinstance(state, _State) or state is not self.model.holder:
             raise RuntimeError("this llama.cpp sequence was replaced by a newer prefill on the same backend")
         return state
 
@@ -132,7 +131,8 @@ class LlamaCppBackend:
     def prefill(self, prompt_ids: list[int]) -> tuple[Sequence, Scores]:
         if len(prompt_ids) >= self.model.n_ctx:
             raise InputError(f"the prompt has {len(prompt_ids)} tokens; this llama.cpp context holds {self.model.n_ctx}")
-        self.model.generation += 1
+        state = _State()
+        self.model.holder = state
         self.llama_cpp.llama_memory_clear(self.model.memory, True)
         step = self.model.n_batch
         for start in range(0, len(prompt_ids), step):
@@ -140,7 +140,7 @@ class LlamaCppBackend:
             last = start + len(chunk) == len(prompt_ids)
             wanted = [last and i == len(chunk) - 1 for i in range(len(chunk))]
             self._decode(chunk, list(range(start, start + len(chunk))), [(0,)] * len(chunk), wanted)
-        return Sequence(cache=_State(self.model.generation), length=len(prompt_ids)), Scores(logits=self._logits(1))
+        return Sequence(cache=state, length=len(prompt_ids)), Scores(logits=self._logits(1))
 
     def forward(self, seq: Sequence, token_ids: list[int], *, hidden: bool = False, tree: TreeLayout | None = None) -> Scores:
         state = self._check(seq)

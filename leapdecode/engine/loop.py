@@ -1,31 +1,38 @@
 """The decode loop: one loop for every method.
 
-    prefill -> repeat: draft -> score pending token + draft in one pass -> verify ->
-               roll the KV cache back -> emit (cut at a stop) -> tell the drafter
+    prefill -> repeat: emit (cut at a stop) -> tell the drafter, draft -> score pending token +
+               draft in one pass -> verify -> keep the accepted path in the KV cache
 
 Plain decoding is the same loop with a drafter that never drafts. A draft is a chain, or a tree
 (`Draft.parents`): a tree is scored in the same single pass with a tree attention mask, and the
-cache keeps only its accepted path.
+cache keeps only its accepted path. The drafter and the verifiers come in as arguments (the
+engine depends on their interfaces only): `leapdecode.drafters.base` and
+`leapdecode.verifiers.verdict`.
+
+Per step the loop does work proportional to the draft, never to the context, and makes one
+device-to-host transfer (inside the verifier).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
-from leapdecode.drafters.base import Draft, Drafter
 from leapdecode.engine.backend import Backend
 from leapdecode.engine.stopping import StopCriteria
 from leapdecode.engine.tree import TreeLayout, compile_tree
-from leapdecode.verifiers.greedy import verify_greedy
-from leapdecode.verifiers.tree import verify_tree_greedy
 
-# (drafted tokens [D], target logits [D+1, vocab], draft probs q [D, vocab] or None) -> (A, [A+1] tokens)
-Verifier = Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], tuple[int, torch.Tensor]]
-# (drafted tokens [D], their tree, target logits [D+1, vocab]) -> (accepted path, [len(path)+1] tokens)
-TreeVerifier = Callable[[torch.Tensor, TreeLayout, torch.Tensor], tuple[list[int], torch.Tensor]]
+if TYPE_CHECKING:
+    from leapdecode.drafters.base import Drafter
+    from leapdecode.verifiers.verdict import Verdict
+
+# (drafted tokens [D], target logits [D+1, vocab], draft probs q [D, vocab] or None) -> Verdict
+Verifier = Callable[[Sequence[int], torch.Tensor, "torch.Tensor | None"], "Verdict"]
+# (drafted tokens [D], their tree, target logits [D+1, vocab]) -> Verdict
+TreeVerifier = Callable[[Sequence[int], TreeLayout, torch.Tensor], "Verdict"]
 
 
 @dataclass(frozen=True)
@@ -45,23 +52,24 @@ def decode(
     prompt_ids: Sequence[int],
     drafter: Drafter,
     stop: StopCriteria,
-    verifier: Verifier = verify_greedy,
-    tree_verifier: TreeVerifier = verify_tree_greedy,
+    verifier: Verifier,
+    tree_verifier: TreeVerifier,
 ) -> Iterator[Step]:
     """Generate after `prompt_ids`, yielding one `Step` per target forward pass."""
     # 1. Prefill: the prompt's pass also gives the first new token.
     seq, scores = backend.prefill(list(prompt_ids))
-    _, first = verifier(scores.logits.new_empty(0, dtype=torch.long), scores.logits[-1:], None)
-    new_tokens = first.tolist()
+    new_tokens = verifier((), scores.logits[-1:], None).tokens
     drafter.reset(prompt_ids)
     drafter.attach(backend, seq)
     generated: list[int] = []
-    draft, path = Draft(), []
+    drafted: tuple[int, ...] = ()
+    parents: tuple[int, ...] | None = None
+    path: list[int] = []
     while True:
         # 2. Emit what the target produced, cut at EOS / a stop string / the budget.
         keep, reason = stop.cut(generated, new_tokens)
         generated.extend(new_tokens[:keep])
-        yield Step(tuple(draft.tokens), len(path), tuple(new_tokens[:keep]), reason, draft.parents, tuple(path))
+        yield Step(drafted, len(path), tuple(new_tokens[:keep]), reason, parents, tuple(path))
         if reason is not None:
             return
         # 3. Tell the drafter; ask for a draft (the deepest branch of a tree counts) no longer
@@ -72,16 +80,16 @@ def decode(
         # 4. Score the pending token (emitted, not yet cached) and the draft in one pass.
         start = seq.length
         scores = backend.forward(seq, [new_tokens[-1], *draft.tokens], tree=tree)
-        # 5. Verify: the longest prefix (tree: root-to-node path) the target agrees with, plus its bonus token.
-        draft_tensor = torch.tensor(draft.tokens, dtype=torch.long, device=scores.logits.device)
+        # 5. Verify: the longest prefix (tree: root-to-node path) the target agrees with, plus
+        #    its bonus token; the step's one device-to-host transfer.
         if tree is None:
-            num_accepted, kept = verifier(draft_tensor, scores.logits, draft.q)
-            path = list(range(num_accepted))
+            verdict = verifier(draft.tokens, scores.logits, draft.q)
         else:
-            path, kept = tree_verifier(draft_tensor, tree, scores.logits)
+            verdict = tree_verifier(draft.tokens, tree, scores.logits)
+        path, new_tokens = verdict.path, verdict.tokens
+        drafted, parents = tuple(draft.tokens), draft.parents
         # 6. Keep the root and the accepted path in the cache; the bonus token is not cached yet.
         backend.keep(seq, start, [0, *(i + 1 for i in path)])
-        new_tokens = kept.tolist()
         # 7. Jacobi-style drafters refine their guesses from the target's own predictions.
         if drafter.observes_target:
-            drafter.observe(scores.logits.argmax(dim=-1).tolist())  # [D+1]
+            drafter.observe(verdict.predicted)  # [D+1]

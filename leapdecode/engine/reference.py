@@ -2,6 +2,8 @@
 
 `greedy_reference` recomputes the whole sequence without a KV cache at every step: quadratic,
 obviously correct, and independent of the cache, drafter and verifier code.
+`full_model_predictions` is the reference a lossy method is measured against: the full model's
+greedy token after each prefix of a generated sequence (`agreement`).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ def sample_reference(
     model: Any, prompt_ids: Sequence[int], max_new_tokens: int, params: Any, generator: torch.Generator | None = None
 ) -> list[int]:
     """Plain sampling without a KV cache: each token drawn from the shaped target distribution."""
-    from leapdecode.verifiers.sampling import logits_to_probs
+    from leapdecode.engine.sampling import logits_to_probs
 
     ids = torch.tensor([list(prompt_ids)], dtype=torch.long, device=model.device)  # [1, T]
     generated: list[int] = []
@@ -41,3 +43,20 @@ def sample_reference(
         generated.append(token)
         ids = torch.cat([ids, ids.new_tensor([[token]])], dim=1)
     return generated
+
+
+def agreement(full_predictions: torch.Tensor, generated: torch.Tensor) -> float:
+    """Fraction of generated tokens [T] equal to the full model's greedy predictions [T] for
+    the same prefixes."""
+    if generated.numel() == 0:
+        return 1.0
+    return float((full_predictions == generated).float().mean())
+
+
+@torch.inference_mode()
+def full_model_predictions(model: Any, prompt_ids: Sequence[int], generated: Sequence[int]) -> torch.Tensor:
+    """The full model's greedy token at each generated position [T], teacher-forced on
+    prompt + generated in one pass."""
+    ids = torch.tensor([[*prompt_ids, *generated[:-1]]], dtype=torch.long, device=model.device)  # [1, P+T-1]
+    logits = model(input_ids=ids, logits_to_keep=len(generated)).logits[0]  # [T, vocab]
+    return logits.argmax(-1)

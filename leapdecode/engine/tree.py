@@ -14,7 +14,7 @@ sequence, so one pass scores every branch.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -28,6 +28,22 @@ class TreeLayout:
     depth: torch.Tensor  # [D+1] long: root 0
     ancestors: torch.Tensor  # [D+1, D+1] bool: [i, j] is True when node j is node i or above it
     is_chain: bool
+    # device copies of `depth` and of the blocked (non-ancestor) pairs, made once per device
+    _on_device: dict[tuple[str, str], torch.Tensor] = field(default_factory=dict, repr=False, compare=False)
+
+    def depth_on(self, device: torch.device) -> torch.Tensor:
+        """`depth` [D+1] on `device` (copied once)."""
+        key = ("depth", str(device))
+        if key not in self._on_device:
+            self._on_device[key] = self.depth.to(device)
+        return self._on_device[key]
+
+    def blocked_on(self, device: torch.device) -> torch.Tensor:
+        """[D+1, D+1] bool on `device` (copied once): True where node i may not see node j."""
+        key = ("blocked", str(device))
+        if key not in self._on_device:
+            self._on_device[key] = (~self.ancestors).to(device)
+        return self._on_device[key]
 
     @property
     def num_nodes(self) -> int:
@@ -42,12 +58,40 @@ class TreeLayout:
         return path[::-1]
 
     def attention_mask(self, past: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-        """[1, 1, D+1, past+D+1] additive mask: 0 where a node may attend, -inf elsewhere."""
+        """[1, 1, D+1, past+D+1] additive mask: 0 where a node may attend, -inf elsewhere.
+        Built whole (O(context)); the decode loop uses `TreeMaskBuffer`, which writes only the draft's block."""
         n = self.num_nodes
         mask = torch.zeros(n, past + n, dtype=dtype, device=device)
-        block = ~self.ancestors.to(device)  # [D+1, D+1]
-        mask[:, past:] = mask[:, past:].masked_fill(block, torch.finfo(dtype).min)
+        mask[:, past:] = mask[:, past:].masked_fill(self.blocked_on(device), torch.finfo(dtype).min)
         return mask[None, None]
+
+
+class TreeMaskBuffer:
+    """One sequence's tree attention mask, kept from pass to pass.
+
+    The cached prefix is visible to every node, so its columns are all zeros and stay so: each
+    pass writes only the [D+1, D+1] block of the draft (and clears the previous pass's block),
+    which costs O(draft^2) instead of O(draft * context). The buffer grows by doubling, so its
+    allocation is amortised too. Returns views [1, 1, D+1, past+D+1] into the buffer: valid
+    until the next call."""
+
+    def __init__(self) -> None:
+        self.buffer: torch.Tensor | None = None  # [rows, columns] additive mask
+        self.written = (0, 0)  # columns of the last block written
+
+    def mask(self, tree: TreeLayout, past: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        n = tree.num_nodes
+        buffer = self.buffer
+        if buffer is None or buffer.dtype != dtype or buffer.device != device or buffer.shape[0] < n or buffer.shape[1] < past + n:
+            rows = max(n, buffer.shape[0] if buffer is not None else 0)
+            columns = max(2 * (past + n), 256)
+            buffer = self.buffer = torch.zeros(rows, columns, dtype=dtype, device=device)
+        else:
+            buffer[:, self.written[0] : self.written[1]] = 0
+        block = buffer[:n, past : past + n]  # [D+1, D+1]
+        block.masked_fill_(tree.blocked_on(device), torch.finfo(dtype).min)
+        self.written = (past, past + n)
+        return buffer[:n, : past + n][None, None]
 
 
 @functools.lru_cache(maxsize=512)

@@ -56,8 +56,13 @@ class LlamaCppModel:
     n_vocab: int = 0
     n_ctx_train: int = 0
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
-    generation: int = 0  # prefills so far: the context's KV cache holds the latest one's sequence only
-    exact_batch: int = 0  # largest batch scored exactly as single tokens are (0: not probed yet)
+    # The context has one KV cache, so it holds one sequence at a time: `holder` is that sequence's
+    # state (set by each prefill; a sequence whose state is not the holder was evicted). This is
+    # the context's own state, never a request's settings.
+    holder: object | None = field(default=None, repr=False)
+    # A measured property of these weights on this machine's kernels, probed once on first use:
+    # the largest batch scored bit for bit as single tokens are (0: not probed yet).
+    exact_batch: int = 0
 
     @property
     def memory(self) -> Any:

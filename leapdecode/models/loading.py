@@ -7,6 +7,9 @@ that a second load takes seconds.
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import logging
 import os
 import shutil
 import tempfile
@@ -67,9 +70,34 @@ class LoadedModel:
     def has_chat_template(self) -> bool:
         return bool(getattr(self.tokenizer, "chat_template", None))
 
+    @functools.cached_property
+    def fingerprint(self) -> str:
+        """A short hash of the weights themselves (not the name): what per-model files such as a
+        layer-skip calibration are keyed by. PyTorch: the architecture's config and, per
+        parameter, its name, shape and first and last values; llama.cpp: the GGUF's size and
+        first 4 MiB."""
+        digest = hashlib.sha256()
+        if self.backend == "llama.cpp":
+            path = Path(self.model.path)
+            digest.update(str(path.stat().st_size).encode())
+            with open(path, "rb") as fh:
+                digest.update(fh.read(4 << 20))
+            return digest.hexdigest()[:16]
+        config = {k: v for k, v in self.model.config.to_dict().items() if k not in _CONFIG_NOISE}
+        digest.update(repr(sorted(config.items())).encode())
+        with torch.inference_mode():
+            for name, param in self.model.named_parameters():
+                flat = param.detach().reshape(-1)
+                ends = torch.cat([flat[:8], flat[-8:]]).float().cpu()
+                digest.update(f"{name}{tuple(param.shape)}".encode())
+                digest.update(ends.numpy().tobytes())
+        return digest.hexdigest()[:16]
 
-def _log_default(msg: str) -> None:
-    print(msg, flush=True)
+
+# Config entries that say where or how a model was saved, not what it computes.
+_CONFIG_NOISE = frozenset({"_name_or_path", "transformers_version", "dtype", "torch_dtype", "_commit_hash", "architectures"})
+
+logger = logging.getLogger("leapdecode")
 
 
 def load_model(
@@ -79,7 +107,7 @@ def load_model(
     device: str | torch.device | None = None,
     cache_dir: str | os.PathLike[str] | None = None,
     download: bool = True,
-    log: Callable[[str], None] = _log_default,
+    log: Callable[[str], None] = logger.info,
     small_batch_linear: bool = True,
     backend: str = "torch",
 ) -> LoadedModel:

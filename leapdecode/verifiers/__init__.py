@@ -1,9 +1,15 @@
-"""Verifiers: pure functions over tensors that decide which drafted tokens are kept."""
+"""Verifiers: pure functions over tensors that decide which drafted tokens are kept.
 
+`leapdecode.verifiers.verdict` defines p, q, accepted, rejected and bonus tokens once for all.
+"""
+
+from leapdecode.engine.sampling import SamplingParams, logits_to_probs
 from leapdecode.verifiers.greedy import verify_greedy
-from leapdecode.verifiers.sampling import SamplingParams, logits_to_probs, verify_speculative
+from leapdecode.verifiers.sampling import verify_speculative
 from leapdecode.verifiers.tree import verify_tree_greedy, verify_tree_speculative
+from leapdecode.verifiers.verdict import Verdict
 
 __all__ = [
-    "SamplingParams", "logits_to_probs", "verify_greedy", "verify_speculative", "verify_tree_greedy", "verify_tree_speculative",
+    "SamplingParams", "Verdict", "logits_to_probs", "verify_greedy", "verify_speculative", "verify_tree_greedy",
+    "verify_tree_speculative",
 ]

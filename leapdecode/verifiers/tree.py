@@ -1,30 +1,33 @@
-"""Verification over a token tree: keep the longest root-to-leaf path the target agrees with.
+"""Verification over a token tree: keep the longest root-to-node path the target agrees with.
 
-Names as in `leapdecode.verifiers.greedy` (p, q, accepted, rejected, bonus). Here the drafted
-tokens form a tree (`leapdecode.engine.tree`); the accepted tokens are one root-to-node path,
-every other node is rejected, and the bonus token follows the last accepted node. Tree drafters
-are deterministic (q is one-hot on each drafted token), and siblings carry distinct tokens.
+Names (p, q, accepted, rejected, bonus) as defined in `leapdecode.verifiers.verdict`. Here the
+drafted tokens form a tree (`leapdecode.engine.tree`); the accepted tokens are one root-to-node
+path, every other node is rejected, and the bonus token follows the last accepted node. Tree
+drafters are deterministic (q is one-hot on each drafted token), and siblings carry distinct tokens.
 
-Both functions return (path, tokens): `path` lists the accepted drafted-token indices from the
-root down, `tokens` = [their tokens..., bonus], a [len(path)+1] long tensor.
+Both functions return a `Verdict` (path: the accepted drafted-token indices from the root down;
+tokens: [their tokens..., bonus]) after one device-to-host transfer.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
+from leapdecode.engine.sampling import SamplingParams, logits_to_probs
 from leapdecode.engine.tree import TreeLayout
-from leapdecode.verifiers.sampling import SamplingParams, logits_to_probs
+from leapdecode.verifiers.verdict import Verdict, host_tokens
 
 
 def verify_tree_greedy(
-    draft_tokens: torch.Tensor,  # [D] long
+    draft_tokens: Sequence[int] | torch.Tensor,  # [D]
     tree: TreeLayout,
     target_logits: torch.Tensor,  # [D+1, vocab]: row i predicts the token after node i
-) -> tuple[list[int], torch.Tensor]:
+) -> Verdict:
     """Walk down from the root while a child carries the target's argmax."""
-    predicted = target_logits.argmax(dim=-1).tolist()  # [D+1]
-    tokens = draft_tokens.tolist()
+    predicted = target_logits.argmax(dim=-1).tolist()  # [D+1]: the one device-to-host transfer
+    tokens = host_tokens(draft_tokens)
     node, path = 0, []
     while True:
         want = predicted[node]
@@ -33,40 +36,57 @@ def verify_tree_greedy(
             break
         path.append(child - 1)
         node = child
-    kept = [tokens[i] for i in path] + [predicted[node]]
-    return path, torch.tensor(kept, dtype=torch.long, device=target_logits.device)
+    return Verdict(path, [tokens[i] for i in path] + [predicted[node]], predicted)
 
 
 def verify_tree_speculative(
-    draft_tokens: torch.Tensor,  # [D] long
+    draft_tokens: Sequence[int] | torch.Tensor,  # [D]
     tree: TreeLayout,
     target_logits: torch.Tensor,  # [D+1, vocab]
     params: SamplingParams,
     generator: torch.Generator | None = None,
-) -> tuple[list[int], torch.Tensor]:
+) -> Verdict:
     """Recursive rejection over siblings (SpecInfer, 2305.09781) with one-hot q: at a node, try
     its children in order, accepting child x with probability p(x); after a rejection p becomes
-    norm(p with x removed), the residual for a one-hot q. The first accepted child becomes the
-    node; when every child is rejected the bonus token is drawn from the residual p. Each
-    emitted token is therefore distributed exactly as p."""
-    tokens = draft_tokens.tolist()
+    norm(p with x removed), the residual for a one-hot q, so the j-th child is accepted with
+    probability p(x_j) / (1 - sum of the rejected siblings' p). The first accepted child becomes
+    the node; when every child is rejected the bonus token is drawn from p without any of the
+    children. Each emitted token is therefore distributed exactly as p.
+
+    All random draws are made up front on the device (one uniform per drafted token, one residual
+    sample per node: a node's residual is used only when all its children were rejected, so it
+    does not depend on the walk), then copied to the host with p at each drafted token in one
+    transfer; the walk itself runs on the host."""
+    tokens = host_tokens(draft_tokens)
+    num_nodes = len(tokens) + 1
+    p = logits_to_probs(target_logits, params)  # [D+1, vocab]
+    device = p.device
+    draft = torch.tensor(tokens, dtype=torch.long, device=device)  # [D]
+    parent_rows = torch.tensor([parent + 1 for parent in tree.parents], dtype=torch.long, device=device)  # [D]
+    child_p = p[parent_rows, draft]  # [D]: p at the parent of each drafted token, of that token
+    u = torch.rand(len(tokens), device=device, generator=generator)  # [D]
+    residual = p.index_put((parent_rows, draft), torch.zeros_like(child_p))  # [D+1, vocab]: children removed
+    total = residual.sum(-1, keepdim=True)  # [D+1, 1]
+    residual = torch.where(total > 0, residual / total.clamp_min(1e-30), p)
+    fallback = torch.multinomial(residual, 1, generator=generator)[:, 0]  # [D+1]
+    predicted = target_logits.argmax(dim=-1)  # [D+1]
+    host = torch.cat([child_p.double(), u.double(), fallback.double(), predicted.double()]).tolist()  # one transfer
+    d = len(tokens)
+    child_p_h, u_h = host[:d], host[d : 2 * d]
+    fallback_h = [int(x) for x in host[2 * d : 2 * d + num_nodes]]
+    predicted_h = [int(x) for x in host[2 * d + num_nodes :]]
     node, path = 0, []
     while True:
-        p = logits_to_probs(target_logits[node : node + 1], params)[0]  # [vocab]
-        accepted = None
+        accepted, removed = None, 0.0
         for child in tree.children[node]:
-            x = tokens[child - 1]
-            u = float(torch.rand(1, generator=generator, device=p.device))
-            if u < float(p[x]):
+            i = child - 1
+            if u_h[i] * max(1.0 - removed, 1e-30) < child_p_h[i]:
                 accepted = child
                 break
-            p = p.clone()
-            p[x] = 0.0
-            p = p / p.sum()  # p(x) < 1 here, since u < 1 = p(x) always accepts
+            removed += child_p_h[i]
         if accepted is None:
-            last = int(torch.multinomial(p, 1, generator=generator))
+            last = fallback_h[node]
             break
         path.append(accepted - 1)
         node = accepted
-    kept = [tokens[i] for i in path] + [last]
-    return path, torch.tensor(kept, dtype=torch.long, device=target_logits.device)
+    return Verdict(path, [tokens[i] for i in path] + [last], predicted_h)

@@ -1,4 +1,4 @@
-"""`leapdecode serve`, registered on the main app."""
+"""`leapdecode serve`: the OpenAI-compatible HTTP server."""
 
 from __future__ import annotations
 
@@ -6,11 +6,10 @@ from typing import Annotated
 
 import typer
 
-from leapdecode.cli import DEFAULT_MODEL, BackendOpt, MethodOpt, ModelOpt, load_with_progress, set_threads, app, console, friendly
+from leapdecode.cli.common import DEFAULT_MODEL, BackendOpt, MethodOpt, ModelOpt, console, friendly, load_with_progress, set_threads
 from leapdecode.methods import parse_method
 
 
-@app.command()
 @friendly
 def serve(
     model: ModelOpt = DEFAULT_MODEL,
@@ -36,3 +35,7 @@ def serve(
     config = ServerConfig(model_name=served_model_name or lm.name, default_method=method, max_queue=max_queue, timeout_s=timeout)
     console.print(f"serving [bold]{config.model_name}[/] with [bold]{method}[/] on http://{host}:{port}/v1")
     uvicorn.run(create_app(lm, config), host=host, port=port, log_level="warning")
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(serve)

@@ -1,95 +1,23 @@
-"""The `leapdecode` command line: generate, demo, models, methods, bench, sweep, trace."""
+"""The everyday commands: generate, demo, methods, models, datastore."""
 
 from __future__ import annotations
 
-import functools
-import sys
 import time
 from pathlib import Path
-from collections.abc import Callable
-from typing import Annotated, Any, TypeVar
+from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
-from leapdecode.errors import LeapDecodeError
-from leapdecode.models.presets import DEFAULT_MODEL
-
-app = typer.Typer(
-    name="leapdecode",
-    help="Lossless accelerated generation for causal language models (ANPD, prompt lookup, ...).",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
+from leapdecode.cli.common import (
+    DEFAULT_MODEL, BackendOpt, ChatOpt, MaxNewOpt, MethodOpt, ModelOpt, PromptArg, ThreadsOpt, console, err_console,
+    friendly, load_with_progress, read_prompt, set_threads,
 )
+
 models_app = typer.Typer(help="Packaged model presets: list and pull.", no_args_is_help=True)
-app.add_typer(models_app, name="models")
 datastore_app = typer.Typer(help="REST datastores: a corpus indexed for retrieval drafting.", no_args_is_help=True)
-app.add_typer(datastore_app, name="datastore")
-
-console = Console()
-err_console = Console(stderr=True)
-
-T = TypeVar("T")
-
-PromptArg = Annotated[str | None, typer.Argument(help="The prompt; '-' reads standard input.")]
-ModelOpt = Annotated[str, typer.Option("--model", "-m", help="Preset name, hub id, local folder or .gguf file.")]
-MethodOpt = Annotated[str, typer.Option("--method", help="Method string, e.g. anpd:n=5,k=7 (see `leapdecode methods`).")]
-MaxNewOpt = Annotated[int, typer.Option("--max-new-tokens", "-n", help="Most new tokens to generate.")]
-ChatOpt = Annotated[bool, typer.Option("--chat/--raw", help="Apply the model's chat template to the prompt.")]
-BackendOpt = Annotated[str, typer.Option("--backend", help="What runs the model: torch, or llama.cpp (GGUF presets and files; the llamacpp extra).")]
-ThreadsOpt = Annotated[int, typer.Option("--threads", help="Torch CPU threads (0: leave torch's default).")]
 
 
-def _fail(exc: LeapDecodeError) -> None:
-    err_console.print(f"[bold red]error:[/] {exc}")
-    raise typer.Exit(2)
-
-
-def friendly(fn: Callable[..., T]) -> Callable[..., T]:
-    """Report a LeapDecodeError as one red line and exit status 2, not a traceback."""
-
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> T:
-        try:
-            return fn(*args, **kwargs)
-        except LeapDecodeError as exc:
-            _fail(exc)
-            raise  # unreachable: _fail exits
-
-    return wrapper
-
-
-def set_threads(threads: int) -> None:
-    if threads < 0:
-        _fail(LeapDecodeError(f"--threads must be >= 0, got {threads}"))
-    if threads:
-        import torch
-
-        torch.set_num_threads(threads)
-
-
-def load_with_progress(spec: str, backend: str = "torch") -> Any:
-    from leapdecode.models import load_model
-
-    with err_console.status(f"loading {spec} ...", spinner="dots") as status:
-        def log(msg: str) -> None:
-            status.update(msg)
-            err_console.log(msg)
-
-        return load_model(spec, log=log, backend=backend)
-
-
-def read_prompt(prompt: str | None) -> str:
-    if prompt is None or prompt == "-":
-        if sys.stdin.isatty() and prompt is None:
-            _fail(LeapDecodeError("no prompt given: pass it as an argument, or '-' to read standard input"))
-        return sys.stdin.read()
-    return prompt
-
-
-@app.command()
 @friendly
 def generate(
     prompt: PromptArg = None,
@@ -111,7 +39,7 @@ def generate(
     from leapdecode.engine import GenerationStats
     from leapdecode.methods import parse_method
     from leapdecode.textstream import TextStream
-    from leapdecode.verifiers import SamplingParams
+    from leapdecode.engine.sampling import SamplingParams
 
     set_threads(threads)
     text = read_prompt(prompt)
@@ -175,7 +103,6 @@ DEMO_PROMPTS = (
 )
 
 
-@app.command()
 @friendly
 def demo(
     model: ModelOpt = DEFAULT_MODEL,
@@ -218,24 +145,22 @@ def demo(
         raise typer.Exit(1)
 
 
-@app.command()
 def methods() -> None:
     """List the methods and their parameters."""
     import dataclasses
 
     from leapdecode.methods import METHODS
 
-    table = Table(title="methods (use as NAME:param=value,...)")
-    for col in ("name", "parameters (defaults)", "kind", "what it does"):
-        table.add_column(col)
+    table = Table(title="methods (use as NAME:param=value,...)", show_lines=True, expand=False)
+    table.add_column("method", no_wrap=True)
+    table.add_column("parameters (defaults) and what it does")
     for cls in METHODS:
         params = ", ".join(f"{f.name}={f.default}" for f in dataclasses.fields(cls)) or "-"
-        kind = "peer" if cls.peer else ("lossless" if cls.lossless else "lossy")
-        table.add_row(cls.name, params, kind, cls.summary)
+        kind = "peer" if cls.peer else ("lossless" if cls.lossless else "[yellow]lossy[/]")
+        table.add_row(f"[bold]{cls.name}[/]\n{kind}", f"{params}\n[dim]{cls.summary}[/]")
     console.print(table)
 
 
-@models_app.command("list")
 def models_list() -> None:
     """List the presets and whether each is installed."""
     import importlib.metadata
@@ -256,7 +181,6 @@ def models_list() -> None:
     console.print(table)
 
 
-@models_app.command("pull")
 @friendly
 def models_pull(
     names: Annotated[list[str], typer.Argument(help="Preset names.")],
@@ -277,7 +201,6 @@ def models_pull(
         console.print(f"[green]ready[/] {name}: {path}")
 
 
-@datastore_app.command("build")
 @friendly
 def datastore_build(
     corpus: Annotated[Path, typer.Argument(help="A folder of text or code files (searched recursively), or one file.")],
@@ -295,11 +218,12 @@ def datastore_build(
     console.print(f"[green]wrote[/] {out}: {meta['documents']} documents, {meta['tokens']:,} tokens, tokenizer of {lm.name}")
 
 
-def main() -> None:
-    app()
-
-
-# The benchmark commands (bench, sweep, trace) live with the benchmark; importing registers them.
-from leapdecode.bench import cli as _bench_cli  # noqa: E402,F401
-from leapdecode.server import cli as _server_cli  # noqa: E402,F401
-from leapdecode.early_exit import cli as _early_exit_cli  # noqa: E402,F401
+def register(app: typer.Typer) -> None:
+    app.command()(generate)
+    app.command()(demo)
+    app.command()(methods)
+    models_app.command("list")(models_list)
+    models_app.command("pull")(models_pull)
+    app.add_typer(models_app, name="models")
+    datastore_app.command("build")(datastore_build)
+    app.add_typer(datastore_app, name="datastore")

@@ -1,27 +1,23 @@
-"""`leapdecode bench`, `leapdecode sweep` and `leapdecode trace`, registered on the main app."""
+"""The benchmark commands: bench, report, sweep, trace, forward-cost.
+
+Each command imports the benchmark (and so torch) when it runs, not when the CLI starts.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import platform
-import re
-from collections import defaultdict
 from pathlib import Path
 from typing import Annotated
 
-import torch
 import typer
 from rich.markdown import Markdown
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from leapdecode.bench import plots, report
-from leapdecode.bench.datasets import load_dataset
-from leapdecode.bench.runner import BASELINE, Entry, Sample, parse_entries, run_benchmark
-from leapdecode.cli import DEFAULT_MODEL, BackendOpt, ChatOpt, MaxNewOpt, MethodOpt, ModelOpt, PromptArg, load_with_progress, read_prompt, set_threads, app, console, friendly
+from leapdecode.cli.common import (
+    DEFAULT_MODEL, BackendOpt, ChatOpt, MaxNewOpt, MethodOpt, ModelOpt, PromptArg, console, friendly, load_with_progress,
+    read_prompt,
+)
 from leapdecode.errors import InputError, MethodError
-from leapdecode.methods import Method, parse_method
 
 DEFAULT_METHODS = "ar,anpd:n=5,k=7,pld,hf,hf-pld:tokens=10"
 DatasetOpt = Annotated[str, typer.Option("--dataset", "-d", help="humaneval, spec-bench, spec-bench:CATEGORY, a JSONL file; join with +.")]
@@ -30,50 +26,6 @@ OutOpt = Annotated[Path, typer.Option("--out", help="Output folder.")]
 BenchThreadsOpt = Annotated[int, typer.Option("--threads", help="Torch CPU threads for every method (0: all cores).")]
 
 
-def machine_description(threads: int) -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as fh:
-            cpu = next((line.split(":", 1)[1].strip() for line in fh if line.startswith("model name")), cpu)
-    except OSError:
-        pass
-    device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
-    return f"{cpu}, {os.cpu_count()} cores, {device}, torch {torch.__version__}, {threads} threads"
-
-
-def _threads(threads: int) -> int:
-    set_threads(threads or (os.cpu_count() or 1))
-    return torch.get_num_threads()
-
-
-def _run_with_progress(lm, methods: list[Method] | list[Entry], prompts, max_new_tokens: int, load_backend=None) -> list[Sample]:
-    times: dict[str, float] = defaultdict(float)
-    total = len(prompts) * (1 + sum(1 for m in methods if (m.label if isinstance(m, Entry) else str(m)) != BASELINE))
-    with Progress(
-        TextColumn("[bold]bench"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-        TextColumn("{task.fields[live]}"), console=console,
-    ) as progress:
-        task = progress.add_task("bench", total=total, live="warming up")
-
-        def on_sample(sample: Sample) -> None:
-            times[sample.method] += sample.wall_time_s
-            plain = times[BASELINE]
-            live = "  ".join(f"{m} {plain / t:.2f}x" for m, t in times.items() if m != BASELINE and t > 0)
-            progress.update(task, advance=1, live=live or "plain decoding")
-
-        return run_benchmark(
-            lm, methods, prompts, max_new_tokens, on_sample=on_sample, log=console.log, load_backend=load_backend,
-        )
-
-
-def _meta(model: str, dataset: str, limit: str, max_new_tokens: int, threads: int, n_prompts: int) -> dict[str, object]:
-    return {
-        "model": model, "dataset": dataset, "limit": limit, "max_new_tokens": max_new_tokens, "threads": threads,
-        "prompts": n_prompts, "machine": machine_description(threads),
-    }
-
-
-@app.command()
 @friendly
 def bench(
     model: ModelOpt = DEFAULT_MODEL,
@@ -89,14 +41,19 @@ def bench(
     """Run methods and peers side by side (interleaved, one run) and write tables and plots.
     `--backend` runs the model (and `ar`, the baseline) on torch or llama.cpp; a method ending
     in @torch or @llama.cpp runs on that backend instead, in the same run."""
+    from leapdecode.bench import plots, report
+    from leapdecode.bench.datasets import load_dataset
+    from leapdecode.bench.harness import run_meta, run_with_progress, use_threads
+    from leapdecode.bench.runner import parse_entries
+
     chosen = parse_entries(methods)
     prompts = load_dataset(dataset, limit)
     if max_new_tokens <= 0:
         raise InputError(f"max_new_tokens must be a positive integer, got {max_new_tokens}")
-    n_threads = _threads(threads)
+    n_threads = use_threads(threads)
     lm = load_with_progress(model, backend=backend)
-    samples = _run_with_progress(lm, chosen, prompts, max_new_tokens, lambda other: load_with_progress(model, backend=other))
-    meta = _meta(lm.name, dataset, limit, max_new_tokens, n_threads, len(prompts))
+    samples = run_with_progress(console, lm, chosen, prompts, max_new_tokens, lambda other: load_with_progress(model, backend=other))
+    meta = run_meta(lm.name, dataset, limit, max_new_tokens, n_threads, len(prompts))
     meta["backend"] = backend
     k = {e.label: e.method.draft_length for e in chosen}
     paths = report.write_outputs(out, samples, meta, k)
@@ -110,13 +67,15 @@ def bench(
         raise typer.Exit(1)
 
 
-@app.command("report")
 @friendly
 def report_command(
     out: Annotated[Path, typer.Argument(help="A `leapdecode bench` output folder.")],
     readme: Annotated[Path | None, typer.Option("--readme", help="Also write the compact table into this README's results section.")] = None,
 ) -> None:
     """Re-render results.md and the plots of a bench run from its samples.jsonl (no re-run)."""
+    from leapdecode.bench import plots, report
+    from leapdecode.bench.runner import parse_entries
+
     samples_path, summary_path = out / "samples.jsonl", out / "summary.json"
     if not samples_path.is_file() or not summary_path.is_file():
         raise InputError(f"{out} is not a bench output folder (needs samples.jsonl and summary.json)")
@@ -133,29 +92,6 @@ def report_command(
     console.print(Markdown((out / "results.md").read_text(encoding="utf-8")))
 
 
-def parse_grid(text: str) -> dict[str, list[int]]:
-    """`n=2..6 k=1..10` or `n=3,5 k=4` -> {'n': [2..6], 'k': [1..10]}."""
-    grid: dict[str, list[int]] = {}
-    for item in filter(None, re.split(r"[\s;]+", text.strip())):
-        name, eq, values = item.partition("=")
-        if not eq:
-            raise InputError(f"grid item {item!r} must look like name=A..B or name=A,B,C")
-        try:
-            if ".." in values:
-                lo, hi = (int(v) for v in values.split(".."))
-                if hi < lo:
-                    raise InputError(f"grid range {values!r} is empty")
-                grid[name] = list(range(lo, hi + 1))
-            else:
-                grid[name] = [int(v) for v in values.split(",")]
-        except ValueError:
-            raise InputError(f"grid values for {name!r} must be integers: {values!r}") from None
-    if not 1 <= len(grid) <= 2:
-        raise InputError("a sweep grid has one or two parameters, e.g. --grid 'n=2..6 k=1..10'")
-    return grid
-
-
-@app.command()
 @friendly
 def sweep(
     model: ModelOpt = DEFAULT_MODEL,
@@ -168,6 +104,11 @@ def sweep(
     threads: BenchThreadsOpt = 0,
 ) -> None:
     """Speed-up of one method over a grid of its parameters (the ANPD paper's Figures 3-5)."""
+    from leapdecode.bench import plots, report
+    from leapdecode.bench.datasets import load_dataset
+    from leapdecode.bench.harness import parse_grid, run_meta, run_with_progress, use_threads
+    from leapdecode.methods import parse_method
+
     base = parse_method(method)
     axes = parse_grid(grid)
     fields = {f.name for f in dataclasses.fields(base)}
@@ -180,11 +121,11 @@ def sweep(
         p: dataclasses.replace(base, **{names[0]: p[0], **({names[1]: p[1]} if len(names) == 2 else {})}) for p in points
     }
     prompts = load_dataset(dataset, limit)
-    n_threads = _threads(threads)
+    n_threads = use_threads(threads)
     lm = load_with_progress(model)
-    samples = _run_with_progress(lm, list(variants.values()), prompts, max_new_tokens)
-    meta = _meta(lm.name, dataset, limit, max_new_tokens, n_threads, len(prompts))
-    paths = report.write_outputs(out, samples, meta, {str(m): m.draft_length for m in variants.values()})
+    samples = run_with_progress(console, lm, list(variants.values()), prompts, max_new_tokens)
+    meta = run_meta(lm.name, dataset, limit, max_new_tokens, n_threads, len(prompts))
+    report.write_outputs(out, samples, meta, {str(m): m.draft_length for m in variants.values()})
     aggs = report.aggregate(samples)
     speedups = {p: aggs[(str(m), "overall")].speedup for p, m in variants.items()}
     taus = {p: aggs[(str(m), "overall")].stats.tau for p, m in variants.items()}
@@ -210,7 +151,6 @@ def sweep(
     console.print(f"wrote {out}/sweep.md, sweep.json, sweep_heatmap.png, sweep_lines.png, samples.jsonl")
 
 
-@app.command()
 @friendly
 def trace(
     prompt: PromptArg = None,
@@ -222,6 +162,7 @@ def trace(
     show_rejected: Annotated[bool, typer.Option("--rejected/--no-rejected", help="Show rejected drafts.")] = True,
 ) -> None:
     """Show step by step which drafted tokens were accepted, rejected, and the bonus tokens."""
+    from leapdecode.methods import parse_method
     from leapdecode.api import wrap
     from leapdecode.bench.trace import render_html, render_terminal, trace_steps
 
@@ -239,7 +180,6 @@ def trace(
         console.print(f"wrote {out}")
 
 
-@app.command("forward-cost")
 @friendly
 def forward_cost(
     model: ModelOpt = DEFAULT_MODEL,
@@ -250,6 +190,8 @@ def forward_cost(
     threads: BenchThreadsOpt = 0,
 ) -> None:
     """Time one forward pass against the number of tokens it scores (draft and tree sizes)."""
+    from leapdecode.bench import plots
+    from leapdecode.bench.harness import machine_description, use_threads
     from leapdecode.bench.forward_cost import compare, markdown
 
     try:
@@ -259,7 +201,7 @@ def forward_cost(
     if not sizes or min(sizes) < 1 or max(sizes) > 512 or context < 1 or repeats < 1:
         raise InputError("--tokens must be between 1 and 512, --context and --repeats at least 1")
     sizes = sorted(set(sizes) | {1})
-    n_threads = _threads(threads)
+    n_threads = use_threads(threads)
     lm = load_with_progress(model)
     results = compare(lm, sizes, context, repeats)
     table = markdown(results, f"One forward pass of `{lm.name}` after {context} cached tokens, median of {repeats}; {machine_description(n_threads)}.")
@@ -270,3 +212,10 @@ def forward_cost(
         plots.forward_cost_plot(results, out / "forward_cost.png", f"{lm.name}: one forward pass vs tokens scored")
         console.print(f"wrote {out}/forward_cost.md, forward_cost.png")
 
+
+def register(app: typer.Typer) -> None:
+    app.command()(bench)
+    app.command("report")(report_command)
+    app.command()(sweep)
+    app.command()(trace)
+    app.command("forward-cost")(forward_cost)

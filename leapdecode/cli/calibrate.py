@@ -1,4 +1,4 @@
-"""`leapdecode calibrate layer-skip` and `leapdecode calibrate calm`, registered on the main app."""
+"""`leapdecode calibrate layer-skip` and `leapdecode calibrate calm`."""
 
 from __future__ import annotations
 
@@ -8,13 +8,12 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.table import Table
 
-from leapdecode.cli import DEFAULT_MODEL, ModelOpt, ThreadsOpt, app, console, err_console, friendly, load_with_progress, set_threads
+from leapdecode.cli.common import DEFAULT_MODEL, ModelOpt, ThreadsOpt, console, err_console, friendly, load_with_progress, set_threads
 
 if TYPE_CHECKING:
     from leapdecode.models import LoadedModel
 
 calibrate_app = typer.Typer(help="Calibrate early-exit and layer-skipping methods for a model.", no_args_is_help=True)
-app.add_typer(calibrate_app, name="calibrate")
 
 PerCategoryOpt = Annotated[int, typer.Option("--prompts", help="Calibration prompts per category (HumanEval + Spec-Bench's six).")]
 MaxNewOpt = Annotated[int, typer.Option("--max-new-tokens", "-n", help="Tokens generated per calibration prompt.")]
@@ -27,7 +26,6 @@ def _calibration_ids(lm: LoadedModel, per_category: int) -> list[list[int]]:
     return [encode_prompt(lm, p.text, chat=p.chat) for p in calibration_set(per_category)]
 
 
-@calibrate_app.command("layer-skip")
 @friendly
 def calibrate_layer_skip_cmd(
     model: ModelOpt = DEFAULT_MODEL,
@@ -41,10 +39,10 @@ def calibrate_layer_skip_cmd(
 ) -> None:
     """Find the layers `self-spec` should skip on this machine (block influence ranking, then timed
     trials), and save them for `--method self-spec`."""
-    from leapdecode.early_exit.calibrate import calibrate_layer_skip, calibration_path
-    from leapdecode.models import default_cache_dir
-
+    from leapdecode.bench.calibrate import calibrate_layer_skip
+    from leapdecode.early_exit.layer_sets import calibration_path
     from leapdecode.errors import InputError
+    from leapdecode.models import default_cache_dir
 
     try:
         shares = [float(f) for f in fractions.split(",") if f.strip()]
@@ -64,14 +62,13 @@ def calibrate_layer_skip_cmd(
         table.add_row(str(trial["skip"]), str(trial["layers_skipped"]), f"{trial['ms_per_token']:.1f}", f"{trial['tau']:.2f}",
                       f"{result.plain_ms_per_token / float(trial['ms_per_token']):.2f}x")
     console.print(table)
-    path = calibration_path(default_cache_dir(), lm.name)
+    path = calibration_path(default_cache_dir(), lm.fingerprint)
     result.save(path)
     if out is not None:
         result.save(out)
     console.print(f"[green]saved[/] {path}: `--method self-spec` now skips {result.skip}")
 
 
-@calibrate_app.command("calm")
 @friendly
 def calibrate_calm_cmd(
     model: ModelOpt = DEFAULT_MODEL,
@@ -123,3 +120,9 @@ def calibrate_calm_cmd(
         f"use --method calm:threshold={best.threshold:.4f},measure={measure},first={first},every={every} "
         f"(simulated agreement {best.agreement:.3f}, {best.mean_layers:.1f} of {backend.runner.num_layers} layers per token)"
     )
+
+
+def register(app: typer.Typer) -> None:
+    calibrate_app.command("layer-skip")(calibrate_layer_skip_cmd)
+    calibrate_app.command("calm")(calibrate_calm_cmd)
+    app.add_typer(calibrate_app, name="calibrate")

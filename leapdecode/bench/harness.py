@@ -1,0 +1,92 @@
+"""What the benchmark commands share: the machine's description, threads, a progress bar over a
+run, run metadata, and sweep grids."""
+
+from __future__ import annotations
+
+import os
+import platform
+import re
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+
+import torch
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from leapdecode.bench.datasets import BenchPrompt
+from leapdecode.bench.runner import BASELINE, Entry, Sample, run_benchmark
+from leapdecode.errors import InputError
+from leapdecode.methods import Method
+from leapdecode.models import LoadedModel
+
+
+def machine_description(threads: int) -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            cpu = next((line.split(":", 1)[1].strip() for line in fh if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
+    return f"{cpu}, {os.cpu_count()} cores, {device}, torch {torch.__version__}, {threads} threads"
+
+
+def use_threads(threads: int) -> int:
+    """Set torch's CPU threads (0: all cores) and return the number in use."""
+    if threads < 0:
+        raise InputError(f"--threads must be >= 0, got {threads}")
+    torch.set_num_threads(threads or (os.cpu_count() or 1))
+    return torch.get_num_threads()
+
+
+def run_with_progress(
+    console: Console, lm: LoadedModel, methods: Sequence[Method | Entry], prompts: Sequence[BenchPrompt], max_new_tokens: int,
+    load_backend: Callable[[str], LoadedModel] | None = None,
+) -> list[Sample]:
+    """`run_benchmark` with a live progress bar and running speed-ups."""
+    times: dict[str, float] = defaultdict(float)
+    total = len(prompts) * (1 + sum(1 for m in methods if (m.label if isinstance(m, Entry) else str(m)) != BASELINE))
+    with Progress(
+        TextColumn("[bold]bench"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        TextColumn("{task.fields[live]}"), console=console,
+    ) as progress:
+        task = progress.add_task("bench", total=total, live="warming up")
+
+        def on_sample(sample: Sample) -> None:
+            times[sample.method] += sample.wall_time_s
+            plain = times[BASELINE]
+            live = "  ".join(f"{m} {plain / t:.2f}x" for m, t in times.items() if m != BASELINE and t > 0)
+            progress.update(task, advance=1, live=live or "plain decoding")
+
+        return run_benchmark(
+            lm, methods, prompts, max_new_tokens, on_sample=on_sample, log=console.log, load_backend=load_backend,
+        )
+
+
+def run_meta(model: str, dataset: str, limit: str, max_new_tokens: int, threads: int, n_prompts: int) -> dict[str, object]:
+    return {
+        "model": model, "dataset": dataset, "limit": limit, "max_new_tokens": max_new_tokens, "threads": threads,
+        "prompts": n_prompts, "machine": machine_description(threads),
+    }
+
+
+def parse_grid(text: str) -> dict[str, list[int]]:
+    """`n=2..6 k=1..10` or `n=3,5 k=4` -> {'n': [2..6], 'k': [1..10]}."""
+    grid: dict[str, list[int]] = {}
+    for item in filter(None, re.split(r"[\s;]+", text.strip())):
+        name, eq, values = item.partition("=")
+        if not eq:
+            raise InputError(f"grid item {item!r} must look like name=A..B or name=A,B,C")
+        try:
+            if ".." in values:
+                lo, hi = (int(v) for v in values.split(".."))
+                if hi < lo:
+                    raise InputError(f"grid range {values!r} is empty")
+                grid[name] = list(range(lo, hi + 1))
+            else:
+                grid[name] = [int(v) for v in values.split(",")]
+        except ValueError:
+            raise InputError(f"grid values for {name!r} must be integers: {values!r}") from None
+    if not 1 <= len(grid) <= 2:
+        raise InputError("a sweep grid has one or two parameters, e.g. --grid 'n=2..6 k=1..10'")
+    return grid

@@ -1,0 +1,25 @@
+"""The `leapdecode` command line (typer): one module per group of commands, registered here.
+
+`common` holds what the commands share; no command module imports another or this package, and
+none imports torch before a command runs.
+"""
+
+from __future__ import annotations
+
+import typer
+
+from leapdecode.cli import bench, calibrate, core, serve
+
+app = typer.Typer(
+    name="leapdecode",
+    help="Lossless accelerated generation for causal language models (ANPD, prompt lookup, ...).",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+for _module in (core, bench, calibrate, serve):
+    _module.register(app)
+
+
+def main() -> None:
+    app()

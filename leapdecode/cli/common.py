@@ -1,0 +1,97 @@
+"""What every command shares: options, consoles, error reporting, model loading with progress.
+
+Imports no torch: `leapdecode --help` and `leapdecode methods` must stay fast.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import sys
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
+
+import typer
+from rich.console import Console
+from rich.logging import RichHandler
+
+from leapdecode.errors import LeapDecodeError
+from leapdecode.models.presets import DEFAULT_MODEL
+
+if TYPE_CHECKING:
+    from leapdecode.models import LoadedModel
+
+__all__ = [
+    "DEFAULT_MODEL", "BackendOpt", "ChatOpt", "MaxNewOpt", "MethodOpt", "ModelOpt", "PromptArg", "ThreadsOpt", "console",
+    "err_console", "fail", "friendly", "load_with_progress", "read_prompt", "set_threads",
+]
+
+console = Console()  # standard output: the generated text and the tables a command exists to print
+err_console = Console(stderr=True)  # progress, logs and errors
+
+T = TypeVar("T")
+
+PromptArg = Annotated[str | None, typer.Argument(help="The prompt; '-' reads standard input.")]
+ModelOpt = Annotated[str, typer.Option("--model", "-m", help="Preset name, hub id, local folder or .gguf file.")]
+MethodOpt = Annotated[str, typer.Option("--method", help="Method string, e.g. anpd:n=5,k=7 (see `leapdecode methods`).")]
+MaxNewOpt = Annotated[int, typer.Option("--max-new-tokens", "-n", help="Most new tokens to generate.")]
+ChatOpt = Annotated[bool, typer.Option("--chat/--raw", help="Apply the model's chat template to the prompt.")]
+BackendOpt = Annotated[str, typer.Option("--backend", help="What runs the model: torch, or llama.cpp (GGUF presets and files; the llamacpp extra).")]
+ThreadsOpt = Annotated[int, typer.Option("--threads", help="Torch CPU threads (0: leave torch's default).")]
+
+
+def log_to_stderr() -> None:
+    """Send the `leapdecode` logger's progress lines to standard error (stdout carries only results)."""
+    logger = logging.getLogger("leapdecode")
+    if not any(isinstance(h, RichHandler) for h in logger.handlers):
+        logger.addHandler(RichHandler(console=err_console, show_path=False, markup=False))
+        logger.setLevel(logging.INFO)
+        logger.propagate = False
+
+
+def fail(exc: LeapDecodeError) -> None:
+    err_console.print(f"[bold red]error:[/] {exc}")
+    raise typer.Exit(2)
+
+
+def friendly(fn: Callable[..., T]) -> Callable[..., T]:
+    """Report a LeapDecodeError as one red line and exit status 2, not a traceback."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> T:
+        log_to_stderr()
+        try:
+            return fn(*args, **kwargs)
+        except LeapDecodeError as exc:
+            fail(exc)
+            raise  # unreachable: fail exits
+
+    return wrapper
+
+
+def set_threads(threads: int) -> None:
+    if threads < 0:
+        fail(LeapDecodeError(f"--threads must be >= 0, got {threads}"))
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
+
+
+def load_with_progress(spec: str, backend: str = "torch") -> LoadedModel:
+    from leapdecode.models import load_model
+
+    with err_console.status(f"loading {spec} ...", spinner="dots") as status:
+        def log(msg: str) -> None:
+            status.update(msg)
+            err_console.log(msg)
+
+        return load_model(spec, log=log, backend=backend)
+
+
+def read_prompt(prompt: str | None) -> str:
+    if prompt is None or prompt == "-":
+        if sys.stdin.isatty() and prompt is None:
+            fail(LeapDecodeError("no prompt given: pass it as an argument, or '-' to read standard input"))
+        return sys.stdin.read()
+    return prompt

@@ -1,0 +1,124 @@
+"""What every method is: frozen parameters, named by one string, that build a drafter.
+
+A method is a frozen dataclass whose fields are its parameters, validated on construction;
+`leapdecode.methods.parse_method` is the one factory from a string and `str(method)` gives the
+canonical string back. An engine method says what runs the target (`make_backend`) and how to
+build a fresh drafter for each request (`drafter_factory`); `prepare` adds what all methods
+share (cost-aware cutting, for methods with a `cost_aware` field). Peers (`hf`, `llama-cpp`,
+...) only carry parameters: the benchmark runs them through their own libraries.
+
+This module, and every method module, imports no torch at import time: `leapdecode methods`
+and `--help` stay fast. Drafters, backends and models are imported where they are built.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
+
+from leapdecode.errors import MethodError
+
+if TYPE_CHECKING:
+    import torch
+
+    from leapdecode.drafters.base import Drafter
+    from leapdecode.engine.backend import Backend
+    from leapdecode.engine.sampling import SamplingParams
+    from leapdecode.models.loading import LoadedModel
+
+# Builds a fresh drafter for one request, given how that request samples.
+DrafterFactory = Callable[["SamplingParams", "torch.Generator | None"], "Drafter"]
+Log = Callable[[str], None]
+
+logger = logging.getLogger("leapdecode")
+
+DRAFT_SHAPES = ("none", "chain", "tree")
+
+
+@dataclass(frozen=True)
+class Method:
+    name: ClassVar[str]
+    summary: ClassVar[str]
+    drafts: ClassVar[str] = "none"  # what one pass verifies: nothing, a chain or a tree (one of DRAFT_SHAPES)
+    length_field: ClassVar[str] = ""  # chains: the parameter that bounds the draft length (K)
+    lossless: ClassVar[bool] = True
+    peer: ClassVar[bool] = False  # runs another library's generate instead of the engine
+    loads_files: ClassVar[bool] = False  # loads a model or data named by its parameters
+
+    def build_drafter(self) -> Drafter:
+        """A fresh drafter for one request (methods whose drafter needs nothing loaded)."""
+        raise MethodError(f"method {self.name!r} is a peer baseline; it runs only in the benchmark")
+
+    def drafter_factory(self, target: LoadedModel, *, draft_model: LoadedModel | None, log: Log) -> DrafterFactory:
+        """Load what the method needs once per model (a draft model, a datastore) and return a
+        per-request drafter factory. The default builds `build_drafter()` for each request."""
+        return lambda sampling, generator: self.build_drafter()
+
+    def prepare(
+        self, target: LoadedModel, *, draft_model: LoadedModel | None = None, log: Log | None = None,
+        backend: Backend | None = None,
+    ) -> DrafterFactory:
+        """The per-request drafter factory, cut by the measured cost of `backend`'s passes when
+        the method has `cost_aware` set (measured once, here)."""
+        log = log or logger.info
+        factory = self.drafter_factory(target, draft_model=draft_model, log=log)
+        if getattr(self, "cost_aware", False):
+            factory = cost_aware_factory(factory, self.draft_length, backend or self.make_backend(target), log)
+        return factory
+
+    def make_backend(self, target: LoadedModel) -> Backend:
+        """What runs the target for this method: the model's own backend (PyTorch or
+        llama.cpp), unless the method runs it layer by layer (early exit, self-speculation)."""
+        return backend_for(target)
+
+    @property
+    def draft_length(self) -> int:
+        """Most tokens of a chain drafted per pass (K), for the alpha*K+1 bound: the value of
+        `length_field`. 0 when nothing is drafted, and for trees (whose alpha counts every node,
+        so the bound does not apply)."""
+        if self.drafts != "chain":
+            return 0
+        return int(getattr(self, self.length_field))
+
+    def __str__(self) -> str:
+        """The canonical string: every parameter, except switches left off and names left unset
+        (a default of False or "")."""
+        params = ",".join(
+            f"{f.name}={getattr(self, f.name)}" for f in dataclasses.fields(self)
+            if not ((f.default is False or f.default == "") and getattr(self, f.name) == f.default)
+        )
+        return f"{self.name}:{params}" if params else self.name
+
+    def _require(self, ok: bool, message: str) -> None:
+        if not ok:
+            raise MethodError(f"{self.name}: {message}")
+
+    def _check_range(self, field: str, low: float, high: float) -> None:
+        value = getattr(self, field)
+        self._require(low <= value <= high, f"{field} must be between {low:g} and {high:g}, got {value}")
+
+
+def backend_for(target: LoadedModel) -> Backend:
+    """The plain backend of a loaded model."""
+    if target.backend == "llama.cpp":
+        from leapdecode.engine.llamacpp_backend import LlamaCppBackend
+
+        return LlamaCppBackend(target.model)
+    from leapdecode.engine.backend import TorchBackend
+
+    return TorchBackend(target.model)
+
+
+def cost_aware_factory(factory: DrafterFactory, k: int, backend: Backend, log: Log) -> DrafterFactory:
+    """Wrap every drafter `factory` builds in a `CostAwareDrafter` over the backend's cost for
+    1..k+1 tokens, measured once here: each step keeps only the part of a draft worth its cost."""
+    from leapdecode.drafters.cost_aware import CostAwareDrafter
+    from leapdecode.engine.cost import measure_forward_cost
+
+    log(f"measuring the forward cost of 1..{k + 1} tokens")
+    cost = measure_forward_cost(backend, k + 1)
+    log("forward cost (ms): " + " ".join(f"{n}:{1000 * s:.0f}" for n, s in enumerate(cost.seconds, 1)))
+    return lambda sampling, generator: CostAwareDrafter(factory(sampling, generator), cost)

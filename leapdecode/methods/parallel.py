@@ -1,0 +1,60 @@
+"""Parallel decoding: the model guesses ahead of itself (Jacobi, Lookahead). No drafter model."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
+
+from leapdecode.methods.base import Method
+
+if TYPE_CHECKING:
+    from leapdecode.drafters.base import Drafter
+
+JACOBI_MODES = ("sliding", "block")  # as `leapdecode.drafters.jacobi.MODES`
+JACOBI_INITS = ("repeat", "random", "ngram")  # as `leapdecode.drafters.jacobi.INITS`
+
+
+@dataclass(frozen=True)
+class Jacobi(Method):
+    """Jacobi decoding (arXiv 2305.10427): guess a block, refine every guess from one pass."""
+
+    name: ClassVar[str] = "jacobi"
+    summary: ClassVar[str] = "Jacobi decoding: a block of guesses refined by the model's own predictions each pass"
+    drafts: ClassVar[str] = "chain"
+    length_field: ClassVar[str] = "block"
+    block: int = 3
+    mode: str = "sliding"
+    init: str = "repeat"
+
+    def __post_init__(self) -> None:
+        self._require(1 <= self.block <= 64, f"block must be between 1 and 64, got {self.block}")
+        self._require(self.mode in JACOBI_MODES, f"mode must be one of {', '.join(JACOBI_MODES)}, got {self.mode!r}")
+        self._require(self.init in JACOBI_INITS, f"init must be one of {', '.join(JACOBI_INITS)}, got {self.init!r}")
+
+    def build_drafter(self) -> Drafter:
+        from leapdecode.drafters.jacobi import JacobiDrafter
+
+        return JacobiDrafter(self.block, self.mode, self.init)
+
+
+@dataclass(frozen=True)
+class Lookahead(Method):
+    """Lookahead decoding (arXiv 2402.02057): a Jacobi window feeding an n-gram pool, verified in the same pass."""
+
+    name: ClassVar[str] = "lookahead"
+    summary: ClassVar[str] = "Lookahead decoding: Jacobi window (w x n-1) fills an n-gram pool; g n-grams verified per pass"
+    drafts: ClassVar[str] = "tree"
+    w: int = 2
+    n: int = 3
+    g: int = 2
+    anpd: bool = False
+
+    def __post_init__(self) -> None:
+        self._require(2 <= self.w <= 32, f"w (window) must be between 2 and 32, got {self.w}")
+        self._require(2 <= self.n <= 8, f"n (n-gram size) must be between 2 and 8, got {self.n}")
+        self._require(0 <= self.g <= 32, f"g (verified n-grams) must be between 0 and 32, got {self.g}")
+
+    def build_drafter(self) -> Drafter:
+        from leapdecode.drafters.lookahead import LookaheadDrafter
+
+        return LookaheadDrafter(self.w, self.n, self.g, self.anpd)

@@ -1,0 +1,78 @@
+"""Peers: what a user would run instead, with its own library, side by side in the benchmark.
+
+Only their parameters live here; `leapdecode.bench.runner` runs them (Hugging Face `generate`,
+llama-cpp-python's generator).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from leapdecode.methods.base import Method
+
+MAX_TOKENS = 128
+
+
+@dataclass(frozen=True)
+class HfGenerate(Method):
+    name: ClassVar[str] = "hf"
+    summary: ClassVar[str] = "peer: Hugging Face generate(do_sample=False)"
+    peer: ClassVar[bool] = True
+
+
+@dataclass(frozen=True)
+class HfPromptLookup(Method):
+    name: ClassVar[str] = "hf-pld"
+    summary: ClassVar[str] = "peer: Hugging Face generate(prompt_lookup_num_tokens=tokens)"
+    peer: ClassVar[bool] = True
+    drafts: ClassVar[str] = "chain"
+    length_field: ClassVar[str] = "tokens"
+    tokens: int = 10
+    max_ngram: int = 2
+
+    def __post_init__(self) -> None:
+        self._require(1 <= self.tokens <= MAX_TOKENS, f"tokens must be between 1 and {MAX_TOKENS}, got {self.tokens}")
+        self._require(1 <= self.max_ngram <= 32, f"max_ngram must be between 1 and 32, got {self.max_ngram}")
+
+
+@dataclass(frozen=True)
+class HfAssisted(Method):
+    name: ClassVar[str] = "hf-assisted"
+    summary: ClassVar[str] = "peer: Hugging Face generate(assistant_model=model), a draft model"
+    loads_files: ClassVar[bool] = True
+    peer: ClassVar[bool] = True
+    drafts: ClassVar[str] = "chain"
+    length_field: ClassVar[str] = "tokens"
+    model: str = ""
+    tokens: int = 20  # transformers' defaults: num_assistant_tokens,
+    schedule: str = "constant"  # num_assistant_tokens_schedule,
+    threshold: float = 0.4  # assistant_confidence_threshold
+
+    def __post_init__(self) -> None:
+        self._require(bool(self.model), "needs model=NAME (a preset, folder, .gguf or hub id) for the draft model")
+        self._require(1 <= self.tokens <= MAX_TOKENS, f"tokens must be between 1 and {MAX_TOKENS}, got {self.tokens}")
+        self._require(self.schedule in ("constant", "heuristic", "heuristic_transient"), f"unknown schedule {self.schedule!r}")
+        self._require(0.0 <= self.threshold < 1.0, f"threshold must be in [0, 1), got {self.threshold}")
+
+
+@dataclass(frozen=True)
+class LlamaCppPlain(Method):
+    name: ClassVar[str] = "llama-cpp"
+    summary: ClassVar[str] = "peer: llama-cpp-python's own greedy generation (--backend llama.cpp)"
+    peer: ClassVar[bool] = True
+
+
+@dataclass(frozen=True)
+class LlamaCppPromptLookup(Method):
+    name: ClassVar[str] = "llama-cpp-pld"
+    summary: ClassVar[str] = "peer: llama-cpp-python with LlamaPromptLookupDecoding (--backend llama.cpp)"
+    peer: ClassVar[bool] = True
+    drafts: ClassVar[str] = "chain"
+    length_field: ClassVar[str] = "tokens"
+    tokens: int = 10  # num_pred_tokens, its default
+    max_ngram: int = 2  # max_ngram_size, its default
+
+    def __post_init__(self) -> None:
+        self._require(1 <= self.tokens <= MAX_TOKENS, f"tokens must be between 1 and {MAX_TOKENS}, got {self.tokens}")
+        self._require(1 <= self.max_ngram <= 32, f"max_ngram must be between 1 and 32, got {self.max_ngram}")

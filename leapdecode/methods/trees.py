@@ -1,0 +1,100 @@
+"""Methods that draft token trees: ANPD's n-grams, a trie of the request, a REST datastore."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
+
+from leapdecode.methods.base import DrafterFactory, Log, Method
+
+if TYPE_CHECKING:
+    from leapdecode.drafters.base import Drafter
+    from leapdecode.models.loading import LoadedModel
+
+
+class _TreeMethod(Method):
+    """Shared checks of a tree's size."""
+
+    drafts: ClassVar[str] = "tree"
+    nodes: int  # fields of the dataclasses below
+    depth: int
+
+    def _check_tree(self) -> None:
+        self._require(1 <= self.nodes <= 128, f"nodes must be between 1 and 128, got {self.nodes}")
+        self._require(1 <= self.depth <= 64, f"depth must be between 1 and 64, got {self.depth}")
+
+
+@dataclass(frozen=True)
+class AnpdTree(_TreeMethod):
+    """ANPD's N-gram module drafting a token tree (top continuations across MLN levels)."""
+
+    name: ClassVar[str] = "anpd-tree"
+    summary: ClassVar[str] = "ANPD drafting a token tree: top n-gram continuations merged, verified in one pass"
+    n: int = 5
+    nodes: int = 8
+    depth: int = 4
+    width: int = 3
+
+    def __post_init__(self) -> None:
+        self._require(2 <= self.n <= 32, f"n must be between 2 and 32, got {self.n}")
+        self._check_tree()
+        self._require(1 <= self.width <= 16, f"width must be between 1 and 16, got {self.width}")
+
+    def build_drafter(self) -> Drafter:
+        from leapdecode.drafters.anpd_tree import AnpdTreeDrafter
+
+        return AnpdTreeDrafter(n=self.n, nodes=self.nodes, depth=self.depth, width=self.width)
+
+
+@dataclass(frozen=True)
+class Trie(_TreeMethod):
+    """Lookahead-style multi-branch retrieval from a trie of the prompt's and output's n-grams."""
+
+    name: ClassVar[str] = "trie"
+    summary: ClassVar[str] = "trie of the prompt's and output's n-grams: the latest match's frequent branches as a tree"
+    nodes: int = 8
+    depth: int = 4
+    window: int = 12
+    max_match: int = 4
+    prompt_weight: int = 2
+
+    def __post_init__(self) -> None:
+        self._check_tree()
+        self._require(2 <= self.window <= 64, f"window must be between 2 and 64, got {self.window}")
+        self._require(1 <= self.max_match < self.window, f"need 1 <= max_match < window, got {self.max_match}")
+        self._require(1 <= self.prompt_weight <= 1000, f"prompt_weight must be between 1 and 1000, got {self.prompt_weight}")
+
+    def build_drafter(self) -> Drafter:
+        from leapdecode.drafters.trie import TrieDrafter
+
+        return TrieDrafter(self.nodes, self.depth, self.window, self.max_match, self.prompt_weight)
+
+
+@dataclass(frozen=True)
+class Rest(_TreeMethod):
+    """REST: retrieval from a datastore built with `leapdecode datastore build`."""
+
+    name: ClassVar[str] = "rest"
+    summary: ClassVar[str] = "REST: continuations retrieved from a datastore (suffix array) merged into a tree"
+    loads_files: ClassVar[bool] = True
+    datastore: str = ""
+    nodes: int = 8
+    depth: int = 4
+    matches: int = 64
+    max_suffix: int = 8
+    min_suffix: int = 2
+
+    def __post_init__(self) -> None:
+        self._require(bool(self.datastore), "needs datastore=DIR (build one with `leapdecode datastore build`)")
+        self._check_tree()
+        self._require(1 <= self.matches <= 4096, f"matches must be between 1 and 4096, got {self.matches}")
+        self._require(1 <= self.min_suffix <= self.max_suffix <= 16, f"need 1 <= min_suffix <= max_suffix <= 16, got {self.min_suffix}, {self.max_suffix}")
+
+    def drafter_factory(self, target: LoadedModel, *, draft_model: LoadedModel | None, log: Log) -> DrafterFactory:
+        from leapdecode.drafters.rest import Datastore, RestDrafter
+
+        store = Datastore.load(self.datastore)
+        store.check_tokenizer(target.tokenizer, target.name)
+        return lambda sampling, generator: RestDrafter(
+            store, self.nodes, self.depth, self.matches, self.max_suffix, self.min_suffix,
+        )

@@ -1,0 +1,187 @@
+"""The package's shape, as docs/ARCHITECTURE.md states it: layers, no import cycles, a light CLI,
+and a registry in which every method is complete."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from leapdecode.methods import DRAFT_SHAPES, METHODS, Method, parse_method
+
+PACKAGE = Path(__file__).resolve().parents[1] / "leapdecode"
+
+# docs/ARCHITECTURE.md: a module may import from its own layer or the layers below it.
+LAYERS = {
+    "errors": 0, "textstream": 0, "data": 0,
+    "models": 1,
+    "engine": 2,
+    "early_exit": 3, "verifiers": 3,
+    "drafters": 4,
+    "methods": 5,
+    "api": 6,
+    "bench": 7, "server": 7, "integrations": 7,
+    "cli": 8, "__main__": 8,
+}
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _modules() -> dict[str, Path]:
+    return {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _imports(path: Path, module: str, known: set[str]) -> set[str]:
+    """Every leapdecode module `module` imports, at the top or inside functions; imports made only
+    for type checkers do not run, so they do not count."""
+    found: set[str] = set()
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.If) and _is_type_checking(node):
+            for child in node.orelse:
+                visit(child)
+            return
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.startswith("leapdecode"))
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+            if base.startswith("leapdecode"):
+                for alias in node.names:
+                    sub = f"{base}.{alias.name}"
+                    found.add(sub if sub in known else base)
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(ast.parse(path.read_text(encoding="utf-8")))
+    return {m for m in found if m in known and m != module}
+
+
+def _graph() -> dict[str, set[str]]:
+    modules = _modules()
+    return {name: _imports(path, name, set(modules)) for name, path in modules.items()}
+
+
+def _layer(module: str) -> int | None:
+    parts = module.split(".")
+    return LAYERS.get(parts[1]) if len(parts) > 1 else None
+
+
+def test_no_import_cycles() -> None:
+    graph = _graph()
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    cycles: list[list[str]] = []
+
+    def walk(node: str, path: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                cycles.append(path[path.index(nxt):] + [nxt])
+            elif nxt not in state:
+                walk(nxt, path + [nxt])
+        state[node] = 2
+
+    for module in sorted(graph):
+        if module not in state:
+            walk(module, [module])
+    assert not cycles, "import cycles: " + "; ".join(" -> ".join(c) for c in cycles)
+
+
+def test_every_module_sits_in_a_layer_and_imports_only_downwards() -> None:
+    graph = _graph()
+    unplaced = [m for m in graph if m != "leapdecode" and _layer(m) is None]
+    assert not unplaced, f"modules outside the layers of docs/ARCHITECTURE.md: {unplaced}"
+    upward = [
+        f"{m} ({_layer(m)}) imports {dep} ({_layer(dep)})"
+        for m, deps in graph.items() if m != "leapdecode"
+        for dep in deps if dep != "leapdecode" and _layer(dep) > _layer(m)  # type: ignore[operator]
+    ]
+    assert not upward, "imports against the layering:\n" + "\n".join(upward)
+
+
+def test_the_checker_sees_a_cycle_and_an_upward_import(tmp_path: Path) -> None:
+    """The two checks above can fail: a hand-made pair of modules importing each other is a cycle."""
+    a = tmp_path / "a.py"
+    a.write_text("def f():\n    from leapdecode.api import wrap\n")
+    assert _imports(a, "leapdecode.engine.a", {"leapdecode.api", "leapdecode.engine.a"}) == {"leapdecode.api"}
+    b = tmp_path / "b.py"
+    b.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from leapdecode.api import wrap\n")
+    assert _imports(b, "leapdecode.engine.b", {"leapdecode.api", "leapdecode.engine.b"}) == set()
+    assert _layer("leapdecode.api") > _layer("leapdecode.engine.a")  # type: ignore[operator]
+
+
+@pytest.mark.parametrize("args", [["--help"], ["methods"], ["bench", "--help"], ["models", "list"]])
+def test_light_commands_import_no_torch(args: list[str]) -> None:
+    code = (
+        "import sys\nfrom typer.testing import CliRunner\nfrom leapdecode.cli import app\n"
+        f"result = CliRunner().invoke(app, {args!r})\n"
+        "assert result.exit_code == 0, result.output\n"
+        "print('TORCH' if 'torch' in sys.modules else 'NO-TORCH')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, "COLUMNS": "200"})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().endswith("NO-TORCH"), f"`leapdecode {' '.join(args)}` imported torch"
+
+
+# Parameters a method cannot do without, to build an example of each.
+REQUIRED = {"rest": "datastore=ds", "layerskip": "exit=2", "hf-assisted": "model=m"}
+
+
+@pytest.mark.parametrize("cls", METHODS, ids=[m.name for m in METHODS])
+def test_every_registered_method_is_complete(cls: type[Method]) -> None:
+    """What would have caught `pld` reporting K = 0: every chain method's draft length is its
+    length parameter, the canonical string round-trips, and `leapdecode methods` lists it."""
+    example = parse_method(f"{cls.name}:{REQUIRED[cls.name]}" if cls.name in REQUIRED else cls.name)
+    assert type(example) is cls and cls.summary and cls.drafts in DRAFT_SHAPES
+    assert parse_method(str(example)) == example
+    if cls.drafts == "chain":
+        field = {f.name: f for f in dataclasses.fields(cls)}[cls.length_field]
+        assert field.type in (int, "int")
+        assert example.draft_length == getattr(example, cls.length_field) >= 1
+        bigger = dataclasses.replace(example, **{cls.length_field: getattr(example, cls.length_field) + 1})
+        assert bigger.draft_length == example.draft_length + 1
+    else:
+        assert example.draft_length == 0
+    listing = CliRunner().invoke(_app(), ["methods"], env={"COLUMNS": "200"})
+    assert listing.exit_code == 0 and cls.name in listing.output and cls.summary[:30] in listing.output
+
+
+def test_pld_reports_its_draft_length() -> None:
+    assert parse_method("pld").draft_length == 10
+    assert parse_method("pld:k=4,cost_aware=true").draft_length == 4
+
+
+def test_method_choices_match_their_drafters() -> None:
+    """The method modules repeat a few parameter domains so that they import no torch."""
+    from leapdecode.drafters import draft_model, jacobi
+    from leapdecode.early_exit import calm
+    from leapdecode.methods import draft_model as draft_method
+    from leapdecode.methods import layers, parallel
+
+    assert draft_method.SCHEDULES == draft_model.SCHEDULES
+    assert (parallel.JACOBI_MODES, parallel.JACOBI_INITS) == (jacobi.MODES, jacobi.INITS)
+    assert layers.CALM_MEASURES == calm.MEASURES
+
+
+def _app():  # noqa: ANN202 - typer app
+    from leapdecode.cli import app
+
+    return app
