@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from leapdecode.engine.backend import AttentionLayout
 from leapdecode.engine.tree import TreeLayout, chain_parents, compile_tree
 from leapdecode.errors import MethodError
 
@@ -39,6 +40,9 @@ class LayerRunner:
                 f"layer-level methods run {', '.join(SUPPORTED_MODEL_TYPES)} models; "
                 f"this model is {config.model_type!r}"
             )
+        if AttentionLayout(model.config).window is not None:
+            raise MethodError("layer-level methods build their own causal masks and do not apply sliding windows: "
+                              "this model has sliding-window layers; use a method that runs the whole model")
         self.model = model
         self.config = config
         self.embed_tokens = inner.embed_tokens

@@ -13,6 +13,7 @@ from typing import Any, Protocol
 import torch
 
 from leapdecode.engine.tree import TreeLayout, TreeMaskBuffer
+from leapdecode.errors import InputError, ModelLoadError
 
 
 @dataclass
@@ -57,6 +58,39 @@ class Backend(Protocol):
         ...
 
 
+class AttentionLayout:
+    """Which layers attend to everything and which to a sliding window, read from the config
+    (`layer_types` where the model has them; else `sliding_window` applies to every layer, as in
+    Mistral, Phi-3 or Starcoder2)."""
+
+    def __init__(self, config: Any) -> None:
+        text = config.get_text_config()
+        window = getattr(text, "sliding_window", None)
+        types = getattr(text, "layer_types", None)
+        if types is not None:
+            unknown = set(types) - {"full_attention", "sliding_attention"}
+            if unknown:
+                raise ModelLoadError(f"layers of type {sorted(unknown)} are not supported (full or sliding-window attention only)")
+            sliding = sum(t == "sliding_attention" for t in types)
+            self.window: int | None = int(window) if sliding and window else None
+            self.mixed = bool(self.window) and sliding < len(types)
+        else:
+            self.window = int(window) if window else None
+            self.mixed = False
+
+    def tree_mask(self, full: torch.Tensor, tree: TreeLayout, past: int) -> torch.Tensor | dict[str, torch.Tensor]:
+        """The tree mask [1, 1, n, past+n] as the model's layers need it: unchanged without a
+        sliding window; else also hiding what lies a window or more behind each node (a node at
+        position past+depth sees position j when past+depth-j < window), per layer type."""
+        if self.window is None:
+            return full
+        positions = past + tree.depth_on(full.device)  # [n]
+        columns = torch.arange(full.shape[-1], device=full.device)  # [past+n]
+        too_far = positions[:, None] - columns[None, :] >= self.window  # [n, past+n]
+        sliding = full.masked_fill(too_far[None, None], torch.finfo(full.dtype).min)
+        return {"full_attention": full, "sliding_attention": sliding} if self.mixed else sliding
+
+
 class TorchBackend:
     """A `transformers` causal LM, driven only through its public forward and cache objects."""
 
@@ -64,6 +98,8 @@ class TorchBackend:
         self.model = model
         self.device: torch.device = model.device
         self.vocab_size: int = int(model.config.get_text_config().vocab_size)
+        self.layout = AttentionLayout(model.config)
+        self.attention = str(getattr(model.config, "_attn_implementation", None) or "eager")
 
     def _run(
         self, seq: Sequence, token_ids: list[int], logits_to_keep: int, hidden: bool, tree: TreeLayout | None = None,
@@ -71,7 +107,17 @@ class TorchBackend:
         input_ids = torch.tensor([token_ids], dtype=torch.long, device=self.device)  # [1, n]
         extra: dict[str, Any] = {}
         if tree is not None and not tree.is_chain:
-            extra["attention_mask"] = seq.tree_mask.mask(tree, seq.length, self.model.dtype, self.device)  # [1, 1, n, past+n]
+            if "flash" in self.attention:
+                raise InputError(
+                    f"token trees need an attention implementation that takes a custom mask (sdpa or eager), "
+                    f"not {self.attention}: load the model with attn_implementation='sdpa', or use a chain method"
+                )
+            if self.layout.window is None:  # the cached prefix is all visible: only the draft's block is written
+                mask = seq.tree_mask.mask(tree, seq.length, self.model.dtype, self.device)  # [1, 1, n, past+n]
+            else:
+                full = tree.attention_mask(seq.length, self.model.dtype, self.device)  # [1, 1, n, past+n]
+                mask = self.layout.tree_mask(full, tree, seq.length)
+            extra["attention_mask"] = mask
             extra["position_ids"] = (seq.length + tree.depth_on(self.device))[None]  # [1, n]
         out = self.model(
             input_ids=input_ids,
@@ -89,7 +135,11 @@ class TorchBackend:
     def prefill(self, prompt_ids: list[int]) -> tuple[Sequence, Scores]:
         from transformers import DynamicCache
 
-        seq = Sequence(cache=DynamicCache(config=self.model.config), length=0)
+        # Every layer keeps every position, sliding-window layers too (their window is applied by
+        # the attention mask, by the model for chains and by `AttentionLayout` for trees): a
+        # window-sized cache drops entries that rollback and tree compaction must keep, as Hugging
+        # Face's assisted generation also finds.
+        seq = Sequence(cache=DynamicCache(), length=0)
         # Only the last position's logits are needed: skips a [prompt, vocab] matmul.
         return seq, self._run(seq, prompt_ids, logits_to_keep=1, hidden=False)
 
