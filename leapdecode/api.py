@@ -25,6 +25,7 @@ from leapdecode.verifiers import verify_greedy, verify_speculative, verify_tree_
 
 if TYPE_CHECKING:
     from leapdecode.drafters.base import Drafter
+    from leapdecode.engine.cost import ForwardCost
 
 logger = logging.getLogger("leapdecode")
 
@@ -106,6 +107,20 @@ def encode_prompt(lm: LoadedModel, prompt: Prompt, *, chat: bool = False) -> lis
     return list(ids)
 
 
+def check_request(lm: LoadedModel, prompt_ids: list[int], max_new_tokens: int) -> None:
+    """Raise InputError unless the prompt and max_new_tokens fit the model's context."""
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens <= 0:
+        raise InputError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
+    limit = lm.max_context
+    if len(prompt_ids) >= limit:
+        raise InputError(f"the prompt has {len(prompt_ids)} tokens; model {lm.name!r} takes at most {limit - 1}")
+    if len(prompt_ids) + max_new_tokens > limit:
+        raise InputError(
+            f"prompt ({len(prompt_ids)} tokens) + max_new_tokens ({max_new_tokens}) exceeds the context of "
+            f"{limit}; ask for at most {limit - len(prompt_ids)} new tokens"
+        )
+
+
 class Decoder:
     """A loaded model wrapped with one method; reusable across prompts."""
 
@@ -116,29 +131,24 @@ class Decoder:
         *,
         draft_model: LoadedModel | None = None,
         log: Callable[[str], None] | None = None,
+        cost: ForwardCost | None = None,
     ) -> None:
-        """`draft_model` gives an already loaded draft model to `draft` (instead of its model=NAME).
-        Progress (loading a draft model, measuring forward cost) goes to `log`, by default the
-        `leapdecode` logger; never to standard output."""
+        """`draft_model` gives an already loaded draft model to `draft` (instead of its model=NAME);
+        `cost` a forward-cost curve already measured for this model (cost-aware methods measure
+        one otherwise). Progress (loading a draft model, measuring forward cost) goes to `log`, by
+        default the `leapdecode` logger; never to standard output."""
         self.lm = lm
         self.method = parse_method(method)
         if self.method.peer:
             raise InputError(f"{self.method.name!r} is a benchmark peer (Hugging Face generate), not an engine method")
         self.backend = self.method.make_backend(lm)
-        self._new_drafter = self.method.prepare(lm, draft_model=draft_model, log=log or logger.info, backend=self.backend)
+        self._new_drafter = self.method.prepare(
+            lm, draft_model=draft_model, log=log or logger.info, backend=self.backend, cost=cost,
+        )
 
     def check_request(self, prompt_ids: list[int], max_new_tokens: int) -> None:
         """Raise InputError unless the prompt and max_new_tokens fit the model."""
-        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens <= 0:
-            raise InputError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
-        limit = self.lm.max_context
-        if len(prompt_ids) >= limit:
-            raise InputError(f"the prompt has {len(prompt_ids)} tokens; model {self.lm.name!r} takes at most {limit - 1}")
-        if len(prompt_ids) + max_new_tokens > limit:
-            raise InputError(
-                f"prompt ({len(prompt_ids)} tokens) + max_new_tokens ({max_new_tokens}) exceeds the context of "
-                f"{limit}; ask for at most {limit - len(prompt_ids)} new tokens"
-            )
+        check_request(self.lm, prompt_ids, max_new_tokens)
 
     @staticmethod
     def _verifiers(sampling: SamplingParams, generator: torch.Generator | None) -> tuple[Verifier, TreeVerifier]:

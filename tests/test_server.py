@@ -131,17 +131,95 @@ def test_per_request_method_and_seeded_sampling(client) -> None:
         ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "leapdecode": {"method": "draft:model=/etc"}}, 400, "when the server starts"),
         ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "leapdecode": {"method": "rest:datastore=/etc"}}, 400, "when the server starts"),
         ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "stop": ["a", "b", "c", "d", "e"]}, 400, "stop"),
+        # the hardening issue's requests, exactly
+        ("/v1/completions", {"model": MODEL, "prompt": "Hi \ud800 there", "max_tokens": 4}, 400, "invalid Unicode"),
+        ("/v1/completions", {"model": "\ud800", "prompt": "hi", "max_tokens": 4}, 400, "invalid Unicode"),
+        ("/v1/completions", {"model": MODEL, "prompt": "hi", "max_tokens": 4, "seed": 18446744073709551616}, 400, "seed"),
+        ("/v1/completions", {"model": MODEL, "prompt": "hi", "max_tokens": 4, "stream": True, "seed": 18446744073709551616}, 400, "seed"),
+        ("/v1/completions", {"model": MODEL, "prompt": "Hi \ud800", "max_tokens": 4, "stream": True}, 400, "invalid Unicode"),
+        ("/v1/completions", {"model": MODEL, "prompt": "hi", "temperature": "0"}, 400, "temperature"),
+        ("/v1/completions", {"model": MODEL, "prompt": "hi", "echo": True}, 400, "echo"),
+        ("/v1/completions", {"model": MODEL, "prompt": "hi", "logprobs": 2}, 400, "logprobs"),
+        ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "logit_bias": {"5": 10}}, 400, "logit_bias"),
+        ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function"}]}, 400, "tools"),
+        ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "json_object"}}, 400, "response_format"),
+        ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "frequency_penalty": 0.5}, 400, "frequency_penalty"),
+        ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "leapdecode": {"method": "pld:k=1000000000"}}, 400, "k must be"),
+        ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "leapdecode": {"method": "calm"}}, 400, "not allowed"),
+        ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "word " * 9000}]}, 400, "too long"),
     ],
 )
 def test_bad_input_gets_an_openai_style_4xx_and_the_server_keeps_serving(server, path, body, status, fragment) -> None:
     url = server[0]
-    kwargs = {"content": body, "headers": {"content-type": "application/json"}} if isinstance(body, bytes) else {"json": body}
-    resp = httpx.post(url + path, timeout=60, **kwargs)
+    # json.dumps escapes non-ASCII, so lone surrogates travel as the \\ud800 escapes a client sends
+    content = body if isinstance(body, bytes) else json.dumps(body).encode()
+    resp = httpx.post(url + path, timeout=60, content=content, headers={"content-type": "application/json"})
     assert resp.status_code == status, resp.text
     error = resp.json()["error"]
     assert fragment in error["message"] or fragment in str(error.get("param"))
     assert set(error) == {"message", "type", "param", "code"}
     still_serving(url)
+
+
+def test_cost_aware_per_request_uses_the_curve_measured_at_start(server) -> None:
+    """`pld:k=48,cost_aware=true` once measured forward cost on the event loop, per raw string."""
+    url = server[0]
+    for method in ("pld:k=48,cost_aware=true", "PLD : k=48 , cost_aware=true "):
+        start = time.perf_counter()
+        resp = httpx.post(url + "/v1/completions", json={"model": MODEL, "prompt": "def f(x):", "max_tokens": 8, "temperature": 0,
+                                                         "leapdecode": {"method": method}}, timeout=60)
+        assert resp.status_code == 200, resp.text
+        assert resp.json()["leapdecode"]["method"] == "pld:k=48,max_ngram=3,min_ngram=1,cost_aware=True"
+        assert httpx.get(url + "/health", timeout=5).status_code == 200
+        del start
+
+
+@pytest.mark.parametrize("method, path, status", [("GET", "/nope", 404), ("GET", "/v1/completions", 405), ("GET", "/v1/models/gpt-9", 404)])
+def test_unknown_routes_get_openai_error_bodies(server, method, path, status) -> None:
+    resp = httpx.request(method, server[0] + path, timeout=10)
+    assert resp.status_code == status and set(resp.json()["error"]) == {"message", "type", "param", "code"}
+
+
+def test_model_card(server) -> None:
+    resp = httpx.get(server[0] + f"/v1/models/{MODEL}", timeout=10)
+    assert resp.status_code == 200 and resp.json()["id"] == MODEL
+
+
+def test_oversized_body_gets_413(server) -> None:
+    resp = httpx.post(server[0] + "/v1/completions", json={"model": MODEL, "prompt": "x" * (5 << 20)}, timeout=60)
+    assert resp.status_code == 413 and "limit" in resp.json()["error"]["message"]
+    still_serving(server[0])
+
+
+def test_an_abandoned_non_streaming_request_stops_decoding(server) -> None:
+    """A client that gives up on a long non-streaming request frees its slot at once, not when
+    its generation would have ended (minutes here)."""
+    url = server[0]
+    body = {"model": MODEL, "prompt": "Count from one to one thousand:", "max_tokens": 3000, "temperature": 0, "leapdecode": {"method": "ar"}}
+    with pytest.raises(httpx.TimeoutException):
+        httpx.post(url + "/v1/completions", json=body, timeout=1.5)
+    deadline = time.time() + 10
+    while httpx.get(url + "/health").json()["admitted"] and time.time() < deadline:
+        time.sleep(0.2)
+    assert httpx.get(url + "/health").json()["admitted"] == 0
+    still_serving(url)
+
+
+def test_api_key_and_allowed_hosts(real_lm) -> None:
+    from fastapi.testclient import TestClient
+
+    from leapdecode.server.app import ServerConfig, create_app
+
+    config = ServerConfig(model_name=MODEL, default_method="ar", api_key="sekrit", allowed_hosts=("localhost",))
+    with TestClient(create_app(real_lm, config), base_url="http://localhost") as client:
+        body = {"model": MODEL, "prompt": "hi", "max_tokens": 2}
+        assert client.post("/v1/completions", json=body).status_code == 401
+        assert client.post("/v1/completions", json=body, headers={"Authorization": "Bearer wrong"}).status_code == 401
+        ok = client.post("/v1/completions", json=body, headers={"Authorization": "Bearer sekrit"})
+        assert ok.status_code == 200, ok.text
+        assert client.get("/health").status_code == 200  # health needs no key
+        rebound = client.get("/health", headers={"Host": "evil.example"})
+        assert rebound.status_code == 400 and rebound.json()["error"]["code"] == "invalid_host"
 
 
 def test_metrics_are_prometheus_text(server) -> None:

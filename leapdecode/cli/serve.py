@@ -6,8 +6,10 @@ from typing import Annotated
 
 import typer
 
-from leapdecode.cli.common import DEFAULT_MODEL, BackendOpt, MethodOpt, ModelOpt, console, friendly, load_with_progress, set_threads
-from leapdecode.methods import parse_method
+from leapdecode.cli.common import (
+    DEFAULT_MODEL, BackendOpt, MethodOpt, ModelOpt, console, err_console, friendly, load_with_progress, set_threads,
+)
+from leapdecode.methods import method_class, parse_method
 
 
 @friendly
@@ -21,18 +23,30 @@ def serve(
     served_model_name: Annotated[str | None, typer.Option("--served-model-name", help="Model id clients use (default: --model).")] = None,
     threads: Annotated[int, typer.Option("--threads", help="Torch CPU threads (0: default).")] = 0,
     backend: BackendOpt = "torch",
+    allow_methods: Annotated[str | None, typer.Option("--allow-methods", help="Comma list of method names a request may choose (default: --method and the lossless methods that load no files or models).")] = None,
+    api_key: Annotated[str | None, typer.Option("--api-key", envvar="LEAPDECODE_API_KEY", help="Require `Authorization: Bearer KEY` on /v1 requests.")] = None,
+    allowed_host: Annotated[list[str] | None, typer.Option("--allowed-host", help="Host header accepted (repeatable; default: any). Guards against DNS rebinding.")] = None,
+    max_body_bytes: Annotated[int, typer.Option("--max-body-bytes", help="Largest request body accepted (413 beyond it).")] = 4 << 20,
 ) -> None:
     """Serve the model over an OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions)."""
     import uvicorn
 
-    from leapdecode.server.app import ServerConfig, create_app
+    from leapdecode.server.app import ServerConfig, create_app, is_loopback
 
     parse_method(method)
-    if max_queue < 1 or timeout <= 0:
-        raise typer.BadParameter("--max-queue must be >= 1 and --timeout > 0")
+    allowed = tuple(m.strip() for m in allow_methods.split(",") if m.strip()) if allow_methods is not None else None
+    for name in allowed or ():
+        method_class(name)
+    if max_queue < 1 or timeout <= 0 or max_body_bytes < 1024:
+        raise typer.BadParameter("--max-queue must be >= 1, --timeout > 0 and --max-body-bytes >= 1024")
+    if not is_loopback(host) and not api_key:
+        err_console.print(f"[yellow]warning:[/] serving on {host}, reachable from other machines, with no --api-key")
     set_threads(threads)
     lm = load_with_progress(model, backend=backend)
-    config = ServerConfig(model_name=served_model_name or lm.name, default_method=method, max_queue=max_queue, timeout_s=timeout)
+    config = ServerConfig(
+        model_name=served_model_name or lm.name, default_method=method, max_queue=max_queue, timeout_s=timeout,
+        allow_methods=allowed, api_key=api_key, allowed_hosts=tuple(allowed_host or ()), max_body_bytes=max_body_bytes,
+    )
     console.print(f"serving [bold]{config.model_name}[/] with [bold]{method}[/] on http://{host}:{port}/v1")
     uvicorn.run(create_app(lm, config), host=host, port=port, log_level="warning")
 

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 
     from leapdecode.drafters.base import Drafter
     from leapdecode.engine.backend import Backend
+    from leapdecode.engine.cost import ForwardCost
     from leapdecode.engine.sampling import SamplingParams
     from leapdecode.models.loading import LoadedModel
 
@@ -59,14 +60,17 @@ class Method:
 
     def prepare(
         self, target: LoadedModel, *, draft_model: LoadedModel | None = None, log: Log | None = None,
-        backend: Backend | None = None,
+        backend: Backend | None = None, cost: ForwardCost | None = None,
     ) -> DrafterFactory:
-        """The per-request drafter factory, cut by the measured cost of `backend`'s passes when
-        the method has `cost_aware` set (measured once, here)."""
+        """The per-request drafter factory, cut by the cost of `backend`'s passes when the method
+        has `cost_aware` set: `cost` when given (a curve measured once per model, e.g. by the
+        server at start), else measured once, here."""
         log = log or logger.info
         factory = self.drafter_factory(target, draft_model=draft_model, log=log)
         if getattr(self, "cost_aware", False):
-            factory = cost_aware_factory(factory, self.draft_length, backend or self.make_backend(target), log)
+            if cost is None:
+                cost = measure_cost(backend or self.make_backend(target), self.draft_length + 1, log)
+            factory = cost_aware_factory(factory, cost)
         return factory
 
     def make_backend(self, target: LoadedModel) -> Backend:
@@ -112,13 +116,19 @@ def backend_for(target: LoadedModel) -> Backend:
     return TorchBackend(target.model)
 
 
-def cost_aware_factory(factory: DrafterFactory, k: int, backend: Backend, log: Log) -> DrafterFactory:
-    """Wrap every drafter `factory` builds in a `CostAwareDrafter` over the backend's cost for
-    1..k+1 tokens, measured once here: each step keeps only the part of a draft worth its cost."""
-    from leapdecode.drafters.cost_aware import CostAwareDrafter
+def measure_cost(backend: Backend, max_tokens: int, log: Log) -> ForwardCost:
+    """The backend's cost of passes over 1..max_tokens tokens, measured now."""
     from leapdecode.engine.cost import measure_forward_cost
 
-    log(f"measuring the forward cost of 1..{k + 1} tokens")
-    cost = measure_forward_cost(backend, k + 1)
+    log(f"measuring the forward cost of 1..{max_tokens} tokens")
+    cost = measure_forward_cost(backend, max_tokens)
     log("forward cost (ms): " + " ".join(f"{n}:{1000 * s:.0f}" for n, s in enumerate(cost.seconds, 1)))
+    return cost
+
+
+def cost_aware_factory(factory: DrafterFactory, cost: ForwardCost) -> DrafterFactory:
+    """Wrap every drafter `factory` builds in a `CostAwareDrafter` over `cost`: each step keeps
+    only the part of a draft worth its cost (past the measured sizes, the curve's last slope goes on)."""
+    from leapdecode.drafters.cost_aware import CostAwareDrafter
+
     return lambda sampling, generator: CostAwareDrafter(factory(sampling, generator), cost)

@@ -19,18 +19,28 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+import hmac
+import ipaddress
+import logging
+
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from leapdecode.api import Decoder, encode_prompt
+from leapdecode.api import Decoder, check_request, encode_prompt
 from leapdecode.engine import Step, truncate_at_stop
+from leapdecode.engine.cost import ForwardCost, measure_forward_cost
 from leapdecode.errors import LeapDecodeError, MethodError
-from leapdecode.methods import parse_method
+from leapdecode.methods import METHODS, Method, backend_for, method_class, parse_method
 from leapdecode.models import LoadedModel
 from leapdecode.server.schemas import ChatCompletionRequest, CompletionRequest
 from leapdecode.textstream import TextStream
+
+logger = logging.getLogger("leapdecode")
+COST_TOKENS = 17  # forward cost measured at start for 1..17 tokens; longer drafts extrapolate its slope
 
 DEFAULT_CHAT_MAX_TOKENS = 512  # when a chat request sets no limit (the OpenAI API allows up to the context)
 
@@ -42,9 +52,93 @@ class ApiError(Exception):
         super().__init__(message)
         self.status, self.message, self.type, self.code, self.param = status, message, type_, code, param
 
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
     def response(self) -> JSONResponse:
-        body = {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
-        return JSONResponse(body, status_code=self.status)
+        return AsciiJSONResponse(self.body(), status_code=self.status)
+
+
+class AsciiJSONResponse(JSONResponse):
+    """JSON with non-ASCII escaped: an error may quote a client's text, lone surrogates included,
+    which UTF-8 cannot encode."""
+
+    def render(self, content: Any) -> bytes:
+        return json.dumps(content, ensure_ascii=True, allow_nan=False, separators=(",", ":")).encode("ascii")
+
+
+class BodyLimit:
+    """ASGI middleware: a request body over `limit` bytes gets 413 before it is read further
+    (by its Content-Length, or by counting a chunked body as it arrives)."""
+
+    def __init__(self, app: ASGIApp, limit: int) -> None:
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        length = dict(scope.get("headers") or []).get(b"content-length")
+        if length is not None and length.isdigit() and int(length) > self.limit:
+            await self._refuse(send)
+            return
+        seen = 0
+
+        async def counted() -> Message:
+            nonlocal seen
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > self.limit:
+                raise _TooLarge
+            return message
+
+        try:
+            await self.app(scope, counted, send)
+        except _TooLarge:
+            await self._refuse(send)
+
+    async def _refuse(self, send: Send) -> None:
+        error = ApiError(413, f"The request body exceeds the server's limit of {self.limit} bytes.", code="body_too_large")
+        body = AsciiJSONResponse(error.body()).body
+        await send({"type": "http.response.start", "status": 413,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body})
+
+
+class _TooLarge(Exception):
+    pass
+
+
+class Guard:
+    """ASGI middleware: the Host header must be an allowed one (when any are set: DNS rebinding),
+    and /v1 requests must carry the API key (when one is set), compared in constant time."""
+
+    def __init__(self, app: ASGIApp, config: ServerConfig, metrics: Metrics) -> None:
+        self.app, self.config, self.metrics = app, config, metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            error = self._check(scope)
+            if error is not None:
+                self.metrics.requests.labels(scope.get("path", ""), str(error.status)).inc()
+                await error.response()(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+    def _check(self, scope: Scope) -> ApiError | None:
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers") or []}
+        if self.config.allowed_hosts:
+            host = headers.get("host", "")
+            host = host[1:].split("]")[0] if host.startswith("[") else host.rsplit(":", 1)[0]
+            if host not in self.config.allowed_hosts:
+                return ApiError(400, f"Host {host!r} is not allowed.", code="invalid_host")
+        if self.config.api_key and str(scope.get("path", "")).startswith("/v1"):
+            given = headers.get("authorization", "")
+            token = given[7:] if given.lower().startswith("bearer ") else ""
+            if not hmac.compare_digest(token.encode(), self.config.api_key.encode()):
+                return ApiError(401, "Incorrect or missing API key: send `Authorization: Bearer KEY`.",
+                                type_="authentication_error", code="invalid_api_key")
+        return None
 
 
 class Metrics:
@@ -93,37 +187,52 @@ class Metrics:
 
 @dataclass
 class Job:
-    """One admitted request's generation, run on the worker thread."""
+    """One admitted request's generation, run on the worker thread.
 
-    decoder: Decoder
+    Everything slow happens there, inside the request's time limit, which starts when the
+    worker takes the job (waiting in the queue does not count): building the method's decoder
+    (cached per canonical method string) and decoding."""
+
+    method: Method
+    decoder_for: Callable[[Method], Decoder]
     prompt_ids: list[int]
     max_tokens: int
     stop: list[str]
     temperature: float
     top_p: float
     seed: int | None
-    deadline: float
+    timeout_s: float
     cancel: threading.Event = field(default_factory=threading.Event)
     finish_reason: str = "length"
     timed_out: bool = False
+    method_name: str = ""
 
     def steps(self) -> Iterator[Step]:
         """The decode loop's steps, stopping early on cancel (client gone) or the deadline."""
-        stream = self.decoder.stream(
+        if self.cancel.is_set():  # the client left while the request waited: no prefill
+            self.finish_reason = "cancelled"
+            return
+        deadline = time.monotonic() + self.timeout_s
+        decoder = self.decoder_for(self.method)
+        self.method_name = str(decoder.method)
+        stream = decoder.stream(
             self.prompt_ids, max_new_tokens=self.max_tokens, stop=self.stop,
             temperature=self.temperature, top_p=self.top_p, seed=self.seed,
         )
-        for step in stream:
-            if self.cancel.is_set():
-                self.finish_reason = "cancelled"
-                return
-            yield step
-            if step.finish_reason:
-                self.finish_reason = step.finish_reason
-                return
-            if time.monotonic() > self.deadline:
-                self.timed_out = True
-                return
+        try:
+            for step in stream:
+                if self.cancel.is_set():
+                    self.finish_reason = "cancelled"
+                    return
+                yield step
+                if step.finish_reason:
+                    self.finish_reason = step.finish_reason
+                    return
+                if time.monotonic() > deadline:
+                    self.timed_out = True
+                    return
+        finally:
+            stream.close()
 
 
 class StopStringHolder:
@@ -150,47 +259,96 @@ class ServerConfig:
     default_method: str = "anpd"
     max_queue: int = 8
     timeout_s: float = 120.0
+    # Method names a request may choose (`leapdecode.method`); None: the served method and every
+    # lossless method that needs no file or model of its own.
+    allow_methods: tuple[str, ...] | None = None
+    api_key: str | None = None  # when set, every /v1 request needs `Authorization: Bearer KEY`
+    allowed_hosts: tuple[str, ...] = ()  # when set, the Host header must be one of these (DNS rebinding)
+    max_body_bytes: int = 4 << 20
+
+
+def default_allowed_methods(served: Method) -> tuple[str, ...]:
+    """The served method, plus the lossless engine methods that load no files or models."""
+    names = [m.name for m in METHODS if m.lossless and not m.peer and not m.loads_files]
+    return tuple(dict.fromkeys([served.name, *names]))
+
+
+def is_loopback(host: str) -> bool:
+    if host in ("localhost", ""):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 def create_app(lm: LoadedModel, config: ServerConfig) -> FastAPI:
     """The FastAPI app serving `lm` under `config.model_name`."""
-    parse_method(config.default_method)
-    app = FastAPI(title="leapdecode", version="0.1.0")
+    served = parse_method(config.default_method)
+    allowed = config.allow_methods if config.allow_methods is not None else default_allowed_methods(served)
+    for name in allowed:
+        method_class(name)  # unknown names fail at start, not per request
+    app = FastAPI(title="leapdecode", version="0.1.0", default_response_class=AsciiJSONResponse)
     metrics = Metrics()
+    app.add_middleware(BodyLimit, limit=config.max_body_bytes)
+    app.add_middleware(Guard, config=config, metrics=metrics)
     executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="leapdecode-decode")
-    default_decoder = Decoder(lm, config.default_method)  # loads a draft model, if any, once at start
+    # Measured once per model, here: no request measures it (on the event loop, or while
+    # another request decodes on the same model).
+    logger.info("measuring the forward cost of 1..%d tokens", COST_TOKENS)
+    cost: ForwardCost = measure_forward_cost(backend_for(lm), COST_TOKENS)
+    default_decoder = Decoder(lm, served, cost=cost)  # loads a draft model, if any, once at start
     default_key = str(default_decoder.method)
-    decoders: dict[str, Decoder] = {default_key: default_decoder}  # by canonical method string
+    decoders: dict[str, Decoder] = {default_key: default_decoder}  # by canonical method string; worker thread only
     admitted = [0]  # running + waiting; touched only on the event loop's thread
     created = int(time.time())
 
-    def decoder_for(method: str | None) -> Decoder:
-        parsed = parse_method(method or config.default_method)
-        key = str(parsed)  # "ANPD:k=7 " and "anpd:n=5,k=7" share one decoder
+    def choose_method(method: str | None) -> Method:
+        """Parse and check a request's method on the event loop (cheap); built later, in the worker."""
+        parsed = parse_method(method) if method else served
+        if str(parsed) == default_key:
+            return parsed
+        if parsed.loads_files:
+            # a client must not make the server load models or read paths it names
+            raise MethodError(f"{str(parsed)!r} loads files (a draft model or a datastore): choose it when the server starts (--method)")
+        if parsed.name not in allowed:
+            raise ApiError(400, f"method {parsed.name!r} is not allowed on this server; allowed: {', '.join(allowed)}",
+                           code="method_not_allowed", param="leapdecode.method")
+        return parsed
+
+    def decoder_for(method: Method) -> Decoder:
+        key = str(method)  # "ANPD:k=7 " and "anpd:n=5,k=7" share one decoder
         if key not in decoders:
-            if parsed.loads_files:
-                # a client must not make the server load models or read paths it names
-                raise MethodError(f"{key!r} loads files (a draft model or a datastore): choose it when the server starts (--method)")
             if len(decoders) >= 32:
                 decoders.clear()
                 decoders[default_key] = default_decoder
-            decoders[key] = Decoder(lm, parsed)
+            decoders[key] = Decoder(lm, method, cost=cost)
         return decoders[key]
 
     def check_model(name: str) -> None:
         if name not in (config.model_name, lm.name):
             raise ApiError(404, f"The model '{name}' does not exist; this server serves '{config.model_name}'.", code="model_not_found", param="model")
 
+    def check_body(body: CompletionRequest | ChatCompletionRequest) -> None:
+        check_model(body.model)
+        unsupported = body.unsupported()
+        if unsupported:
+            raise ApiError(400, f"{', '.join(unsupported)} {'is' if len(unsupported) == 1 else 'are'} not supported by this server",
+                           param=unsupported[0], code="unsupported_parameter")
+
     def make_job(body: CompletionRequest | ChatCompletionRequest, prompt_ids: list[int], max_tokens: int | None) -> Job:
-        decoder = decoder_for(body.leapdecode.method if body.leapdecode else None)
-        room = lm.max_context - len(prompt_ids)
+        method = choose_method(body.leapdecode.method if body.leapdecode else None)
+        if len(prompt_ids) >= lm.max_context:
+            raise ApiError(400, f"The prompt is too long: {len(prompt_ids)} tokens; model {config.model_name!r} takes at most "
+                           f"{lm.max_context - 1}.", param="messages" if isinstance(body, ChatCompletionRequest) else "prompt",
+                           code="context_length_exceeded")
         if max_tokens is None:
-            max_tokens = min(DEFAULT_CHAT_MAX_TOKENS, room)
+            max_tokens = min(DEFAULT_CHAT_MAX_TOKENS, lm.max_context - len(prompt_ids))
         if max_tokens <= 0:
             raise ApiError(400, f"max_tokens must be at least 1, got {max_tokens}", param="max_tokens")
-        decoder.check_request(prompt_ids, max_tokens)
-        return Job(decoder, prompt_ids, max_tokens, list(body.stop or []), body.temperature, body.top_p, body.seed,
-                   deadline=time.monotonic() + config.timeout_s)
+        check_request(lm, prompt_ids, max_tokens)
+        return Job(method, decoder_for, prompt_ids, max_tokens, list(body.stop or []), body.temperature, body.top_p, body.seed,
+                   timeout_s=config.timeout_s)
 
     def admit() -> None:
         if admitted[0] >= config.max_queue:
@@ -207,14 +365,25 @@ def create_app(lm: LoadedModel, config: ServerConfig) -> FastAPI:
         with metrics.running.track_inprogress():
             return list(job.steps())
 
-    async def complete(job: Job, endpoint: str) -> tuple[list[Step], str, str]:
-        """Run a non-streaming request; return its steps, text and finish reason."""
+    async def complete(job: Job, endpoint: str, request: Request) -> tuple[list[Step], str, str]:
+        """Run a non-streaming request; return its steps, text and finish reason. A client that
+        goes away cancels its generation at the next step (or before it starts)."""
         admit()
         start = time.perf_counter()
         try:
-            steps = await asyncio.get_running_loop().run_in_executor(executor, run_blocking, job)
+            future = asyncio.get_running_loop().run_in_executor(executor, run_blocking, job)
+            while True:
+                done, _ = await asyncio.wait({future}, timeout=0.25)
+                if done:
+                    break
+                if await request.is_disconnected():
+                    job.cancel.set()
+            steps = future.result()
         finally:
             release()
+        if job.finish_reason == "cancelled":
+            metrics.requests.labels(endpoint, "499").inc()
+            raise ApiError(499, "The client closed the request.", code="client_closed_request")
         if job.timed_out:
             raise ApiError(503, f"The request exceeded the server's time limit of {config.timeout_s:g} s.", type_="server_error", code="timeout")
         metrics.record(len(job.prompt_ids), steps)
@@ -232,7 +401,7 @@ def create_app(lm: LoadedModel, config: ServerConfig) -> FastAPI:
         generated = sum(len(s.tokens) for s in steps)
         drafted = sum(len(s.drafted) for s in steps)
         accepted = sum(s.num_accepted for s in steps)
-        return {"method": str(job.decoder.method), "forward_passes": len(steps), "drafted_tokens": drafted, "accepted_tokens": accepted,
+        return {"method": job.method_name, "forward_passes": len(steps), "drafted_tokens": drafted, "accepted_tokens": accepted,
                 "tau": generated / len(steps) if steps else 0.0, "alpha": accepted / drafted if drafted else 0.0}
 
     def stream_response(job: Job, chunk: Callable[[str, str | None], dict[str, Any]], include_usage: bool, endpoint: str) -> StreamingResponse:
@@ -265,7 +434,14 @@ def create_app(lm: LoadedModel, config: ServerConfig) -> FastAPI:
             try:
                 while (item := await queue.get()) is not None:
                     if isinstance(item, BaseException):
-                        raise item
+                        status = "400" if isinstance(item, LeapDecodeError) else "500"
+                        if status == "500":
+                            logger.error("a streamed request failed", exc_info=item)
+                        message = str(item) if status == "400" else "The server failed while generating; see its log."
+                        error = ApiError(int(status), message, type_="invalid_request_error" if status == "400" else "server_error")
+                        yield _sse(error.body())
+                        yield "data: [DONE]\n\n"
+                        return
                     if not steps:
                         metrics.first_token.observe(time.perf_counter() - start)
                     steps.append(item)
@@ -306,11 +482,24 @@ def create_app(lm: LoadedModel, config: ServerConfig) -> FastAPI:
         metrics.requests.labels(request.url.path, "400").inc()
         return ApiError(400, str(exc)).response()
 
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        metrics.requests.labels(request.url.path, str(exc.status_code)).inc()
+        messages = {404: f"No route {request.url.path}.", 405: f"Method {request.method} is not allowed on {request.url.path}."}
+        return ApiError(exc.status_code, messages.get(exc.status_code, str(exc.detail)), code=str(exc.status_code)).response()
+
+    @app.exception_handler(Exception)
+    async def _server_error(request: Request, exc: Exception) -> JSONResponse:
+        logger.error("request to %s failed", request.url.path, exc_info=exc)
+        metrics.requests.labels(request.url.path, "500").inc()
+        return ApiError(500, "The server failed on this request; see its log.", type_="server_error").response()
+
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
         metrics.requests.labels(request.url.path, "400").inc()
         first = exc.errors()[0] if exc.errors() else {}
-        loc = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
+        # pydantic's location names validators and union members too ("function-after[...]", "str")
+        loc = ".".join(str(p) for p in first.get("loc", ()) if p != "body" and not any(c in str(p) for c in "[(") and p not in ("str", "int", "list"))
         if first.get("type") == "json_invalid":
             return ApiError(400, "The request body is not valid JSON.").response()
         message = f"Invalid request: {loc + ': ' if loc else ''}{first.get('msg', 'invalid body')}"
@@ -328,10 +517,15 @@ def create_app(lm: LoadedModel, config: ServerConfig) -> FastAPI:
     async def models() -> dict[str, Any]:
         return {"object": "list", "data": [{"id": config.model_name, "object": "model", "created": created, "owned_by": "leapdecode"}]}
 
+    @app.get("/v1/models/{model_id:path}")
+    async def model_card(model_id: str) -> dict[str, Any]:
+        check_model(model_id)
+        return {"id": config.model_name, "object": "model", "created": created, "owned_by": "leapdecode"}
+
     @app.post("/v1/completions")
-    async def completions(body: CompletionRequest) -> Any:
-        check_model(body.model)
-        prompt_ids = encode_prompt(lm, body.prompt)
+    async def completions(body: CompletionRequest, request: Request) -> Any:
+        check_body(body)
+        prompt_ids = await asyncio.to_thread(encode_prompt, lm, body.prompt)  # a long prompt must not stall the event loop
         job = make_job(body, prompt_ids, body.max_tokens)
         rid, now = f"cmpl-{uuid.uuid4().hex}", int(time.time())
 
@@ -341,14 +535,14 @@ def create_app(lm: LoadedModel, config: ServerConfig) -> FastAPI:
 
         if body.stream:
             return stream_response(job, chunk, bool(body.stream_options and body.stream_options.include_usage), "/v1/completions")
-        steps, text, finish = await complete(job, "/v1/completions")
+        steps, text, finish = await complete(job, "/v1/completions", request)
         return {**chunk(text, finish), "usage": usage(job, steps), "leapdecode": stats(job, steps)}
 
     @app.post("/v1/chat/completions")
-    async def chat_completions(body: ChatCompletionRequest) -> Any:
-        check_model(body.model)
+    async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any:
+        check_body(body)
         messages = [{"role": m.role if m.role != "developer" else "system", "content": m.text()} for m in body.messages]
-        prompt_ids = encode_prompt(lm, messages)
+        prompt_ids = await asyncio.to_thread(encode_prompt, lm, messages)
         job = make_job(body, prompt_ids, body.token_limit)
         rid, now = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
         first = [True]
@@ -363,7 +557,7 @@ def create_app(lm: LoadedModel, config: ServerConfig) -> FastAPI:
 
         if body.stream:
             return stream_response(job, chunk, bool(body.stream_options and body.stream_options.include_usage), "/v1/chat/completions")
-        steps, text, finish = await complete(job, "/v1/chat/completions")
+        steps, text, finish = await complete(job, "/v1/chat/completions", request)
         return {
             "id": rid, "object": "chat.completion", "created": now, "model": config.model_name,
             "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish, "logprobs": None}],

@@ -2,18 +2,35 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
 MAX_STOP_STRINGS = 4  # as in the OpenAI API
+MAX_SEED = 2**63 - 1  # what a torch generator takes
+
+# Fields the OpenAI API has and this server does not implement: refused, never silently ignored.
+UNSUPPORTED = ("echo", "best_of", "suffix", "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias",
+               "response_format", "tools", "tool_choice", "functions", "function_call", "logprobs", "top_logprobs")
+
+
+def _valid_unicode(value: str) -> str:
+    """JSON may carry lone surrogates (\\ud800), which no tokenizer or UTF-8 encoder accepts."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("contains invalid Unicode (a lone surrogate)") from None
+    return value
+
+
+Text = Annotated[str, AfterValidator(_valid_unicode)]
 
 
 class LeapDecodeOptions(BaseModel):
     """The extra `leapdecode` field: per-request method choice."""
 
     model_config = ConfigDict(extra="forbid")
-    method: str | None = None
+    method: Text | None = None
 
 
 class StreamOptions(BaseModel):
@@ -21,15 +38,16 @@ class StreamOptions(BaseModel):
 
 
 class _Common(BaseModel):
-    # Unknown fields are ignored (clients send newer ones); known fields are strictly typed.
-    model_config = ConfigDict(extra="ignore")
+    # Unknown fields are kept aside and ignored (clients send newer ones), except the OpenAI
+    # fields this server does not implement (`unsupported`); known fields are strictly typed.
+    model_config = ConfigDict(extra="allow")
 
-    model: str
+    model: Text
     max_tokens: int | None = Field(default=None, strict=True)
-    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    stop: str | list[str] | None = None
-    seed: int | None = Field(default=None, strict=True)
+    temperature: float = Field(default=1.0, ge=0.0, le=2.0, strict=True)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0, strict=True)
+    stop: Text | list[Text] | None = None
+    seed: int | None = Field(default=None, strict=True, ge=-MAX_SEED - 1, le=MAX_SEED)
     stream: bool = Field(default=False, strict=True)
     stream_options: StreamOptions | None = None
     n: int = Field(default=1, strict=True)
@@ -50,9 +68,14 @@ class _Common(BaseModel):
             raise ValueError("only n=1 is supported")
         return value
 
+    def unsupported(self) -> list[str]:
+        """OpenAI fields this request sets that the server does not implement."""
+        extra = self.model_extra or {}
+        return [name for name in UNSUPPORTED if extra.get(name) not in (None, False, 0, [], {})]
+
 
 class CompletionRequest(_Common):
-    prompt: str | list[str] | list[int]
+    prompt: Text | list[Text] | list[int]
     max_tokens: int | None = Field(default=16, strict=True)  # the OpenAI default for completions
 
     @field_validator("prompt")
@@ -67,14 +90,14 @@ class CompletionRequest(_Common):
 
 class ContentPart(BaseModel):
     type: Literal["text"]
-    text: str
+    text: Text
 
 
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     role: Literal["system", "user", "assistant", "developer", "tool"]
-    content: str | list[ContentPart] | None = None
+    content: Text | list[ContentPart] | None = None
 
     def text(self) -> str:
         if isinstance(self.content, list):
