@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import shutil
+import statistics
 import subprocess
 
 from typer.testing import CliRunner
@@ -18,7 +20,7 @@ def test_bench_command_writes_tables_plots_and_checks_every_sample(tmp_path) -> 
     out = tmp_path / "bench"
     result = runner.invoke(app, [
         "bench", "--dataset", "humaneval+spec-bench:translation", "--limit", "1", "-n", "12",
-        "--methods", "ar,anpd:n=4,k=5,pld,hf,hf-pld:tokens=5", "--out", str(out), "--threads", "2",
+        "--methods", "ar,anpd:n=4,k=5,pld,hf,hf-pld:tokens=5", "--out", str(out), "--threads", "2", "--repeats", "2",
     ])
     assert result.exit_code == 0, result.output
     for name in ("samples.jsonl", "summary.json", "results.md", "speedup_by_category.png", "accepted_lengths.png"):
@@ -26,6 +28,9 @@ def test_bench_command_writes_tables_plots_and_checks_every_sample(tmp_path) -> 
     table = (out / "results.md").read_text()
     assert "Lossless check: all 8 samples equal plain decoding" in table
     assert "HumanEval" in table and "Translation" in table and "`hf-pld:tokens=5,max_ngram=2`" in table
+    samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+    assert all(len(s["wall_time_runs"]) == 2 and s["wall_time_s"] == statistics.median(s["wall_time_runs"]) for s in samples)
+    assert "–" in table.split("`anpd:n=4,k=5`")[1].split("\n")[0]  # the spread of the two repeats
 
 
 def test_sweep_command(tmp_path) -> None:

@@ -171,3 +171,18 @@ def test_readme_table_is_written_between_markers(tmp_path, samples) -> None:
     assert "**1.80x**" in text and "**1 of 3 samples differ**" in text
     report.update_readme(readme, "new table")  # idempotent: replaces again between the markers
     assert readme.read_text().count("<!-- results-table -->") == 2 and "**1.80x**" not in readme.read_text()
+
+
+def test_repeats_give_the_median_and_the_spread_of_the_speed_up() -> None:
+    from dataclasses import replace
+
+    from leapdecode.bench.report import aggregate
+
+    plain = [replace(sample("ar", "p1", "qa", 2.0), wall_time_runs=[2.0, 2.2]), replace(sample("ar", "p2", "qa", 4.0), wall_time_runs=[4.0, 3.8])]
+    fast = [replace(sample("anpd", "p1", "qa", 1.0, equal=True), wall_time_runs=[1.0, 1.4]),
+            replace(sample("anpd", "p2", "qa", 2.0, equal=True), wall_time_runs=[2.0, 2.6])]
+    agg = aggregate(plain + fast)[("anpd", "overall")]
+    # repeat 0: 6.0 / 3.0 = 2.0; repeat 1: 6.0 / 4.0 = 1.5
+    assert agg.speedup_range == (1.5, 2.0)
+    assert aggregate(plain[:1] + fast[:1])[("anpd", "overall")].speedup_range == (2.2 / 1.4, 2.0)
+    assert aggregate([sample("ar", "p1", "qa", 2.0), sample("anpd", "p1", "qa", 1.0)])[("anpd", "overall")].speedup_range is None

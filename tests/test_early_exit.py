@@ -17,6 +17,7 @@ from leapdecode.early_exit.calibrate import block_influence, format_layer_set, p
 from leapdecode.early_exit.calm import CalmBackend, layer_confidences, pick_threshold, simulate_thresholds
 from leapdecode.early_exit.runner import LayerRunner
 from leapdecode.engine import StopCriteria, decode
+from leapdecode.engine.sampling import SamplingParams
 from leapdecode.engine.reference import agreement, full_model_predictions, greedy_reference
 from leapdecode.errors import MethodError
 from leapdecode.methods import parse_method
@@ -168,10 +169,18 @@ def test_methods_build_backends_and_refuse_bad_layers(deep_model) -> None:
             parse_method(bad)
 
 
-def test_self_spec_without_a_calibration_says_what_to_run(deep_model, tmp_path, monkeypatch) -> None:
+def test_self_spec_without_a_calibration_skips_the_middle_layers_and_says_what_to_run(deep_model, tmp_path, monkeypatch, caplog) -> None:
     monkeypatch.setattr("leapdecode.models.default_cache_dir", lambda: tmp_path)
-    with pytest.raises(MethodError, match="calibrate layer-skip"):
-        parse_method("self-spec").make_backend(tiny_lm(deep_model))
+    method = parse_method("self-spec")
+    with caplog.at_level("INFO", logger="leapdecode"):
+        skip = method.skip_layers(tiny_lm(deep_model))
+    assert skip == (2,) and "calibrate layer-skip" in caplog.text  # 6 layers: ceil(6/10) = 1 layer, the middle
+    lm = tiny_lm(deep_model)
+    backend = method.make_backend(lm)
+    new_drafter = method.prepare(lm, backend=backend)
+    for prompt in prompts(3):
+        got, _ = run(backend, prompt, new_drafter(SamplingParams(), None), 20)
+        assert got == greedy_reference(deep_model, prompt, 20)
 
 
 def test_block_influence_ranks_do_nothing_layers_first() -> None:

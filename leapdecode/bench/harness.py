@@ -41,7 +41,7 @@ def use_threads(threads: int) -> int:
 
 def run_with_progress(
     console: Console, lm: LoadedModel, methods: Sequence[Method | Entry], prompts: Sequence[BenchPrompt], max_new_tokens: int,
-    load_backend: Callable[[str], LoadedModel] | None = None,
+    load_backend: Callable[[str], LoadedModel] | None = None, repeats: int = 1,
 ) -> list[Sample]:
     """`run_benchmark` with a live progress bar and running speed-ups."""
     times: dict[str, float] = defaultdict(float)
@@ -60,6 +60,7 @@ def run_with_progress(
 
         return run_benchmark(
             lm, methods, prompts, max_new_tokens, on_sample=on_sample, log=console.log, load_backend=load_backend,
+            repeats=repeats,
         )
 
 

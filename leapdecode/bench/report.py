@@ -34,6 +34,7 @@ class Aggregate:
     mismatches: int
     peak_memory_mb: float = 0.0  # the largest over the group's samples
     agreement: float | None = None  # lossy methods: token-weighted agreement with the full model
+    speedup_range: tuple[float, float] | None = None  # with repeats: lowest and highest speed-up of one repeat
 
     @property
     def speedup(self) -> float:
@@ -56,6 +57,7 @@ def methods_in(samples: Iterable[Sample]) -> list[str]:
 def aggregate(samples: Sequence[Sample]) -> dict[tuple[str, str], Aggregate]:
     """Per (method, category) and per (method, "overall"), against plain decoding on the same prompts."""
     plain_time = {(s.prompt_id, s.category): s.wall_time_s for s in samples if s.method == BASELINE}
+    plain_runs = {(s.prompt_id, s.category): s.wall_time_runs for s in samples if s.method == BASELINE}
     out: dict[tuple[str, str], Aggregate] = {}
     for method in methods_in(samples):
         mine = [s for s in samples if s.method == method]
@@ -75,8 +77,21 @@ def aggregate(samples: Sequence[Sample]) -> dict[tuple[str, str], Aggregate]:
                 mismatches=sum(1 for s in group if s.equal_to_plain is False),
                 peak_memory_mb=max(s.peak_memory_mb for s in group),
                 agreement=_pooled_agreement(group),
+                speedup_range=_speedup_range(group, plain_runs),
             )
     return out
+
+
+def _speedup_range(group: Sequence[Sample], plain_runs: dict[tuple[str, str], list[float]]) -> tuple[float, float] | None:
+    """Speed-up of each repeat (its runs summed over the group), lowest and highest; None for one repeat."""
+    repeats = min((len(s.wall_time_runs) for s in group), default=0)
+    if repeats < 2 or any(len(plain_runs.get((s.prompt_id, s.category), [])) < repeats for s in group):
+        return None
+    ratios = [
+        sum(plain_runs[(s.prompt_id, s.category)][r] for s in group) / sum(s.wall_time_runs[r] for s in group)
+        for r in range(repeats)
+    ]
+    return min(ratios), max(ratios)
 
 
 def _pooled_agreement(group: Sequence[Sample]) -> float | None:
@@ -110,7 +125,8 @@ def markdown_table(samples: Sequence[Sample], draft_lengths: dict[str, int] | No
         same = "–" if method == BASELINE else ("all" if o.mismatches == 0 else f"**{o.prompts - o.mismatches}/{o.prompts}**")
         memory = f"{o.peak_memory_mb:,.0f}" if o.peak_memory_mb else "–"
         agreed = f"{o.agreement:.3f}" if o.agreement is not None else "–"
-        row += [f"**{o.speedup:.2f}x**", f"{o.stats.tau:.2f}", alpha, bound, f"{o.stats.tokens_per_s:.1f}", memory, same, agreed]
+        spread = f" ({o.speedup_range[0]:.2f}–{o.speedup_range[1]:.2f})" if o.speedup_range else ""
+        row += [f"**{o.speedup:.2f}x**{spread}", f"{o.stats.tau:.2f}", alpha, bound, f"{o.stats.tokens_per_s:.1f}", memory, same, agreed]
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
 
@@ -156,7 +172,8 @@ def write_outputs(out_dir: Path, samples: Sequence[Sample], meta: dict[str, obje
         f"limit {meta.get('limit')} per category); machine: {meta.get('machine')}.\n"
         "Speed-up = total time of plain decoding (`ar`) / total time of the method, same prompts, same run. "
         "τ = new tokens / target forward passes; α = accepted / drafted tokens; peak MB = parameters of the "
-        "models a method runs + the largest growth of resident memory during one of its generations; "
+        "models a method runs + the growth of resident memory during an untimed run on the longest prompt; "
+        "with repeats, times are medians and the overall speed-up shows the lowest and highest repeat; "
         "agreement (lossy methods only) = share of generated tokens equal to the full model's greedy token "
         "after the same prefix.\n"
     )

@@ -1,11 +1,16 @@
 """Run methods side by side on the same prompts, following BENCHMARK.md:
-same process and model, interleaved per prompt (plain decoding first), one warm-up generation
-per method, greedy, fixed max_new_tokens, fixed threads, and a lossless check on every sample.
+same process and model, interleaved per prompt (the order of the methods rotates from prompt to
+prompt and repeat to repeat, so none always runs first), warm-up generations on a few prompts per
+method, greedy, fixed max_new_tokens, fixed threads, the device synchronised at the timer's edges,
+`repeats` timed runs per sample (median, with the spread kept), peak memory in a separate untimed
+pass, and a lossless check on every sample.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
+import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -56,8 +61,9 @@ class Sample:
     equal_to_plain: bool | None = None  # None for the baseline itself
     first_difference: int | None = None  # first differing position, when not equal
     token_ids: list[int] = field(default_factory=list)
-    peak_memory_mb: float = 0.0  # parameters of the models used + peak RSS growth while generating
+    peak_memory_mb: float = 0.0  # parameters of the models used + peak RSS growth while generating (untimed pass)
     agreement: float | None = None  # lossy methods: share of tokens equal to the full model's on the same prefix
+    wall_time_runs: list[float] = field(default_factory=list)  # every timed run; wall_time_s is their median
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -92,8 +98,17 @@ class EngineRunner:
         self.weights_mb = weights_mb(lm) + (weights_mb(draft_model) if draft_model else 0.0)
 
     def run(self, prompt_ids: list[int], max_new_tokens: int) -> RunOutput:
+        synchronize(self.lm.device)
+        start = time.perf_counter()
         result = self.decoder.generate(prompt_ids, max_new_tokens=max_new_tokens)
-        return RunOutput(result.token_ids, result.stats)
+        synchronize(self.lm.device)
+        return RunOutput(result.token_ids, dataclasses.replace(result.stats, wall_time_s=time.perf_counter() - start))
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for the device's queued work, so that a timer edge is where the work is."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 class HfRunner:
@@ -128,12 +143,14 @@ class HfRunner:
         calls = [0]
         hook = model.register_forward_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
         try:
+            synchronize(model.device)
             start = time.perf_counter()
             with torch.inference_mode():
                 out = model.generate(
                     ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False,
                     eos_token_id=sorted(self.lm.eos_token_ids), pad_token_id=_pad_id(self.lm), **self.kwargs,
                 )
+            synchronize(model.device)
             elapsed = time.perf_counter() - start
         finally:
             hook.remove()
@@ -294,9 +311,13 @@ def run_benchmark(
     on_sample: Callable[[Sample], None] = lambda s: None,
     log: Callable[[str], None] = lambda m: None,
     load_backend: Callable[[str], LoadedModel] | None = None,
+    repeats: int = 1,
+    warmup_prompts: int = 3,
 ) -> list[Sample]:
-    """Every method on every prompt, plain decoding (on `lm`'s backend) first; returns one Sample
-    per pair. Entries for another backend run on the model `load_backend(backend)` gives."""
+    """Every method on every prompt, `repeats` timed runs each; returns one Sample per pair.
+    Entries for another backend run on the model `load_backend(backend)` gives."""
+    if repeats < 1:
+        raise MethodError(f"repeats must be >= 1, got {repeats}")
     entries = [m if isinstance(m, Entry) else Entry(m) for m in methods]
     entries = [Entry(e.method) if e.backend == lm.backend else e for e in entries]
     ordered = [Entry(Autoregressive())] + [e for e in entries if e.label != BASELINE]
@@ -318,32 +339,47 @@ def run_benchmark(
 
     runners = [make_runner(model_for(e), e, load_draft) for e in ordered]
     encoded = [encode_prompt(lm, p.text, chat=p.chat) for p in prompts]
-    for runner in runners:  # one warm-up generation per method
-        runner.run(encoded[0], min(16, max_new_tokens))
+    for runner in runners:  # warm-up generations on a few prompts
+        for prompt_ids in encoded[:warmup_prompts]:
+            runner.run(prompt_ids, min(16, max_new_tokens))
+    # Peak memory in its own untimed pass (a sampling thread would steal time from a timed run):
+    # each method once on the longest prompt.
+    longest = max(encoded, key=len)
+    memory_mb: dict[str, float] = {}
+    for runner in runners:
+        with PeakRss(lm.device) as memory:
+            runner.run(longest, max_new_tokens)
+        memory_mb[runner.label] = runner.weights_mb + memory.growth_mb
     samples: list[Sample] = []
     # Each backend's output is checked against plain decoding on that backend when the run has it
     # (`ar@torch` for `anpd@torch`): two backends' numerics differ, so their tokens may too.
     plain_label = {r.label: BASELINE if r.lm is lm else f"{BASELINE}@{r.lm.backend}" for r in runners}
-    for prompt, prompt_ids in zip(prompts, encoded):
-        plain_tokens: dict[str, list[int]] = {}
-        for runner in runners:
-            with PeakRss(lm.device) as memory:
+    for index, (prompt, prompt_ids) in enumerate(zip(prompts, encoded)):
+        outputs: dict[str, RunOutput] = {}
+        times: dict[str, list[float]] = {r.label: [] for r in runners}
+        for repeat in range(repeats):
+            shift = (index * repeats + repeat) % len(runners)
+            for runner in runners[shift:] + runners[:shift]:
                 out = runner.run(prompt_ids, max_new_tokens)
+                outputs.setdefault(runner.label, out)
+                times[runner.label].append(out.stats.wall_time_s)
+        for runner in runners:
             label = runner.label
-            if label in plain_label.values():
-                plain_tokens[label] = out.token_ids
-            reference = plain_tokens.get(plain_label[label]) if label != plain_label[label] else None
-            diff = None if reference is None else first_difference(reference, out.token_ids)
+            out = outputs[label]
+            reference = outputs.get(plain_label[label]) if label != plain_label[label] else None
+            diff = None if reference is None else first_difference(reference.token_ids, out.token_ids)
             agreed = None if runner.method.lossless else token_agreement(runner.lm, prompt_ids, out.token_ids)
             s = out.stats
+            wall = statistics.median(times[label])
             sample = Sample(
                 method=label, prompt_id=prompt.id, category=prompt.category, prompt_tokens=len(prompt_ids),
-                new_tokens=s.new_tokens, wall_time_s=s.wall_time_s, forward_passes=s.forward_passes,
+                new_tokens=s.new_tokens, wall_time_s=wall, forward_passes=s.forward_passes,
                 drafted_tokens=s.drafted_tokens, accepted_tokens=s.accepted_tokens,
-                accepted_lengths=list(s.accepted_lengths), tau=s.tau, alpha=s.alpha, tokens_per_s=s.tokens_per_s,
+                accepted_lengths=list(s.accepted_lengths), tau=s.tau, alpha=s.alpha,
+                tokens_per_s=s.new_tokens / wall if wall > 0 else 0.0,
                 lossless=runner.method.lossless, equal_to_plain=None if reference is None else diff is None,
                 first_difference=diff, token_ids=out.token_ids,
-                peak_memory_mb=runner.weights_mb + memory.growth_mb, agreement=agreed,
+                peak_memory_mb=memory_mb[label], agreement=agreed, wall_time_runs=times[label],
             )
             samples.append(sample)
             on_sample(sample)

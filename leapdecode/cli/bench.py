@@ -19,7 +19,7 @@ from leapdecode.cli.common import (
 )
 from leapdecode.errors import InputError, MethodError
 
-DEFAULT_METHODS = "ar,anpd:n=5,k=7,pld,hf,hf-pld:tokens=10"
+DEFAULT_METHODS = "ar,anpd:n=5,k=7,pld:k=10,max_ngram=3,hf,hf-pld:tokens=10,max_ngram=3"  # prompt lookups alike
 DatasetOpt = Annotated[str, typer.Option("--dataset", "-d", help="humaneval, spec-bench, spec-bench:CATEGORY, a JSONL file; join with +.")]
 LimitOpt = Annotated[str, typer.Option("--limit", help="Prompts per category: N, or N,CATEGORY=M,... (e.g. 10,humaneval=30).")]
 OutOpt = Annotated[Path, typer.Option("--out", help="Output folder.")]
@@ -37,6 +37,7 @@ def bench(
     threads: BenchThreadsOpt = 0,
     plot: Annotated[bool, typer.Option("--plots/--no-plots", help="Write PNG plots.")] = True,
     backend: BackendOpt = "torch",
+    repeats: Annotated[int, typer.Option("--repeats", help="Timed runs per method and prompt (median; the overall speed-up shows the spread).")] = 1,
 ) -> None:
     """Run methods and peers side by side (interleaved, one run) and write tables and plots.
     `--backend` runs the model (and `ar`, the baseline) on torch or llama.cpp; a method ending
@@ -52,9 +53,14 @@ def bench(
         raise InputError(f"max_new_tokens must be a positive integer, got {max_new_tokens}")
     n_threads = use_threads(threads)
     lm = load_with_progress(model, backend=backend)
-    samples = run_with_progress(console, lm, chosen, prompts, max_new_tokens, lambda other: load_with_progress(model, backend=other))
+    if repeats < 1:
+        raise InputError(f"--repeats must be >= 1, got {repeats}")
+    samples = run_with_progress(
+        console, lm, chosen, prompts, max_new_tokens, lambda other: load_with_progress(model, backend=other), repeats=repeats,
+    )
     meta = run_meta(lm.name, dataset, limit, max_new_tokens, n_threads, len(prompts))
     meta["backend"] = backend
+    meta["repeats"] = repeats
     k = {e.label: e.method.draft_length for e in chosen}
     paths = report.write_outputs(out, samples, meta, k)
     if plot:

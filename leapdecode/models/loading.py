@@ -7,6 +7,7 @@ that a second load takes seconds.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import logging
@@ -15,6 +16,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from collections.abc import Iterator
 from typing import Any, Callable
 
 import torch
@@ -202,7 +204,26 @@ def _is_gguf(path: Path) -> bool:
         return fh.read(4) == GGUF_MAGIC
 
 
+@contextlib.contextmanager
+def _quiet_progress() -> Iterator[None]:
+    """No "Loading weights" bar from transformers on every load: the caller's `log` reports progress."""
+    from transformers.utils import logging as hf_logging
+
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            hf_logging.enable_progress_bar()
+
+
 def _from_pretrained(source: str, dtype: torch.dtype, log: Callable[[str], None], **kwargs: Any) -> tuple[Any, Any]:
+    with _quiet_progress():
+        return _load_pretrained(source, dtype, log, **kwargs)
+
+
+def _load_pretrained(source: str, dtype: torch.dtype, log: Callable[[str], None], **kwargs: Any) -> tuple[Any, Any]:
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     log(f"loading {source}")
@@ -241,8 +262,9 @@ def _dequantized_folder(gguf: Path, sha256: str, cache: Path, log: Callable[[str
 
     log(f"de-quantizing {gguf.name} (once; the result is cached in {folder})")
     try:
-        tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-        model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+        with _quiet_progress():
+            tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+            model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
     except Exception as exc:  # a corrupt file can fail anywhere in the GGUF parser, with any error type
         raise ModelLoadError(f"could not read GGUF {gguf}: {_first_line(exc)} (corrupt file or unsupported architecture?)") from exc
     folder.parent.mkdir(parents=True, exist_ok=True)
