@@ -100,9 +100,6 @@ class Method:
         if not ok:
             raise MethodError(f"{self.name}: {message}")
 
-    def _check_range(self, field: str, low: float, high: float) -> None:
-        value = getattr(self, field)
-        self._require(low <= value <= high, f"{field} must be between {low:g} and {high:g}, got {value}")
 
 
 def backend_for(target: LoadedModel) -> Backend:

@@ -21,19 +21,27 @@ class HfGenerate(Method):
     peer: ClassVar[bool] = True
 
 
-@dataclass(frozen=True)
-class HfPromptLookup(Method):
-    name: ClassVar[str] = "hf-pld"
-    summary: ClassVar[str] = "peer: Hugging Face generate(prompt_lookup_num_tokens=tokens)"
+class _PromptLookupPeer(Method):
+    """What the two peers' prompt lookups share: `tokens` drafted from the latest match of up to
+    `max_ngram` tokens."""
+
     peer: ClassVar[bool] = True
     drafts: ClassVar[str] = "chain"
     length_field: ClassVar[str] = "tokens"
-    tokens: int = 10
-    max_ngram: int = 2
+    tokens: int  # fields of the dataclasses below
+    max_ngram: int
 
     def __post_init__(self) -> None:
         self._require(1 <= self.tokens <= MAX_TOKENS, f"tokens must be between 1 and {MAX_TOKENS}, got {self.tokens}")
         self._require(1 <= self.max_ngram <= 32, f"max_ngram must be between 1 and 32, got {self.max_ngram}")
+
+
+@dataclass(frozen=True)
+class HfPromptLookup(_PromptLookupPeer):
+    name: ClassVar[str] = "hf-pld"
+    summary: ClassVar[str] = "peer: Hugging Face generate(prompt_lookup_num_tokens=tokens)"
+    tokens: int = 10
+    max_ngram: int = 2
 
 
 @dataclass(frozen=True)
@@ -64,15 +72,8 @@ class LlamaCppPlain(Method):
 
 
 @dataclass(frozen=True)
-class LlamaCppPromptLookup(Method):
+class LlamaCppPromptLookup(_PromptLookupPeer):
     name: ClassVar[str] = "llama-cpp-pld"
     summary: ClassVar[str] = "peer: llama-cpp-python with LlamaPromptLookupDecoding (--backend llama.cpp)"
-    peer: ClassVar[bool] = True
-    drafts: ClassVar[str] = "chain"
-    length_field: ClassVar[str] = "tokens"
     tokens: int = 10  # num_pred_tokens, its default
     max_ngram: int = 2  # max_ngram_size, its default
-
-    def __post_init__(self) -> None:
-        self._require(1 <= self.tokens <= MAX_TOKENS, f"tokens must be between 1 and {MAX_TOKENS}, got {self.tokens}")
-        self._require(1 <= self.max_ngram <= 32, f"max_ngram must be between 1 and 32, got {self.max_ngram}")
