@@ -22,6 +22,7 @@ from leapdecode.errors import InputError
 from leapdecode.methods import Method, parse_method
 from leapdecode.models import LoadedModel
 from leapdecode.verifiers import verify_greedy, verify_speculative, verify_tree_greedy, verify_tree_speculative
+from leapdecode.verifiers.verdict import MAX_TOP_LOGPROBS, TokenLogprob
 
 if TYPE_CHECKING:
     from leapdecode.drafters.base import Drafter
@@ -42,6 +43,7 @@ class GenerationResult:
     stats: GenerationStats
     steps: tuple[Step, ...]  # one per target forward pass: drafted, accepted, emitted
     method: str
+    logprobs: tuple[TokenLogprob, ...] | None = None  # one per token of token_ids, when asked for
 
 
 class GenerationOptions(TypedDict, total=False):
@@ -55,6 +57,7 @@ class GenerationOptions(TypedDict, total=False):
     top_p: float
     seed: int | None
     generator: torch.Generator | None
+    logprobs: int | None
 
 
 class StepStream(Iterator[Step]):
@@ -151,14 +154,21 @@ class Decoder:
         check_request(self.lm, prompt_ids, max_new_tokens)
 
     @staticmethod
-    def _verifiers(sampling: SamplingParams, generator: torch.Generator | None) -> tuple[Verifier, TreeVerifier]:
+    def _verifiers(
+        sampling: SamplingParams, generator: torch.Generator | None, logprobs: int | None,
+    ) -> tuple[Verifier, TreeVerifier]:
         """Greedy matching at temperature 0, else speculative sampling (exactly the target's
         distribution); each in its chain and its tree form."""
         if sampling.greedy:
-            return verify_greedy, verify_tree_greedy
+            if logprobs is None:
+                return verify_greedy, verify_tree_greedy
+            return (
+                functools.partial(verify_greedy, logprobs=logprobs),
+                functools.partial(verify_tree_greedy, logprobs=logprobs),
+            )
         return (
-            functools.partial(verify_speculative, params=sampling, generator=generator),
-            functools.partial(verify_tree_speculative, params=sampling, generator=generator),
+            functools.partial(verify_speculative, params=sampling, generator=generator, logprobs=logprobs),
+            functools.partial(verify_tree_speculative, params=sampling, generator=generator, logprobs=logprobs),
         )
 
     def stream(
@@ -173,21 +183,29 @@ class Decoder:
         top_p: float = 1.0,
         seed: int | None = None,
         generator: torch.Generator | None = None,
+        logprobs: int | None = None,
     ) -> StepStream:
         """The generation's steps, one `Step` per target forward pass, each as soon as its tokens
         are accepted (an iterator; `StepStream.prompt_ids` holds the encoded prompt).
 
         temperature 0 (the default) is greedy decoding; otherwise tokens are sampled with
         temperature / top_k / top_p as in Hugging Face `generate`, reproducibly with `seed`
-        or a `torch.Generator`. Bad arguments raise here, before the first step is asked for.
+        or a `torch.Generator`. `logprobs=N` (0..20) records each emitted token's log-probability
+        under the model's own distribution (raw logits, before temperature / top-k / top-p) with
+        the N most likely tokens at its position (`Step.logprobs`); it changes no token.
+        Bad arguments raise here, before the first step is asked for.
         """
         sampling = SamplingParams(temperature, top_k, top_p, seed)
+        if logprobs is not None and (
+            isinstance(logprobs, bool) or not isinstance(logprobs, int) or not 0 <= logprobs <= MAX_TOP_LOGPROBS
+        ):
+            raise InputError(f"logprobs must be an integer from 0 to {MAX_TOP_LOGPROBS} or None, got {logprobs!r}")
         prompt_ids = encode_prompt(self.lm, prompt, chat=chat)
         self.check_request(prompt_ids, max_new_tokens)
         criteria = StopCriteria(self.lm.eos_token_ids, max_new_tokens, stop, self.lm.tokenizer)
         if generator is None and sampling.seed is not None:
             generator = torch.Generator(device=self.backend.device).manual_seed(sampling.seed)
-        verifier, tree_verifier = self._verifiers(sampling, generator)
+        verifier, tree_verifier = self._verifiers(sampling, generator, logprobs)
         return StepStream(prompt_ids, self._run(prompt_ids, self._new_drafter(sampling, generator), criteria, verifier, tree_verifier))
 
     def _run(
@@ -211,6 +229,7 @@ class Decoder:
             stats=GenerationStats.from_steps(steps, elapsed),
             steps=steps,
             method=str(self.method),
+            logprobs=None if options.get("logprobs") is None else tuple(lp for s in steps for lp in s.logprobs or ()),
         )
 
 

@@ -30,6 +30,28 @@ def make_tiny_model(arch: str = "llama", seed: int = 0, vocab: int = TINY_VOCAB,
     return model
 
 
+class TinyTokenizer:
+    """Enough of a tokenizer for token-id prompts on the tiny models."""
+
+    pad_token_id = 0
+
+    def __len__(self) -> int:
+        return TINY_VOCAB
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return " ".join(map(str, ids))
+
+    def get_vocab(self) -> dict[str, int]:
+        return {str(i): i for i in range(TINY_VOCAB)}
+
+
+def tiny_lm(model, name: str = "tiny"):
+    """A tiny model as the API loads models: a `LoadedModel` with a token-id tokenizer."""
+    from leapdecode.models import LoadedModel
+
+    return LoadedModel(model=model, tokenizer=TinyTokenizer(), name=name, eos_token_ids=frozenset(), max_context=512)
+
+
 @pytest.fixture(scope="session", params=["llama", "qwen2"])
 def tiny_model(request):
     return make_tiny_model(request.param)

@@ -12,7 +12,7 @@ from leapdecode.engine import TorchBackend, compile_tree
 from leapdecode.engine.reference import greedy_reference
 from leapdecode.errors import InputError, MethodError
 from leapdecode.models import LoadedModel
-from tests.conftest import TINY_VOCAB, prompts
+from tests.conftest import TINY_VOCAB, prompts, tiny_lm
 
 WINDOW = 12  # shorter than prompt + generation, so every sliding layer runs past it
 
@@ -36,24 +36,11 @@ ARCHITECTURES = {
 }
 
 
-class TinyTokenizer:
-    pad_token_id = 0
-
-    def __len__(self) -> int:
-        return TINY_VOCAB
-
-    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
-        return " ".join(map(str, ids))
-
-    def get_vocab(self) -> dict[str, int]:
-        return {str(i): i for i in range(TINY_VOCAB)}
-
-
 def tiny(arch: str, seed: int = 0) -> LoadedModel:
     config = AutoConfig.for_model(arch, **BASE, **ARCHITECTURES[arch])
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
-    return LoadedModel(model, TinyTokenizer(), f"tiny-{arch}-{seed}", frozenset(), 512)
+    return tiny_lm(model, f"tiny-{arch}-{seed}")
 
 
 @pytest.fixture(scope="module", params=list(ARCHITECTURES))

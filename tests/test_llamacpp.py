@@ -186,3 +186,16 @@ def test_a_long_draft_scores_bit_for_bit_as_single_tokens(cpp_lm) -> None:
     seq, _ = backend.prefill(ids)
     singles = torch.stack([backend.forward(seq, [t]).logits[0] for t in tokens])
     assert torch.equal(batched, singles)
+
+
+def test_logprobs_on_llama_cpp_agree_with_pytorch(cpp_lm, real_lm) -> None:
+    """The same quantity from both backends: the Q8 GGUF's log-probabilities are close to float32's."""
+    prompt = "def fibonacci(n):\n"
+    cpp = wrap(cpp_lm, "anpd").generate(prompt, max_new_tokens=12, logprobs=2)
+    ref = wrap(real_lm, "anpd").generate(prompt, max_new_tokens=12, logprobs=2)
+    assert len(cpp.logprobs) == len(cpp.token_ids) and [r.token for r in cpp.logprobs] == cpp.token_ids
+    shared = next((i for i, (a, b) in enumerate(zip(cpp.token_ids, ref.token_ids)) if a != b), len(cpp.token_ids))
+    assert shared >= 4
+    for a, b in zip(cpp.logprobs[:shared], ref.logprobs[:shared]):
+        assert a.logprob == pytest.approx(b.logprob, abs=0.25)
+        assert a.top[0][0] == a.token

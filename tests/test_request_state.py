@@ -10,26 +10,7 @@ import torch
 from leapdecode.api import Decoder
 from leapdecode.engine import TreeMaskBuffer, compile_tree
 from leapdecode.models import LoadedModel
-from tests.conftest import make_tiny_model
-
-
-class TinyTokenizer:
-    """Enough of a tokenizer for token-id prompts."""
-
-    pad_token_id = 0
-
-    def __len__(self) -> int:
-        return 96
-
-    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
-        return " ".join(map(str, ids))
-
-    def get_vocab(self) -> dict[str, int]:
-        return {str(i): i for i in range(96)}
-
-
-def tiny_lm(model) -> LoadedModel:
-    return LoadedModel(model=model, tokenizer=TinyTokenizer(), name="tiny", eos_token_ids=frozenset(), max_context=512)
+from tests.conftest import make_tiny_model, tiny_lm
 
 
 def test_tree_mask_buffer_equals_the_whole_mask_pass_after_pass() -> None:

@@ -76,6 +76,31 @@ def test_completion_equals_the_library_greedy_output(client, real_lm) -> None:
     assert resp.choices[0].finish_reason == "length"
 
 
+def test_logprobs_are_the_library_ones_in_both_apis_streamed_or_not(client, real_lm) -> None:
+    prompt = "def fibonacci(n):\n"
+    expected = wrap(real_lm, "anpd").generate(prompt, max_new_tokens=16, logprobs=2)
+    want = [r.logprob for r in expected.logprobs]
+    resp = client.completions.create(model=MODEL, prompt=prompt, max_tokens=16, temperature=0, logprobs=2)
+    got = resp.choices[0].logprobs
+    assert got.token_logprobs == pytest.approx(want, abs=1e-4)
+    assert "".join(got.tokens) == resp.choices[0].text == expected.text
+    assert got.text_offset == [sum(len(t) for t in got.tokens[:i]) for i in range(len(got.tokens))]
+    assert all(len(top) <= 2 and max(top.values()) == pytest.approx(lp, abs=1e-4) for top, lp in zip(got.top_logprobs, want))
+
+    messages = [{"role": "user", "content": "Name three colours."}]
+    chat = wrap(real_lm, "anpd").generate(messages, max_new_tokens=12, logprobs=3)
+    whole = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=12, temperature=0, logprobs=True, top_logprobs=3)
+    content = whole.choices[0].logprobs.content
+    assert [c.logprob for c in content] == pytest.approx([r.logprob for r in chat.logprobs], abs=1e-4)
+    assert all(len(c.top_logprobs) == 3 and c.bytes == list(c.token.encode()) for c in content)
+    streamed = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=12, temperature=0, logprobs=True, stream=True)
+    pieces = [c for chunk in streamed for choice in chunk.choices if choice.logprobs for c in choice.logprobs.content]
+    assert [c.logprob for c in pieces] == pytest.approx([c.logprob for c in content], abs=1e-6)
+    assert all(c.top_logprobs == [] for c in pieces)
+    plain = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=12, temperature=0)
+    assert plain.choices[0].logprobs is None and plain.choices[0].message.content == whole.choices[0].message.content
+
+
 def test_chat_streaming_and_not_agree_with_the_library(client, real_lm) -> None:
     messages = [{"role": "user", "content": "Name three colours."}]
     expected = wrap(real_lm, "anpd").generate(messages, max_new_tokens=40)
@@ -140,7 +165,10 @@ def test_per_request_method_and_seeded_sampling(client) -> None:
         ("/v1/completions", {"model": MODEL, "prompt": "Hi \ud800", "max_tokens": 4, "stream": True}, 400, "invalid Unicode"),
         ("/v1/completions", {"model": MODEL, "prompt": "hi", "temperature": "0"}, 400, "temperature"),
         ("/v1/completions", {"model": MODEL, "prompt": "hi", "echo": True}, 400, "echo"),
-        ("/v1/completions", {"model": MODEL, "prompt": "hi", "logprobs": 2}, 400, "logprobs"),
+        ("/v1/completions", {"model": MODEL, "prompt": "hi", "logprobs": 21}, 400, "logprobs"),
+        ("/v1/completions", {"model": MODEL, "prompt": "hi", "logprobs": True}, 400, "logprobs"),
+        ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "top_logprobs": 3}, 400, "top_logprobs requires"),
+        ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "logprobs": True, "top_logprobs": -1}, 400, "top_logprobs"),
         ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "logit_bias": {"5": 10}}, 400, "logit_bias"),
         ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function"}]}, 400, "tools"),
         ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "json_object"}}, 400, "response_format"),

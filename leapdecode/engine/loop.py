@@ -27,7 +27,7 @@ from leapdecode.engine.tree import TreeLayout, compile_tree
 
 if TYPE_CHECKING:
     from leapdecode.drafters.base import Drafter
-    from leapdecode.verifiers.verdict import Verdict
+    from leapdecode.verifiers.verdict import TokenLogprob, Verdict
 
 # (drafted tokens [D], target logits [D+1, vocab], draft probs q [D, vocab] or None) -> Verdict
 Verifier = Callable[[Sequence[int], torch.Tensor, "torch.Tensor | None"], "Verdict"]
@@ -45,6 +45,7 @@ class Step:
     finish_reason: str | None  # "stop", "length", or None while generation goes on
     parents: tuple[int, ...] | None = None  # the draft's tree (None: a chain)
     path: tuple[int, ...] = ()  # indices of the accepted drafted tokens, root first
+    logprobs: tuple[TokenLogprob, ...] | None = None  # one per emitted token, when the verifier was asked
 
 
 def decode(
@@ -58,7 +59,8 @@ def decode(
     """Generate after `prompt_ids`, yielding one `Step` per target forward pass."""
     # 1. Prefill: the prompt's pass also gives the first new token.
     seq, scores = backend.prefill(list(prompt_ids))
-    new_tokens = verifier((), scores.logits[-1:], None).tokens
+    verdict = verifier((), scores.logits[-1:], None)
+    new_tokens = verdict.tokens
     drafter.reset(prompt_ids)
     drafter.attach(backend, seq)
     generated: list[int] = []
@@ -69,7 +71,8 @@ def decode(
         # 2. Emit what the target produced, cut at EOS / a stop string / the budget.
         keep, reason = stop.cut(generated, new_tokens)
         generated.extend(new_tokens[:keep])
-        yield Step(drafted, len(path), tuple(new_tokens[:keep]), reason, parents, tuple(path))
+        logprobs = None if verdict.logprobs is None else tuple(verdict.logprobs[:keep])
+        yield Step(drafted, len(path), tuple(new_tokens[:keep]), reason, parents, tuple(path), logprobs)
         if reason is not None:
             return
         # 3. Tell the drafter; ask for a draft (the deepest branch of a tree counts) no longer

@@ -14,7 +14,7 @@ import json
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,6 +38,11 @@ from leapdecode.methods import METHODS, Method, backend_for, method_class, parse
 from leapdecode.models import LoadedModel
 from leapdecode.server.schemas import ChatCompletionRequest, CompletionRequest
 from leapdecode.textstream import TextStream
+from leapdecode.verifiers import TokenLogprob
+
+
+# (text delta, finish reason, log-probabilities of the tokens behind it) -> one response or SSE chunk
+Chunk = Callable[[str, "str | None", Sequence[TokenLogprob]], dict[str, Any]]
 
 logger = logging.getLogger("leapdecode")
 COST_TOKENS = 17  # forward cost measured at start for 1..17 tokens; longer drafts extrapolate its slope
@@ -202,6 +207,7 @@ class Job:
     top_p: float
     seed: int | None
     timeout_s: float
+    logprobs: int | None = None  # alternatives per token to report; None: no log-probabilities
     cancel: threading.Event = field(default_factory=threading.Event)
     finish_reason: str = "length"
     timed_out: bool = False
@@ -217,7 +223,7 @@ class Job:
         self.method_name = str(decoder.method)
         stream = decoder.stream(
             self.prompt_ids, max_new_tokens=self.max_tokens, stop=self.stop,
-            temperature=self.temperature, top_p=self.top_p, seed=self.seed,
+            temperature=self.temperature, top_p=self.top_p, seed=self.seed, logprobs=self.logprobs,
         )
         try:
             for step in stream:
@@ -348,7 +354,7 @@ def create_app(lm: LoadedModel, config: ServerConfig) -> FastAPI:
             raise ApiError(400, f"max_tokens must be at least 1, got {max_tokens}", param="max_tokens")
         check_request(lm, prompt_ids, max_tokens)
         return Job(method, decoder_for, prompt_ids, max_tokens, list(body.stop or []), body.temperature, body.top_p, body.seed,
-                   timeout_s=config.timeout_s)
+                   timeout_s=config.timeout_s, logprobs=body.logprob_count)
 
     def admit() -> None:
         if admitted[0] >= config.max_queue:
@@ -397,6 +403,33 @@ def create_app(lm: LoadedModel, config: ServerConfig) -> FastAPI:
         completion = sum(len(s.tokens) for s in steps)
         return {"prompt_tokens": len(job.prompt_ids), "completion_tokens": completion, "total_tokens": len(job.prompt_ids) + completion}
 
+    def token_text(token: int) -> str:
+        return lm.tokenizer.decode([token], skip_special_tokens=False)
+
+    def chat_logprobs(records: Sequence[TokenLogprob]) -> dict[str, Any]:
+        """The chat API's `logprobs`: per token its text, UTF-8 bytes, log-probability and alternatives."""
+
+        def entry(token: int, logprob: float) -> dict[str, Any]:
+            text = token_text(token)
+            return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+
+        return {"content": [{**entry(r.token, r.logprob), "top_logprobs": [entry(t, v) for t, v in r.top]} for r in records],
+                "refusal": None}
+
+    def completion_logprobs(records: Sequence[TokenLogprob], offset: list[int]) -> dict[str, Any]:
+        """The legacy completions API's `logprobs`: parallel lists, alternatives as {text: logprob}."""
+        tokens, offsets = [], []
+        for r in records:
+            text = token_text(r.token)
+            tokens.append(text)
+            offsets.append(offset[0])
+            offset[0] += len(text)
+        return {"tokens": tokens, "token_logprobs": [r.logprob for r in records],
+                "top_logprobs": [{token_text(t): v for t, v in r.top} for r in records], "text_offset": offsets}
+
+    def step_logprobs(steps: list[Step]) -> list[TokenLogprob]:
+        return [r for s in steps for r in s.logprobs or ()]
+
     def stats(job: Job, steps: list[Step]) -> dict[str, Any]:
         generated = sum(len(s.tokens) for s in steps)
         drafted = sum(len(s.drafted) for s in steps)
@@ -404,7 +437,7 @@ def create_app(lm: LoadedModel, config: ServerConfig) -> FastAPI:
         return {"method": job.method_name, "forward_passes": len(steps), "drafted_tokens": drafted, "accepted_tokens": accepted,
                 "tau": generated / len(steps) if steps else 0.0, "alpha": accepted / drafted if drafted else 0.0}
 
-    def stream_response(job: Job, chunk: Callable[[str, str | None], dict[str, Any]], include_usage: bool, endpoint: str) -> StreamingResponse:
+    def stream_response(job: Job, chunk: Chunk, include_usage: bool, endpoint: str) -> StreamingResponse:
         admit()
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[Step | None | BaseException] = asyncio.Queue()
@@ -428,6 +461,7 @@ def create_app(lm: LoadedModel, config: ServerConfig) -> FastAPI:
 
         async def events() -> AsyncIterator[str]:
             steps: list[Step] = []
+            pending: list[TokenLogprob] = []  # log-probabilities not yet sent: they ride on the next chunk
             detok = TextStream(lm.tokenizer)
             holder = StopStringHolder(job.stop)
             status = "200"
@@ -445,9 +479,11 @@ def create_app(lm: LoadedModel, config: ServerConfig) -> FastAPI:
                     if not steps:
                         metrics.first_token.observe(time.perf_counter() - start)
                     steps.append(item)
+                    pending.extend(item.logprobs or ())
                     delta = holder.push(detok.push(item.tokens), final=False)
                     if delta:
-                        yield _sse(chunk(delta, None))
+                        yield _sse(chunk(delta, None, pending))
+                        pending = []
                 if job.timed_out:
                     status = "503"
                     error = ApiError(503, f"The request exceeded the server's time limit of {config.timeout_s:g} s.", type_="server_error", code="timeout")
@@ -455,8 +491,9 @@ def create_app(lm: LoadedModel, config: ServerConfig) -> FastAPI:
                 else:
                     tail = holder.push(detok.flush(), final=True)
                     if tail:
-                        yield _sse(chunk(tail, None))
-                    yield _sse(chunk("", "stop" if job.finish_reason == "stop" else "length"))
+                        yield _sse(chunk(tail, None, pending))
+                        pending = []
+                    yield _sse(chunk("", "stop" if job.finish_reason == "stop" else "length", pending))
                     if include_usage:
                         yield _sse({**chunk("", None), "choices": [], "usage": usage(job, steps)})
                 yield "data: [DONE]\n\n"
@@ -528,15 +565,17 @@ def create_app(lm: LoadedModel, config: ServerConfig) -> FastAPI:
         prompt_ids = await asyncio.to_thread(encode_prompt, lm, body.prompt)  # a long prompt must not stall the event loop
         job = make_job(body, prompt_ids, body.max_tokens)
         rid, now = f"cmpl-{uuid.uuid4().hex}", int(time.time())
+        offset = [0]  # characters of completion text before the next token, across chunks
 
-        def chunk(text: str, finish: str | None) -> dict[str, Any]:
+        def chunk(text: str, finish: str | None, records: Sequence[TokenLogprob] = ()) -> dict[str, Any]:
+            logprobs = completion_logprobs(records, offset) if job.logprobs is not None else None
             return {"id": rid, "object": "text_completion", "created": now, "model": config.model_name,
-                    "choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": finish}]}
+                    "choices": [{"text": text, "index": 0, "logprobs": logprobs, "finish_reason": finish}]}
 
         if body.stream:
             return stream_response(job, chunk, bool(body.stream_options and body.stream_options.include_usage), "/v1/completions")
         steps, text, finish = await complete(job, "/v1/completions", request)
-        return {**chunk(text, finish), "usage": usage(job, steps), "leapdecode": stats(job, steps)}
+        return {**chunk(text, finish, step_logprobs(steps)), "usage": usage(job, steps), "leapdecode": stats(job, steps)}
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any:
@@ -547,20 +586,23 @@ def create_app(lm: LoadedModel, config: ServerConfig) -> FastAPI:
         rid, now = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
         first = [True]
 
-        def chunk(text: str, finish: str | None) -> dict[str, Any]:
+        def chunk(text: str, finish: str | None, records: Sequence[TokenLogprob] = ()) -> dict[str, Any]:
             delta: dict[str, Any] = {"content": text} if text or finish is None else {}
             if first[0]:
                 delta["role"] = "assistant"
                 first[0] = False
-            return {"id": rid, "object": "chat.completion.chunk", "created": now, "model": config.model_name,
-                    "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+            choice: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": finish}
+            if job.logprobs is not None:
+                choice["logprobs"] = chat_logprobs(records)
+            return {"id": rid, "object": "chat.completion.chunk", "created": now, "model": config.model_name, "choices": [choice]}
 
         if body.stream:
             return stream_response(job, chunk, bool(body.stream_options and body.stream_options.include_usage), "/v1/chat/completions")
         steps, text, finish = await complete(job, "/v1/chat/completions", request)
         return {
             "id": rid, "object": "chat.completion", "created": now, "model": config.model_name,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish, "logprobs": None}],
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish,
+                         "logprobs": chat_logprobs(step_logprobs(steps)) if job.logprobs is not None else None}],
             "usage": usage(job, steps), "leapdecode": stats(job, steps),
         }
 

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 MAX_STOP_STRINGS = 4  # as in the OpenAI API
 MAX_SEED = 2**63 - 1  # what a torch generator takes
 
 # Fields the OpenAI API has and this server does not implement: refused, never silently ignored.
 UNSUPPORTED = ("echo", "best_of", "suffix", "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias",
-               "response_format", "tools", "tool_choice", "functions", "function_call", "logprobs", "top_logprobs")
+               "response_format", "tools", "tool_choice", "functions", "function_call")
+MAX_TOP_LOGPROBS = 20  # as in the OpenAI API (chat); completions' `logprobs` takes the same bound here
 
 
 def _valid_unicode(value: str) -> str:
@@ -77,6 +78,12 @@ class _Common(BaseModel):
 class CompletionRequest(_Common):
     prompt: Text | list[Text] | list[int]
     max_tokens: int | None = Field(default=16, strict=True)  # the OpenAI default for completions
+    logprobs: int | None = Field(default=None, strict=True, ge=0, le=MAX_TOP_LOGPROBS)  # the top alternatives per token
+
+    @property
+    def logprob_count(self) -> int | None:
+        """How many alternatives to report per token, or None for no log-probabilities."""
+        return self.logprobs
 
     @field_validator("prompt")
     @classmethod
@@ -108,6 +115,19 @@ class ChatMessage(BaseModel):
 class ChatCompletionRequest(_Common):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, strict=True)
+    logprobs: bool = Field(default=False, strict=True)
+    top_logprobs: int | None = Field(default=None, strict=True, ge=0, le=MAX_TOP_LOGPROBS)
+
+    @model_validator(mode="after")
+    def _top_needs_logprobs(self) -> ChatCompletionRequest:
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ValueError("top_logprobs requires logprobs to be true")
+        return self
+
+    @property
+    def logprob_count(self) -> int | None:
+        """How many alternatives to report per token, or None for no log-probabilities."""
+        return (self.top_logprobs or 0) if self.logprobs else None
 
     @property
     def token_limit(self) -> int | None:

@@ -7,9 +7,9 @@ from leapdecode.engine.sampling import SamplingParams, logits_to_probs
 from leapdecode.verifiers.greedy import verify_greedy
 from leapdecode.verifiers.sampling import verify_speculative
 from leapdecode.verifiers.tree import verify_tree_greedy, verify_tree_speculative
-from leapdecode.verifiers.verdict import Verdict
+from leapdecode.verifiers.verdict import TokenLogprob, Verdict
 
 __all__ = [
-    "SamplingParams", "Verdict", "logits_to_probs", "verify_greedy", "verify_speculative", "verify_tree_greedy",
+    "SamplingParams", "TokenLogprob", "Verdict", "logits_to_probs", "verify_greedy", "verify_speculative", "verify_tree_greedy",
     "verify_tree_speculative",
 ]

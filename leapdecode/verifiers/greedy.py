@@ -9,20 +9,36 @@ from collections.abc import Sequence
 
 import torch
 
-from leapdecode.verifiers.verdict import Verdict, host_tokens
+from leapdecode.verifiers.verdict import Verdict, emitted_logprobs, host_tokens, log_probs, top_logprobs
 
 
 def verify_greedy(
     draft_tokens: Sequence[int] | torch.Tensor,  # [D]
     target_logits: torch.Tensor,  # [D+1, vocab]
     draft_probs: torch.Tensor | None = None,  # [D, vocab]; unused: greedy needs only p's argmax
+    *,
+    logprobs: int | None = None,
 ) -> Verdict:
     """Keep drafted tokens while each equals the target's argmax; then add the bonus token.
 
-    Returns a Verdict whose tokens are [d_1..d_A, bonus]: the target's own argmax at rows 0..A."""
-    predicted = target_logits.argmax(dim=-1).tolist()  # [D+1]: the one device-to-host transfer
+    Returns a Verdict whose tokens are [d_1..d_A, bonus]: the target's own argmax at rows 0..A
+    (with their log-probabilities and the `logprobs` best alternatives when `logprobs` is set)."""
     drafted = host_tokens(draft_tokens)
+    argmax = target_logits.argmax(dim=-1)  # [D+1]
+    if logprobs is None:
+        predicted = argmax.tolist()  # the one device-to-host transfer
+    else:
+        logp = log_probs(target_logits)  # [D+1, vocab]
+        chosen = logp.gather(-1, argmax[:, None])[:, 0]  # [D+1]
+        host = torch.cat([argmax.double(), chosen.double(), top_logprobs(logp, logprobs)]).tolist()  # one transfer
+        rows = len(drafted) + 1
+        predicted = [int(t) for t in host[:rows]]
     num_accepted = 0
     while num_accepted < len(drafted) and drafted[num_accepted] == predicted[num_accepted]:
         num_accepted += 1
-    return Verdict(list(range(num_accepted)), predicted[: num_accepted + 1], predicted)
+    tokens = predicted[: num_accepted + 1]
+    if logprobs is None:
+        return Verdict(list(range(num_accepted)), tokens, predicted)
+    emitted = range(num_accepted + 1)
+    record = emitted_logprobs(tokens, emitted, [host[rows + i] for i in emitted], host[2 * rows :], logprobs)
+    return Verdict(list(range(num_accepted)), tokens, predicted, record)

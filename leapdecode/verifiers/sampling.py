@@ -18,7 +18,7 @@ from collections.abc import Sequence
 import torch
 
 from leapdecode.engine.sampling import SamplingParams, logits_to_probs
-from leapdecode.verifiers.verdict import Verdict, host_tokens
+from leapdecode.verifiers.verdict import Verdict, emitted_logprobs, host_tokens, log_probs, top_logprobs
 
 __all__ = ["SamplingParams", "logits_to_probs", "verify_speculative"]
 
@@ -29,6 +29,8 @@ def verify_speculative(
     draft_probs: torch.Tensor | None,  # [D, vocab] q, already shaped by the same params; None = one-hot
     params: SamplingParams,
     generator: torch.Generator | None = None,
+    *,
+    logprobs: int | None = None,
 ) -> Verdict:
     """The verdict's tokens are [d_1..d_A, last], where `last` is the residual sample at the
     first rejection, or the bonus token drawn from p when all D drafts were accepted.
@@ -58,7 +60,19 @@ def verify_speculative(
         num_accepted = torch.zeros((), dtype=torch.long, device=p.device)
         dist = p[0]
     last = torch.multinomial(dist, 1, generator=generator)  # [1]
-    host = torch.cat([num_accepted.view(1), last, predicted]).tolist()  # the one device-to-host transfer
-    accepted = host[0]
-    return Verdict(list(range(accepted)), [*drafted[:accepted], host[1]], host[2:])
+    parts = [num_accepted.view(1).double(), last.double(), predicted.double()]
+    if logprobs is not None:
+        logp = log_probs(target_logits)  # [D+1, vocab]
+        drafted_logp = logp[rows, draft] if num_drafted else logp.new_empty(0)  # [D]
+        parts += [drafted_logp.double(), logp[num_accepted, last].double(), top_logprobs(logp, logprobs)]
+    host = torch.cat(parts).tolist()  # the one device-to-host transfer
+    accepted = int(host[0])
+    tokens = [*drafted[:accepted], int(host[1])]
+    predicted_h = [int(t) for t in host[2 : num_drafted + 3]]
+    if logprobs is None:
+        return Verdict(list(range(accepted)), tokens, predicted_h)
+    base = num_drafted + 3
+    chosen = [*host[base : base + accepted], host[base + num_drafted]]
+    record = emitted_logprobs(tokens, range(accepted + 1), chosen, host[base + num_drafted + 1 :], logprobs)
+    return Verdict(list(range(accepted)), tokens, predicted_h, record)
 

@@ -17,16 +17,26 @@ import torch
 
 from leapdecode.engine.sampling import SamplingParams, logits_to_probs
 from leapdecode.engine.tree import TreeLayout
-from leapdecode.verifiers.verdict import Verdict, host_tokens
+from leapdecode.verifiers.verdict import Verdict, emitted_logprobs, host_tokens, log_probs, top_logprobs
 
 
 def verify_tree_greedy(
     draft_tokens: Sequence[int] | torch.Tensor,  # [D]
     tree: TreeLayout,
     target_logits: torch.Tensor,  # [D+1, vocab]: row i predicts the token after node i
+    *,
+    logprobs: int | None = None,
 ) -> Verdict:
     """Walk down from the root while a child carries the target's argmax."""
-    predicted = target_logits.argmax(dim=-1).tolist()  # [D+1]: the one device-to-host transfer
+    argmax = target_logits.argmax(dim=-1)  # [D+1]
+    if logprobs is None:
+        predicted = argmax.tolist()  # the one device-to-host transfer
+    else:
+        logp = log_probs(target_logits)  # [D+1, vocab]
+        chosen = logp.gather(-1, argmax[:, None])[:, 0]  # [D+1]
+        host = torch.cat([argmax.double(), chosen.double(), top_logprobs(logp, logprobs)]).tolist()  # one transfer
+        rows = len(argmax)
+        predicted = [int(t) for t in host[:rows]]
     tokens = host_tokens(draft_tokens)
     node, path = 0, []
     while True:
@@ -36,7 +46,12 @@ def verify_tree_greedy(
             break
         path.append(child - 1)
         node = child
-    return Verdict(path, [tokens[i] for i in path] + [predicted[node]], predicted)
+    emitted = [tokens[i] for i in path] + [predicted[node]]
+    if logprobs is None:
+        return Verdict(path, emitted, predicted)
+    scored_at = [0, *(i + 1 for i in path)]  # the row that predicted each emitted token: its parent node
+    record = emitted_logprobs(emitted, scored_at, [host[rows + r] for r in scored_at], host[2 * rows :], logprobs)
+    return Verdict(path, emitted, predicted, record)
 
 
 def verify_tree_speculative(
@@ -45,6 +60,8 @@ def verify_tree_speculative(
     target_logits: torch.Tensor,  # [D+1, vocab]
     params: SamplingParams,
     generator: torch.Generator | None = None,
+    *,
+    logprobs: int | None = None,
 ) -> Verdict:
     """Recursive rejection over siblings (SpecInfer, 2305.09781) with one-hot q: at a node, try
     its children in order, accepting child x with probability p(x); after a rejection p becomes
@@ -70,11 +87,17 @@ def verify_tree_speculative(
     residual = torch.where(total > 0, residual / total.clamp_min(1e-30), p)
     fallback = torch.multinomial(residual, 1, generator=generator)[:, 0]  # [D+1]
     predicted = target_logits.argmax(dim=-1)  # [D+1]
-    host = torch.cat([child_p.double(), u.double(), fallback.double(), predicted.double()]).tolist()  # one transfer
+    parts = [child_p.double(), u.double(), fallback.double(), predicted.double()]
+    if logprobs is not None:
+        logp = log_probs(target_logits)  # [D+1, vocab]
+        child_logp = logp[parent_rows, draft]  # [D]: each drafted token at its parent's row
+        fallback_logp = logp.gather(-1, fallback[:, None])[:, 0]  # [D+1]
+        parts += [child_logp.double(), fallback_logp.double(), top_logprobs(logp, logprobs)]
+    host = torch.cat(parts).tolist()  # the one device-to-host transfer
     d = len(tokens)
     child_p_h, u_h = host[:d], host[d : 2 * d]
     fallback_h = [int(x) for x in host[2 * d : 2 * d + num_nodes]]
-    predicted_h = [int(x) for x in host[2 * d + num_nodes :]]
+    predicted_h = [int(x) for x in host[2 * d + num_nodes : 2 * d + 2 * num_nodes]]
     node, path = 0, []
     while True:
         accepted, removed = None, 0.0
@@ -89,4 +112,11 @@ def verify_tree_speculative(
             break
         path.append(accepted - 1)
         node = accepted
-    return Verdict(path, [tokens[i] for i in path] + [last], predicted_h)
+    emitted = [tokens[i] for i in path] + [last]
+    if logprobs is None:
+        return Verdict(path, emitted, predicted_h)
+    base = 2 * d + 2 * num_nodes
+    chosen = [host[base + i] for i in path] + [host[base + d + node]]
+    scored_at = [0, *(i + 1 for i in path)]
+    record = emitted_logprobs(emitted, scored_at, chosen, host[base + d + num_nodes :], logprobs)
+    return Verdict(path, emitted, predicted_h, record)

@@ -12,8 +12,12 @@ Names used by every verifier in this package:
   every forward pass yields at least one token.
 
 Each verifier makes exactly one device-to-host transfer: everything the decode loop needs next
-(the accepted path, the emitted tokens, and the target's greedy token at every scored row for
-drafters that learn from it) comes back in that one copy.
+(the accepted path, the emitted tokens, the target's greedy token at every scored row for
+drafters that learn from it, and on request the log-probabilities of the emitted tokens) comes
+back in that one copy.
+
+Log-probabilities are those of the model's own distribution (log-softmax of the raw logits, before
+temperature, top-k or top-p), as vLLM reports them by default.
 """
 
 from __future__ import annotations
@@ -24,10 +28,22 @@ from typing import NamedTuple
 import torch
 
 
+MAX_TOP_LOGPROBS = 20  # the OpenAI API's bound on top_logprobs
+
+
+class TokenLogprob(NamedTuple):
+    """One emitted token's log-probability, with the `top` most likely tokens at its position."""
+
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...]  # (token, logprob), most likely first
+
+
 class Verdict(NamedTuple):
     path: list[int]  # indices of the accepted drafted tokens, root first (a chain: 0..A-1)
     tokens: list[int]  # emitted: the accepted tokens, then the bonus token ([A+1])
     predicted: list[int]  # the target's greedy token after each scored row ([D+1])
+    logprobs: list[TokenLogprob] | None = None  # one per emitted token, when asked for ([A+1])
 
     @property
     def num_accepted(self) -> int:
@@ -37,3 +53,29 @@ class Verdict(NamedTuple):
 def host_tokens(draft_tokens: Sequence[int] | torch.Tensor) -> list[int]:
     """Drafted tokens as a host list (the loop passes lists; a tensor is accepted for convenience)."""
     return draft_tokens.tolist() if isinstance(draft_tokens, torch.Tensor) else list(draft_tokens)
+
+
+def log_probs(target_logits: torch.Tensor) -> torch.Tensor:  # [D+1, vocab]
+    """The model's own log-distribution at every scored row, in float32 whatever the model's dtype."""
+    return torch.log_softmax(target_logits.float(), dim=-1)
+
+
+def top_logprobs(logp: torch.Tensor, top: int) -> torch.Tensor:  # [(D+1) * 2 * top], float64
+    """The `top` best (logprob, token) pairs of every row, flattened for the one host transfer
+    (token ids are exact in float64)."""
+    if top <= 0:
+        return logp.new_empty(0, dtype=torch.float64)
+    values, ids = logp.topk(top, dim=-1)  # [D+1, top] each
+    return torch.cat([values.double(), ids.double()], dim=-1).flatten()
+
+
+def emitted_logprobs(
+    tokens: Sequence[int], rows: Sequence[int], chosen: Sequence[float], top_flat: Sequence[float], top: int,
+) -> list[TokenLogprob]:
+    """Assemble the host-side record: emitted token j was scored at row `rows[j]` with log-probability
+    `chosen[j]`; `top_flat` is `top_logprobs`'s output, copied to the host."""
+    out = []
+    for token, row, logprob in zip(tokens, rows, chosen, strict=True):
+        pairs = top_flat[row * 2 * top : (row + 1) * 2 * top]
+        out.append(TokenLogprob(int(token), float(logprob), tuple((int(t), float(v)) for v, t in zip(pairs[:top], pairs[top:]))))
+    return out
