@@ -178,8 +178,8 @@ def test_server_on_the_llama_cpp_backend(cpp_lm, references) -> None:
 def test_a_long_draft_scores_bit_for_bit_as_single_tokens(cpp_lm) -> None:
     """Chunks of the probed exact batch: 9 tokens in one forward equal 9 one-token passes."""
     backend = LlamaCppBackend(cpp_lm.model)
-    assert backend.exact_batch() >= 1
     ids = encode(cpp_lm, PROMPTS[1])
+    assert backend.exact_batch(len(ids) + 9) >= 1
     tokens = encode(cpp_lm, " The council also voted on a new budget for the library")[:9]
     seq, _ = backend.prefill(ids)
     batched = backend.forward(seq, tokens).logits
@@ -199,3 +199,27 @@ def test_logprobs_on_llama_cpp_agree_with_pytorch(cpp_lm, real_lm) -> None:
     for a, b in zip(cpp.logprobs[:shared], ref.logprobs[:shared]):
         assert a.logprob == pytest.approx(b.logprob, abs=0.25)
         assert a.top[0][0] == a.token
+
+
+def test_long_contexts_score_exactly_or_draft_nothing(cpp_lm) -> None:
+    """llama.cpp's batched attention differs from one-token decoding past 256 cached cells (up to
+    ~1 logit): at every length the backend scores a draft in chunks it probed exact, and where
+    none is exact the loop drafts nothing; so a long repetitive prompt decodes as plain decoding."""
+    backend = LlamaCppBackend(cpp_lm.model)
+    ladder = cpp_lm.model.exact_batches
+    assert ladder and all(1 <= batch <= 8 for _, batch in ladder)
+    batches = [backend.exact_batch(cells) for cells in range(1, 1100, 7)]
+    assert batches == sorted(batches, reverse=True)  # never grows with the context
+    text = "The quick brown fox jumps over the lazy dog. " * 100
+    ids = encode(cpp_lm, text)[:700]
+    for length in (100, 300, 650):
+        seq, _ = backend.prefill(ids[:length])
+        tokens = ids[length : length + 6]
+        batched = backend.forward(seq, tokens).logits
+        seq, _ = backend.prefill(ids[:length])
+        singles = torch.stack([backend.forward(seq, [t]).logits[0] for t in tokens])
+        assert torch.equal(batched, singles), length
+    plain = run(cpp_lm, ids, NoDrafter(), 24)[0]
+    got = wrap(cpp_lm, "anpd").generate(ids, max_new_tokens=24)
+    assert got.token_ids == plain
+    assert all(s.drafted == () for s in got.steps) == (backend.exact_batch(len(ids) + 8) == 1)

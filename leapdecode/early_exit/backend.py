@@ -81,6 +81,9 @@ class LayerBackend:
         self._drop_draft(seq)
         keep_cache_entries(seq, start, nodes)
 
+    def draft_limit(self, seq: Sequence) -> int | None:
+        return None
+
 
 class SelfDraftBackend(LayerBackend):
     """The full model for verification, and `draft` over a subset of its own layers."""

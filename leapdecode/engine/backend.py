@@ -57,6 +57,11 @@ class Backend(Protocol):
         `start` tokens, and drop everything else after `start` (an accepted tree path)."""
         ...
 
+    def draft_limit(self, seq: Sequence) -> int | None:
+        """The most drafted tokens the next pass can verify exactly as plain decoding would score
+        them (None: any number)."""
+        ...
+
 
 class AttentionLayout:
     """Which layers attend to everything and which to a sliding window, read from the config
@@ -151,6 +156,9 @@ class TorchBackend:
         rollback_cache(seq, length)
 
     @torch.inference_mode()
+    def draft_limit(self, seq: Sequence) -> int | None:
+        return None
+
     def keep(self, seq: Sequence, start: int, nodes: list[int]) -> None:
         keep_cache_entries(seq, start, nodes)
 

@@ -11,11 +11,14 @@ decides what is scored and what is kept:
   sequence 0 and every other branch is dropped; accepted nodes that do not lead the batch are
   recomputed in place, so that the cache is exactly plain decoding's (see `keep`).
 
-Exactness: llama.cpp picks its matrix kernels by batch size, and past a few tokens a batch's
-logits are no longer bit-identical to one-token decoding's (a near-tie can then flip a greedy
-token). The backend probes the largest exact batch once per model and scores longer drafts in
-chunks of that size. That is exact in the tests; at long contexts llama.cpp's attention can
-still round differently for a batch (1 of 20 benchmark prompts, see BENCHMARKS.md).
+Exactness: llama.cpp picks its kernels by batch size and by the size of the KV cache, and a
+batch's logits are then not bit-identical to one-token decoding's. The difference is not in the
+last bits: with the default (flash) attention, once the cache passes 256 cells a batch of 2 scores
+up to ~1 logit away from the same tokens one at a time (measured on smollm2's Q8_0 GGUF), which
+flips greedy tokens on long prompts. So the backend probes, once per model, the largest batch that
+scores exactly as single tokens do at a ladder of context lengths (`exact_batch`); a pass is
+scored in chunks of that size, and where no batch is exact (`draft_limit` 0) the loop drafts
+nothing: plain decoding, at plain decoding's speed, rather than a faster, different output.
 
 One context is one KV cache: a backend serves one sequence at a time (a new prefill ends the
 previous sequence; using the old one after that is an error).
@@ -32,6 +35,11 @@ from leapdecode.engine.backend import Scores, Sequence
 from leapdecode.engine.tree import TreeLayout
 from leapdecode.errors import InputError
 from leapdecode.models.llamacpp import MAX_SEQUENCES, LlamaCppModel, import_llama_cpp
+
+# Context lengths at which batch exactness is probed (denser where llama.cpp's attention changes
+# kernels, at 256 cached cells), and the largest batch probed.
+PROBE_LENGTHS = (8, 64, 128, 192, 240, 256, 320, 512, 1024)
+PROBE_BATCH = 8
 
 
 @dataclass
@@ -51,7 +59,7 @@ class LlamaCppBackend:
         self.vocab_size: int = model.n_vocab
         self.device = torch.device("cpu")
         self._batch = self.llama_cpp.llama_batch_init(model.n_batch, 0, MAX_SEQUENCES)
-        self.exact_batch()  # probed now, before any sequence it would overwrite
+        self.model.exact_batches or self._probe()  # probed now, before any sequence it would overwrite
 
     def __del__(self) -> None:
         batch = getattr(self, "_batch", None)
@@ -76,10 +84,10 @@ class LlamaCppBackend:
         if code != 0:
             raise RuntimeError(f"llama_decode failed with code {code} (context of {self.model.n_ctx} tokens full?)")
 
-    def _score(self, tokens: list[int], positions: list[int], seq_ids: list[tuple[int, ...]]) -> torch.Tensor:
+    def _score(self, tokens: list[int], positions: list[int], seq_ids: list[tuple[int, ...]], cells: int) -> torch.Tensor:
         """Logits for every token [n, vocab], decoded in chunks no longer than the batch that
-        scores exactly as one token at a time does (see `exact_batch`)."""
-        step = self.exact_batch()
+        scores exactly as one token at a time does with `cells` cached after the pass."""
+        step = self.exact_batch(cells)
         rows = []
         for i in range(0, len(tokens), step):
             j = min(i + step, len(tokens))
@@ -87,28 +95,57 @@ class LlamaCppBackend:
             rows.append(self._logits(j - i))
         return torch.cat(rows)
 
-    def exact_batch(self, limit: int = 8) -> int:
-        """The largest batch whose logits equal one-token decoding's bit for bit, probed once per
-        model. llama.cpp switches matrix kernels with the batch size (on qwen2.5-coder-1.5b's GGUF
-        here: from 4 tokens on), and a near-tie can then flip a greedy token; verifying in
-        chunks below that size keeps the output plain decoding's exactly. On two CPU cores a
-        pass costs about the same per token either way."""
-        if self.model.exact_batch:
-            return self.model.exact_batch
-        probe = [(1009 * i + 17) % self.vocab_size for i in range(8 + limit)]
-        seq, _ = self.prefill(probe[:8])
-        singles = [self.forward_one(seq, token) for token in probe[8:]]  # each [vocab]
-        exact = 1
-        for n in range(2, limit + 1):
-            self.rollback(seq, 8)
-            self._decode(probe[8 : 8 + n], list(range(8, 8 + n)), [(0,)] * n, [True] * n)
-            seq.length = 8 + n
-            if not torch.equal(self._logits(n), torch.stack(singles[:n])):
+    def exact_batch(self, cells: int) -> int:
+        """The largest batch (≤ `PROBE_BATCH`) that scores bit for bit as single tokens do, for a
+        pass that leaves `cells` tokens in the cache: the smallest exact batch probed at any
+        context shorter than that (so it never grows with the context)."""
+        ladder = self.model.exact_batches or self._probe()
+        exact = PROBE_BATCH
+        for length, batch in ladder:
+            if length >= cells:
                 break
-            exact = n
-        self.rollback(seq, 0)
-        self.model.exact_batch = exact
+            exact = min(exact, batch)
         return exact
+
+    def draft_limit(self, seq: Sequence) -> int | None:
+        # With no exact batch here, a draft would cost one pass per token: draft nothing.
+        return None if self.exact_batch(seq.length + PROBE_BATCH) > 1 else 0
+
+    def _probe(self) -> tuple[tuple[int, int], ...]:
+        """Probe, up the ladder of context lengths, the largest batch whose logits equal one-token
+        decoding's; stop at the first length where none does (it only gets worse)."""
+        probe = [(1009 * i + 17) % self.vocab_size for i in range(max(PROBE_LENGTHS) + PROBE_BATCH)]
+        ladder: list[tuple[int, int]] = []
+        seq, _ = self.prefill(probe[:1])
+        for length in PROBE_LENGTHS:
+            if length + PROBE_BATCH >= self.model.n_ctx:
+                break
+            self._extend(seq, probe[seq.length : length])
+            singles = torch.stack([self.forward_one(seq, token) for token in probe[length : length + PROBE_BATCH]])
+            exact = 1
+            for n in range(2, PROBE_BATCH + 1):
+                self.rollback(seq, length)
+                self._decode(probe[length : length + n], list(range(length, length + n)), [(0,)] * n, [True] * n)
+                seq.length = length + n
+                if not torch.equal(self._logits(n), singles[:n]):
+                    break
+                exact = n
+            self.rollback(seq, length)
+            ladder.append((length, exact))
+            if exact == 1:
+                break
+        self.rollback(seq, 0)
+        self.model.exact_batches = tuple(ladder)
+        return self.model.exact_batches
+
+    def _extend(self, seq: Sequence, tokens: list[int]) -> None:
+        """Append `tokens` to the cache as a prefill does (batches, no logits)."""
+        step = self.model.n_batch
+        for start in range(0, len(tokens), step):
+            chunk = tokens[start : start + step]
+            first = seq.length
+            self._decode(chunk, list(range(first, first + len(chunk))), [(0,)] * len(chunk), [False] * len(chunk))
+            seq.length += len(chunk)
 
     def forward_one(self, seq: Sequence, token: int) -> torch.Tensor:
         self._decode([token], [seq.length], [(0,)], [True])
@@ -149,7 +186,7 @@ class LlamaCppBackend:
         n = len(token_ids)
         if tree is None or tree.is_chain:
             state.leaf_of = {}
-            logits = self._score(token_ids, list(range(seq.length, seq.length + n)), [(0,)] * n)
+            logits = self._score(token_ids, list(range(seq.length, seq.length + n)), [(0,)] * n, seq.length + n)
         else:
             ids = self._branch_ids(tree, state)
             memory = self.model.memory
@@ -157,7 +194,7 @@ class LlamaCppBackend:
                 self.llama_cpp.llama_memory_seq_cp(memory, 0, sid, -1, -1)  # the prefix, shared
             positions = (seq.length + tree.depth).tolist()
             state.tree_tokens = list(token_ids)
-            logits = self._score(token_ids, positions, ids)  # chunks keep node order: cells stay consecutive
+            logits = self._score(token_ids, positions, ids, seq.length + n)  # chunks keep node order: cells stay consecutive
         seq.length += n
         return Scores(logits=logits)  # [n, vocab]
 
@@ -208,6 +245,6 @@ class LlamaCppBackend:
         # place: exactly plain decoding's cache, for one extra pass over those tokens.
         redo = [state.tree_tokens[node] for node in nodes[lead:]]
         if redo:
-            self._score(redo, list(range(end, end + len(redo))), [(0,)] * len(redo))
+            self._score(redo, list(range(end, end + len(redo))), [(0,)] * len(redo), end + len(redo))
         state.leaf_of, state.tree_tokens = {}, []
         seq.length = start + len(nodes)

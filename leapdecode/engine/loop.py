@@ -76,9 +76,11 @@ def decode(
         if reason is not None:
             return
         # 3. Tell the drafter; ask for a draft (the deepest branch of a tree counts) no longer
-        #    than what is left, less the bonus token.
+        #    than what is left, less the bonus token, and than the backend verifies exactly.
         drafter.update(new_tokens, len(path))
-        draft = drafter.propose(stop.max_new_tokens - len(generated) - 1)
+        budget = stop.max_new_tokens - len(generated) - 1
+        exact = backend.draft_limit(seq)
+        draft = drafter.propose(budget if exact is None else min(budget, exact))
         tree = compile_tree(draft.parents) if draft.parents is not None else None
         # 4. Score the pending token (emitted, not yet cached) and the draft in one pass.
         start = seq.length

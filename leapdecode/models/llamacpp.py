@@ -61,8 +61,9 @@ class LlamaCppModel:
     # the context's own state, never a request's settings.
     holder: object | None = field(default=None, repr=False)
     # A measured property of these weights on this machine's kernels, probed once on first use:
-    # the largest batch scored bit for bit as single tokens are (0: not probed yet).
-    exact_batch: int = 0
+    # (context length, the largest batch scored there bit for bit as single tokens are), up a
+    # ladder of lengths (empty: not probed yet).
+    exact_batches: tuple[tuple[int, int], ...] = ()
 
     @property
     def memory(self) -> Any:
