@@ -94,9 +94,9 @@ def test_parse_methods_groups_parameters_with_their_method() -> None:
 def test_entries_name_a_backend_with_at() -> None:
     from leapdecode.bench.runner import parse_entries
 
-    entries = parse_entries("llama-cpp,anpd:n=5,k=7,cost_aware=true,ar@torch,anpd:n=5,k=7@torch")
+    entries = parse_entries("llama-cpp,anpd:n=5,k=7,cost_aware=false,ar@torch,anpd:n=5,k=7@torch")
     assert [e.label for e in entries] == [
-        "llama-cpp", "anpd:n=5,k=7,cost_aware=True", "ar@torch", "anpd:n=5,k=7@torch",
+        "llama-cpp", "anpd:n=5,k=7,cost_aware=False", "ar@torch", "anpd:n=5,k=7,cost_aware=True@torch",
     ]
     assert entries[3].method == Anpd(n=5, k=7) and entries[3].backend == "torch"
     with pytest.raises(MethodError, match="unknown backend"):

@@ -12,7 +12,7 @@ runner = CliRunner()
 def test_generate_streams_text_and_prints_statistics() -> None:
     result = runner.invoke(app, ["generate", "--method", "anpd:n=5,k=7", "-n", "12", "def add(a, b):"])
     assert result.exit_code == 0, result.output
-    assert "anpd:n=5,k=7 |" in result.output
+    assert "anpd:n=5,k=7,cost_aware=True |" in result.output
     assert "12 tokens" in result.output and "tau" in result.output
 
 

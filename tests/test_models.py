@@ -150,3 +150,26 @@ def real_lm_cache_dir() -> str:
     from leapdecode.models import default_cache_dir
 
     return str(default_cache_dir())
+
+
+def test_dtype_names_auto_and_bad_values(tmp_path, real_lm, monkeypatch) -> None:
+    import torch
+
+    from leapdecode.models import loading
+
+    cpu = torch.device("cpu")
+    assert loading.resolve_dtype("bfloat16", cpu) is torch.bfloat16
+    assert loading.resolve_dtype(torch.float16, cpu) is torch.float16
+    monkeypatch.setattr(loading, "cpu_flags", lambda: frozenset({"avx2", "avx512_bf16"}))
+    assert loading.resolve_dtype("auto", cpu) is torch.bfloat16
+    monkeypatch.setattr(loading, "cpu_flags", lambda: frozenset({"avx2"}))  # bf16 would be emulated: slower
+    assert loading.resolve_dtype("auto", cpu) is torch.float32
+    with pytest.raises(ModelLoadError, match="unknown dtype 'fp8'"):
+        load_model("smollm2-135m", dtype="fp8", **QUIET)
+    folder = save_tiny_folder(tmp_path, real_lm)
+    lm = load_model(folder, cache_dir=tmp_path / "cache", dtype="bfloat16", **QUIET)
+    assert lm.dtype == "bfloat16" and lm.model.dtype is torch.bfloat16
+    prompt = "def add(a, b):\n    return a + b\n\ndef add(a, b):"
+    plain = wrap(lm, "ar").generate(prompt, max_new_tokens=24)
+    assert wrap(lm, "anpd:cost_aware=false").generate(prompt, max_new_tokens=24).token_ids == plain.token_ids
+    assert plain.token_ids == greedy_reference(lm.model, plain.prompt_ids, 24, sorted(lm.eos_token_ids))

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from leapdecode.engine import TorchBackend, compile_tree
+from leapdecode.engine import Backend, TorchBackend, compile_tree
 from leapdecode.models import LoadedModel
 from leapdecode.models.linear import SmallBatchLinear
 
@@ -46,10 +46,11 @@ def full_tree_parents(nodes: int, width: int = 3) -> tuple[int, ...]:
 
 
 def measure(
-    model: torch.nn.Module, sizes: Sequence[int], context: int = 300, repeats: int = 5, vocab: int = 1000,
+    model: torch.nn.Module | Backend, sizes: Sequence[int], context: int = 300, repeats: int = 5, vocab: int = 1000,
     tree: bool = False,
 ) -> list[ForwardCost]:
-    backend = TorchBackend(model)
+    """Pass costs of `model` (a torch module, run by `TorchBackend`, or any backend)."""
+    backend = TorchBackend(model) if isinstance(model, torch.nn.Module) else model
     generator = torch.Generator().manual_seed(0)
     prefix = torch.randint(10, vocab, (context,), generator=generator).tolist()
     out: list[ForwardCost] = []
@@ -71,12 +72,22 @@ def measure(
 
 def compare(lm: LoadedModel, sizes: Sequence[int], context: int = 300, repeats: int = 5) -> dict[str, list[ForwardCost]]:
     """Chain costs with the small-batch linear layers (as loaded) and with plain `nn.Linear`, and
-    tree costs (tree attention mask) with the model as loaded."""
-    vocab = int(lm.model.config.get_text_config().vocab_size)
+    tree costs (tree attention mask) with the model as loaded. On llama.cpp: its chain and tree
+    costs as the engine pays them (drafts scored in the chunks that stay exact)."""
+    vocab = lm.vocab_size
+    if lm.backend == "llama.cpp":
+        from leapdecode.engine.llamacpp_backend import LlamaCppBackend
+
+        backend = LlamaCppBackend(lm.model)
+        return {
+            "chain, llama.cpp": measure(backend, sizes, context, repeats, vocab),
+            "tree, llama.cpp": measure(backend, [n for n in sizes if n <= 16], context, repeats, vocab, tree=True),
+        }
+    loaded = "small-batch linear" if any(isinstance(m, SmallBatchLinear) for m in lm.model.modules()) else f"{lm.dtype} as loaded"
     return {
-        "chain, small-batch linear": measure(lm.model, sizes, context, repeats, vocab),
+        f"chain, {loaded}": measure(lm.model, sizes, context, repeats, vocab),
         "chain, nn.Linear": measure(_plain_copy(lm.model), sizes, context, repeats, vocab),
-        "tree, small-batch linear": measure(lm.model, sizes, context, repeats, vocab, tree=True),
+        f"tree, {loaded}": measure(lm.model, sizes, context, repeats, vocab, tree=True),
     }
 
 
@@ -86,6 +97,6 @@ def markdown(results: dict[str, list[ForwardCost]], title: str) -> str:
     lines = [title, "", "| tokens scored | " + " | ".join(f"{label} (ms, × one token)" for label in labels) + " |",
              "|---:|" + "---:|" * len(labels)]
     for i, n in enumerate(sizes):
-        cells = [f"{results[label][i].ms:.0f} ({results[label][i].relative:.2f}x)" for label in labels]
+        cells = [f"{results[label][i].ms:.0f} ({results[label][i].relative:.2f}x)" if i < len(results[label]) else "–" for label in labels]
         lines.append(f"| {n} | " + " | ".join(cells) + " |")
     return "\n".join(lines)

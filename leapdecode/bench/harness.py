@@ -64,9 +64,13 @@ def run_with_progress(
         )
 
 
-def run_meta(model: str, dataset: str, limit: str, max_new_tokens: int, threads: int, n_prompts: int) -> dict[str, object]:
+def run_meta(
+    model: str, dataset: str, limit: str, max_new_tokens: int, threads: int, n_prompts: int, weights: str = "",
+) -> dict[str, object]:
+    """The run's description for the report; `weights` says what the model computes in
+    (`torch bfloat16`, `llama.cpp gguf`), the same for every method and peer on that backend."""
     return {
-        "model": model, "dataset": dataset, "limit": limit, "max_new_tokens": max_new_tokens, "threads": threads,
+        "model": model, "weights": weights, "dataset": dataset, "limit": limit, "max_new_tokens": max_new_tokens, "threads": threads,
         "prompts": n_prompts, "machine": machine_description(threads),
     }
 

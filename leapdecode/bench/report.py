@@ -167,7 +167,8 @@ def write_outputs(out_dir: Path, samples: Sequence[Sample], meta: dict[str, obje
     }
     paths["summary"].write_text(json.dumps(summary, indent=2), encoding="utf-8")
     header = (
-        f"Model `{meta.get('model')}`, {meta.get('max_new_tokens')} new tokens, greedy, batch 1, "
+        f"Model `{meta.get('model')}`{' (' + str(meta['weights']) + ')' if meta.get('weights') else ''}, "
+        f"{meta.get('max_new_tokens')} new tokens, greedy, batch 1, "
         f"{meta.get('threads')} threads, {meta.get('prompts')} prompts ({meta.get('dataset')}, "
         f"limit {meta.get('limit')} per category); machine: {meta.get('machine')}.\n"
         "Speed-up = total time of plain decoding (`ar`) / total time of the method, same prompts, same run. "

@@ -14,7 +14,7 @@ import typer
 from rich.markdown import Markdown
 
 from leapdecode.cli.common import (
-    DEFAULT_MODEL, BackendOpt, ChatOpt, MaxNewOpt, MethodOpt, ModelOpt, PromptArg, console, friendly, load_with_progress,
+    DtypeOpt, DEFAULT_MODEL, BackendOpt, ChatOpt, MaxNewOpt, MethodOpt, ModelOpt, PromptArg, console, friendly, load_with_progress,
     read_prompt,
 )
 from leapdecode.errors import InputError, MethodError
@@ -38,6 +38,7 @@ def bench(
     plot: Annotated[bool, typer.Option("--plots/--no-plots", help="Write PNG plots.")] = True,
     backend: BackendOpt = "torch",
     repeats: Annotated[int, typer.Option("--repeats", help="Timed runs per method and prompt (median; the overall speed-up shows the spread).")] = 1,
+    dtype: DtypeOpt = "float32",
 ) -> None:
     """Run methods and peers side by side (interleaved, one run) and write tables and plots.
     `--backend` runs the model (and `ar`, the baseline) on torch or llama.cpp; a method ending
@@ -52,13 +53,13 @@ def bench(
     if max_new_tokens <= 0:
         raise InputError(f"max_new_tokens must be a positive integer, got {max_new_tokens}")
     n_threads = use_threads(threads)
-    lm = load_with_progress(model, backend=backend)
+    lm = load_with_progress(model, backend=backend, dtype=dtype)
     if repeats < 1:
         raise InputError(f"--repeats must be >= 1, got {repeats}")
     samples = run_with_progress(
-        console, lm, chosen, prompts, max_new_tokens, lambda other: load_with_progress(model, backend=other), repeats=repeats,
+        console, lm, chosen, prompts, max_new_tokens, lambda other: load_with_progress(model, backend=other, dtype=dtype), repeats=repeats,
     )
-    meta = run_meta(lm.name, dataset, limit, max_new_tokens, n_threads, len(prompts))
+    meta = run_meta(lm.name, dataset, limit, max_new_tokens, n_threads, len(prompts), f"{lm.backend} {lm.dtype}")
     meta["backend"] = backend
     meta["repeats"] = repeats
     k = {e.label: e.method.draft_length for e in chosen}
@@ -130,7 +131,7 @@ def sweep(
     n_threads = use_threads(threads)
     lm = load_with_progress(model)
     samples = run_with_progress(console, lm, list(variants.values()), prompts, max_new_tokens)
-    meta = run_meta(lm.name, dataset, limit, max_new_tokens, n_threads, len(prompts))
+    meta = run_meta(lm.name, dataset, limit, max_new_tokens, n_threads, len(prompts), f"{lm.backend} {lm.dtype}")
     report.write_outputs(out, samples, meta, {str(m): m.draft_length for m in variants.values()})
     aggs = report.aggregate(samples)
     speedups = {p: aggs[(str(m), "overall")].speedup for p, m in variants.items()}
@@ -194,6 +195,8 @@ def forward_cost(
     repeats: Annotated[int, typer.Option("--repeats", help="Timed passes per size (median).")] = 5,
     out: Annotated[Path | None, typer.Option("--out", help="Also write the table (markdown) and a plot here (folder).")] = None,
     threads: BenchThreadsOpt = 0,
+    dtype: DtypeOpt = "float32",
+    backend: BackendOpt = "torch",
 ) -> None:
     """Time one forward pass against the number of tokens it scores (draft and tree sizes)."""
     from leapdecode.bench import plots
@@ -208,9 +211,10 @@ def forward_cost(
         raise InputError("--tokens must be between 1 and 512, --context and --repeats at least 1")
     sizes = sorted(set(sizes) | {1})
     n_threads = use_threads(threads)
-    lm = load_with_progress(model)
+    lm = load_with_progress(model, backend=backend, dtype=dtype)
     results = compare(lm, sizes, context, repeats)
-    table = markdown(results, f"One forward pass of `{lm.name}` after {context} cached tokens, median of {repeats}; {machine_description(n_threads)}.")
+    what = f"`{lm.name}` ({lm.backend}, {lm.dtype})"
+    table = markdown(results, f"One forward pass of {what} after {context} cached tokens, median of {repeats}; {machine_description(n_threads)}.")
     console.print(Markdown(table))
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_MODEL", "BackendOpt", "ChatOpt", "MaxNewOpt", "MethodOpt", "ModelOpt", "PromptArg", "ThreadsOpt", "console",
-    "err_console", "fail", "friendly", "load_with_progress", "read_prompt", "set_threads",
+    "DtypeOpt", "err_console", "fail", "friendly", "load_with_progress", "read_prompt", "set_threads",
 ]
 
 console = Console()  # standard output: the generated text and the tables a command exists to print
@@ -37,6 +37,7 @@ MethodOpt = Annotated[str, typer.Option("--method", help="Method string, e.g. an
 MaxNewOpt = Annotated[int, typer.Option("--max-new-tokens", "-n", help="Most new tokens to generate.")]
 ChatOpt = Annotated[bool, typer.Option("--chat/--raw", help="Apply the model's chat template to the prompt.")]
 BackendOpt = Annotated[str, typer.Option("--backend", help="What runs the model: torch, or llama.cpp (GGUF presets and files; the llamacpp extra).")]
+DtypeOpt = Annotated[str, typer.Option("--dtype", help="auto, float32, bfloat16 or float16 (auto: bfloat16 where the CPU or GPU computes it natively).")]
 ThreadsOpt = Annotated[int, typer.Option("--threads", help="Torch CPU threads (0: leave torch's default).")]
 
 
@@ -78,7 +79,7 @@ def set_threads(threads: int) -> None:
         torch.set_num_threads(threads)
 
 
-def load_with_progress(spec: str, backend: str = "torch") -> LoadedModel:
+def load_with_progress(spec: str, backend: str = "torch", dtype: str = "float32") -> LoadedModel:
     from leapdecode.models import load_model
 
     with err_console.status(f"loading {spec} ...", spinner="dots") as status:
@@ -86,7 +87,9 @@ def load_with_progress(spec: str, backend: str = "torch") -> LoadedModel:
             status.update(msg)
             err_console.log(msg)
 
-        return load_model(spec, log=log, backend=backend)
+        lm = load_model(spec, log=log, backend=backend, dtype=dtype)
+        err_console.log(f"{lm.name}: {lm.backend}, {lm.dtype}")
+        return lm
 
 
 def read_prompt(prompt: str | None) -> str:

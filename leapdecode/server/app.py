@@ -387,8 +387,7 @@ def create_app(lm: LoadedModel, config: ServerConfig) -> FastAPI:
             steps = future.result()
         finally:
             release()
-        if job.finish_reason == "cancelled":
-            metrics.requests.labels(endpoint, "499").inc()
+        if job.finish_reason == "cancelled":  # counted in /metrics by the ApiError handler, as every error is
             raise ApiError(499, "The client closed the request.", code="client_closed_request")
         if job.timed_out:
             raise ApiError(503, f"The request exceeded the server's time limit of {config.timeout_s:g} s.", type_="server_error", code="timeout")

@@ -1,7 +1,13 @@
 """A bounded load test against a running server on loopback: concurrent clients, some of which
-disconnect mid-stream. Used by the tests and runnable by hand:
+disconnect mid-stream and some of which abandon a non-streaming request (their read times out
+and they leave). Used by the tests and runnable by hand:
 
-    python -m leapdecode.server.loadtest --url http://127.0.0.1:8000 --clients 8 --requests 10
+    python -m leapdecode.server.loadtest --url http://127.0.0.1:8000 --clients 8 --requests 10 --pid PID
+
+Expected outcomes are 200, 429 (queue full: rejected at once) and 503 (time limit); a stream cut
+by its client and an abandoned request are expected too. Anything else is `unexpected`. At the
+end the server must have freed every slot (`/health` admitted back to 0); with `--pid`, the
+server's resident memory before and after is reported.
 """
 
 from __future__ import annotations
@@ -21,11 +27,16 @@ class LoadReport:
     requests: int = 0
     statuses: dict[str, int] = field(default_factory=dict)
     disconnected: int = 0
+    abandoned: int = 0
+    rejected: int = 0  # 429: the queue was full
     completed: int = 0
     completion_tokens: int = 0
     latencies_s: list[float] = field(default_factory=list)
     wall_s: float = 0.0
     unexpected: list[str] = field(default_factory=list)
+    admitted_after: int = -1  # /health's admitted requests once the load is over (0: every slot freed)
+    rss_before_mb: float = 0.0
+    rss_after_mb: float = 0.0
 
     @property
     def p50(self) -> float:
@@ -49,6 +60,9 @@ class LoadReport:
         return data
 
 
+ABANDON_AFTER_S = 0.3  # an abandoning client waits this long for a non-streaming answer, then leaves
+
+
 def _one(client: httpx.Client, model: str, index: int, disconnect: bool, max_tokens: int, report: LoadReport, lock: threading.Lock) -> None:
     body = {"model": model, "messages": [{"role": "user", "content": f"Count from {index} to {index + 5}."}],
             "max_tokens": max_tokens, "temperature": 0}
@@ -70,6 +84,13 @@ def _one(client: httpx.Client, model: str, index: int, disconnect: bool, max_tok
                             note = "done"
                 else:
                     resp.read()
+        elif disconnect:  # non-streaming, abandoned: the server must stop decoding it
+            try:
+                resp = client.post("/v1/chat/completions", json={**body, "max_tokens": max_tokens * 8}, timeout=ABANDON_AFTER_S)
+                status = str(resp.status_code)
+                note = "done" if resp.status_code == 200 else ""
+            except httpx.TimeoutException:
+                status = "abandoned"
         else:
             resp = client.post("/v1/chat/completions", json=body)
             status = str(resp.status_code)
@@ -82,6 +103,10 @@ def _one(client: httpx.Client, model: str, index: int, disconnect: bool, max_tok
     with lock:
         report.requests += 1
         report.statuses[status] = report.statuses.get(status, 0) + 1
+        if status == "abandoned":
+            report.abandoned += 1
+        elif status == "429":
+            report.rejected += 1
         if status == "200":
             if disconnect and index % 2 == 0:
                 report.disconnected += 1
@@ -91,14 +116,36 @@ def _one(client: httpx.Client, model: str, index: int, disconnect: bool, max_tok
                 report.latencies_s.append(elapsed)
             else:
                 report.unexpected.append(f"request {index}: 200 but not completed")
-        elif status not in ("429", "503"):
+        elif status not in ("429", "503", "abandoned"):
             report.unexpected.append(f"request {index}: status {status}")
 
 
-def run_load(url: str, model: str, clients: int = 8, requests: int = 10, disconnect_every: int = 4, max_tokens: int = 8, timeout_s: float = 300) -> LoadReport:
+def _rss_mb(pid: int | None) -> float:
+    if pid is None:
+        return 0.0
+    import psutil
+
+    return psutil.Process(pid).memory_info().rss / 2**20
+
+
+def _admitted(url: str, settle_s: float) -> int:
+    """The server's admitted requests, once they have had `settle_s` to drain."""
+    deadline = time.monotonic() + settle_s
+    while True:
+        admitted = int(httpx.get(url + "/health", timeout=10).json()["admitted"])
+        if admitted == 0 or time.monotonic() > deadline:
+            return admitted
+        time.sleep(0.2)
+
+
+def run_load(
+    url: str, model: str, clients: int = 8, requests: int = 10, disconnect_every: int = 4, max_tokens: int = 8,
+    timeout_s: float = 300, pid: int | None = None, settle_s: float = 30.0,
+) -> LoadReport:
     """`clients` threads each send `requests` requests in turn; every `disconnect_every`-th
-    streaming request disconnects after its first event."""
-    report = LoadReport()
+    streaming request disconnects after its first event, and every `disconnect_every`-th
+    non-streaming one is abandoned after `ABANDON_AFTER_S`."""
+    report = LoadReport(rss_before_mb=_rss_mb(pid))
     lock = threading.Lock()
     start = time.perf_counter()
 
@@ -106,7 +153,8 @@ def run_load(url: str, model: str, clients: int = 8, requests: int = 10, disconn
         with httpx.Client(base_url=url, timeout=timeout_s) as client:
             for r in range(requests):
                 index = c * requests + r
-                _one(client, model, index, disconnect_every > 0 and index % (2 * disconnect_every) == 0, max_tokens, report, lock)
+                leaves = disconnect_every > 0 and index // 2 % disconnect_every == 0  # streaming (even) or not (odd)
+                _one(client, model, index, leaves, max_tokens, report, lock)
 
     threads = [threading.Thread(target=client_loop, args=(c,)) for c in range(clients)]
     for t in threads:
@@ -114,6 +162,8 @@ def run_load(url: str, model: str, clients: int = 8, requests: int = 10, disconn
     for t in threads:
         t.join()
     report.wall_s = time.perf_counter() - start
+    report.admitted_after = _admitted(url, settle_s)
+    report.rss_after_mb = _rss_mb(pid)
     return report
 
 
@@ -124,8 +174,9 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--requests", type=int, default=10)
     parser.add_argument("--max-tokens", type=int, default=16)
+    parser.add_argument("--pid", type=int, default=None, help="the server's process id, to report its resident memory")
     args = parser.parse_args()
-    report = run_load(args.url, args.model, args.clients, args.requests, max_tokens=args.max_tokens)
+    report = run_load(args.url, args.model, args.clients, args.requests, max_tokens=args.max_tokens, pid=args.pid)
     print(json.dumps(report.summary(), indent=2))
 
 
