@@ -20,6 +20,7 @@ import torch
 from leapdecode.engine import Backend, TorchBackend, compile_tree
 from leapdecode.models import LoadedModel
 from leapdecode.models.linear import SmallBatchLinear
+from leapdecode.models.row_exact import RowExactLinear
 
 
 @dataclass(frozen=True)
@@ -35,7 +36,7 @@ def _plain_copy(model: torch.nn.Module) -> torch.nn.Module:
     plain._modules = dict(model._modules)
     for name, child in list(plain.named_children()):
         setattr(plain, name, _plain_copy(child))
-    if isinstance(model, SmallBatchLinear):
+    if isinstance(model, (SmallBatchLinear, RowExactLinear)):
         plain.__class__ = torch.nn.Linear
     return plain
 
@@ -83,7 +84,8 @@ def compare(lm: LoadedModel, sizes: Sequence[int], context: int = 300, repeats: 
             "chain, llama.cpp": measure(backend, sizes, context, repeats, vocab),
             "tree, llama.cpp": measure(backend, [n for n in sizes if n <= 16], context, repeats, vocab, tree=True),
         }
-    loaded = "small-batch linear" if any(isinstance(m, SmallBatchLinear) for m in lm.model.modules()) else f"{lm.dtype} as loaded"
+    kinds = {type(m) for m in lm.model.modules()}
+    loaded = "row-exact" if RowExactLinear in kinds else "small-batch linear" if SmallBatchLinear in kinds else f"{lm.dtype} as loaded"
     return {
         f"chain, {loaded}": measure(lm.model, sizes, context, repeats, vocab),
         "chain, nn.Linear": measure(_plain_copy(lm.model), sizes, context, repeats, vocab),

@@ -14,7 +14,7 @@ import typer
 from rich.markdown import Markdown
 
 from leapdecode.cli.common import (
-    DtypeOpt, DEFAULT_MODEL, BackendOpt, ChatOpt, MaxNewOpt, MethodOpt, ModelOpt, PromptArg, console, friendly, load_with_progress,
+    DtypeOpt, RowExactOpt, DEFAULT_MODEL, BackendOpt, ChatOpt, MaxNewOpt, MethodOpt, ModelOpt, PromptArg, console, friendly, load_with_progress,
     read_prompt,
 )
 from leapdecode.errors import InputError, MethodError
@@ -39,6 +39,7 @@ def bench(
     backend: BackendOpt = "torch",
     repeats: Annotated[int, typer.Option("--repeats", help="Timed runs per method and prompt (median; the overall speed-up shows the spread).")] = 1,
     dtype: DtypeOpt = "float32",
+    row_exact: RowExactOpt = False,
 ) -> None:
     """Run methods and peers side by side (interleaved, one run) and write tables and plots.
     `--backend` runs the model (and `ar`, the baseline) on torch or llama.cpp; a method ending
@@ -53,13 +54,13 @@ def bench(
     if max_new_tokens <= 0:
         raise InputError(f"max_new_tokens must be a positive integer, got {max_new_tokens}")
     n_threads = use_threads(threads)
-    lm = load_with_progress(model, backend=backend, dtype=dtype)
+    lm = load_with_progress(model, backend=backend, dtype=dtype, row_exact=row_exact)
     if repeats < 1:
         raise InputError(f"--repeats must be >= 1, got {repeats}")
     samples = run_with_progress(
-        console, lm, chosen, prompts, max_new_tokens, lambda other: load_with_progress(model, backend=other, dtype=dtype), repeats=repeats,
+        console, lm, chosen, prompts, max_new_tokens, lambda other: load_with_progress(model, backend=other, dtype=dtype, row_exact=row_exact and other == "torch"), repeats=repeats,
     )
-    meta = run_meta(lm.name, dataset, limit, max_new_tokens, n_threads, len(prompts), f"{lm.backend} {lm.dtype}")
+    meta = run_meta(lm.name, dataset, limit, max_new_tokens, n_threads, len(prompts), f"{lm.backend} {lm.dtype}{' row-exact' if row_exact else ''}")
     meta["backend"] = backend
     meta["repeats"] = repeats
     k = {e.label: e.method.draft_length for e in chosen}
@@ -131,7 +132,7 @@ def sweep(
     n_threads = use_threads(threads)
     lm = load_with_progress(model)
     samples = run_with_progress(console, lm, list(variants.values()), prompts, max_new_tokens)
-    meta = run_meta(lm.name, dataset, limit, max_new_tokens, n_threads, len(prompts), f"{lm.backend} {lm.dtype}")
+    meta = run_meta(lm.name, dataset, limit, max_new_tokens, n_threads, len(prompts), f"{lm.backend} {lm.dtype}{' row-exact' if row_exact else ''}")
     report.write_outputs(out, samples, meta, {str(m): m.draft_length for m in variants.values()})
     aggs = report.aggregate(samples)
     speedups = {p: aggs[(str(m), "overall")].speedup for p, m in variants.items()}
@@ -197,6 +198,7 @@ def forward_cost(
     threads: BenchThreadsOpt = 0,
     dtype: DtypeOpt = "float32",
     backend: BackendOpt = "torch",
+    row_exact: RowExactOpt = False,
 ) -> None:
     """Time one forward pass against the number of tokens it scores (draft and tree sizes)."""
     from leapdecode.bench import plots
@@ -211,7 +213,7 @@ def forward_cost(
         raise InputError("--tokens must be between 1 and 512, --context and --repeats at least 1")
     sizes = sorted(set(sizes) | {1})
     n_threads = use_threads(threads)
-    lm = load_with_progress(model, backend=backend, dtype=dtype)
+    lm = load_with_progress(model, backend=backend, dtype=dtype, row_exact=row_exact)
     results = compare(lm, sizes, context, repeats)
     what = f"`{lm.name}` ({lm.backend}, {lm.dtype})"
     table = markdown(results, f"One forward pass of {what} after {context} cached tokens, median of {repeats}; {machine_description(n_threads)}.")

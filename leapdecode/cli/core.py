@@ -10,7 +10,7 @@ import typer
 from rich.table import Table
 
 from leapdecode.cli.common import (
-    DtypeOpt, DEFAULT_MODEL, BackendOpt, ChatOpt, MaxNewOpt, MethodOpt, ModelOpt, PromptArg, ThreadsOpt, console, err_console,
+    DtypeOpt, RowExactOpt, DEFAULT_MODEL, BackendOpt, ChatOpt, MaxNewOpt, MethodOpt, ModelOpt, PromptArg, ThreadsOpt, console, err_console,
     friendly, load_with_progress, read_prompt, set_threads,
 )
 
@@ -34,6 +34,7 @@ def generate(
     seed: Annotated[int | None, typer.Option("--seed", help="Make a sampled run reproducible.")] = None,
     backend: BackendOpt = "torch",
     dtype: DtypeOpt = "float32",
+    row_exact: RowExactOpt = False,
 ) -> None:
     """Stream a completion and print one line of statistics."""
     from leapdecode.api import wrap
@@ -47,7 +48,7 @@ def generate(
     parse_method(method)  # a bad method string or sampling setting fails before the model loads
     sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
     SamplingParams(**sampling)
-    decoder = wrap(load_with_progress(model, backend=backend, dtype=dtype), method)
+    decoder = wrap(load_with_progress(model, backend=backend, dtype=dtype, row_exact=row_exact), method)
     lm = decoder.lm
     stops = tuple(stop or ())
     if compare:  # warm up so that neither timed run pays first-call costs
@@ -111,6 +112,7 @@ def demo(
     max_new_tokens: MaxNewOpt = 128,
     threads: ThreadsOpt = 0,
     dtype: DtypeOpt = "float32",
+    row_exact: RowExactOpt = False,
 ) -> None:
     """Show the method against plain decoding on a few chat prompts: speed-up and equality."""
     from leapdecode.api import wrap
@@ -118,7 +120,7 @@ def demo(
 
     set_threads(threads)
     parse_method(method)
-    lm = load_with_progress(model, dtype=dtype)
+    lm = load_with_progress(model, dtype=dtype, row_exact=row_exact)
     fast, plain = wrap(lm, method), wrap(lm, "ar")
     plain.generate(DEMO_PROMPTS[0][1], max_new_tokens=4, chat=True)  # warm-up
     fast.generate(DEMO_PROMPTS[0][1], max_new_tokens=4, chat=True)

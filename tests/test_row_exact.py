@@ -1,0 +1,120 @@
+"""Bit-exact verification by construction: the row-exact kernel against a float reference on
+random shapes, and on the real model every row of every layer of a multi-token pass (chain and
+tree) bitwise equal to one-token passes, so greedy drafting equals plain decoding exactly."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from leapdecode import wrap
+from leapdecode.engine import TorchBackend, compile_tree
+from leapdecode.errors import ModelLoadError
+from leapdecode.models import load_model, row_exact
+from leapdecode.models.row_exact import RowExactLinear
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    module = row_exact.kernel()
+    assert module is not None, "the row-exact kernel must build where the tests run (a compiler is part of the set-up)"
+    return module
+
+
+@settings(max_examples=60, deadline=None)
+@given(rows=st.integers(1, 16), k=st.integers(1, 80), n=st.integers(1, 40), bias=st.booleans(), portable=st.booleans(),
+       seed=st.integers(0, 2**16))
+def test_kernel_matches_a_float_reference_and_rows_are_bitwise_independent(kernel, rows, k, n, bias, portable, seed) -> None:
+    g = torch.Generator().manual_seed(seed)
+    x, w = torch.randn(rows, k, generator=g), torch.randn(n, k, generator=g)
+    b = torch.randn(n, generator=g) if bias else torch.empty(0)
+    got = kernel.row_exact_linear(x, w, b, portable)  # [rows, n]
+    want = x.double() @ w.double().T + (b.double() if bias else 0)
+    assert torch.allclose(got.double(), want, atol=1e-4 * (k ** 0.5), rtol=1e-5)
+    for i in range(rows):
+        assert torch.equal(got[i], kernel.row_exact_linear(x[i : i + 1], w, b, portable)[0])
+
+
+def test_fallback_without_a_kernel_is_exact_too(monkeypatch) -> None:
+    layer = torch.nn.Linear(24, 10)
+    exact = RowExactLinear(24, 10, device="meta")
+    exact.weight, exact.bias = layer.weight, layer.bias
+    x = torch.randn(1, 7, 24)
+    fast = exact(x)
+    monkeypatch.setattr(row_exact, "kernel", lambda: None)
+    slow = exact(x)
+    assert torch.allclose(fast, slow, atol=1e-5)
+    for i in range(7):
+        assert torch.equal(slow[0, i], exact(x[:, i : i + 1])[0, 0])
+
+
+@pytest.fixture(scope="module")
+def exact_lm(kernel):
+    return load_model("smollm2-135m", log=lambda m: None, row_exact=True)
+
+
+def layer_outputs(model, run) -> list[torch.Tensor]:
+    """Every decoder layer's output during `run()` ([rows, hidden] each), through forward hooks."""
+    seen: list[torch.Tensor] = []
+    hooks = [layer.register_forward_hook(lambda _m, _i, out: seen.append((out[0] if isinstance(out, tuple) else out)[0].clone()))
+             for layer in model.model.layers]
+    try:
+        run()
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return seen
+
+
+@pytest.mark.parametrize("rows", [2, 4, 8, 16])
+def test_every_row_of_every_layer_is_bitwise_a_one_token_pass(exact_lm, rows) -> None:
+    backend = TorchBackend(exact_lm.model)
+    ids = exact_lm.tokenizer("def fibonacci(n):\n    if n < 2:\n        return n\n" * 12)["input_ids"]
+    context, tokens = 150, ids[150 : 150 + rows]
+    num_layers = len(exact_lm.model.model.layers)
+    with torch.inference_mode():
+        seq, _ = backend.prefill(ids[:context])
+        out: dict[str, torch.Tensor] = {}
+        batched_layers = layer_outputs(exact_lm.model, lambda: out.update(logits=backend.forward(seq, tokens).logits))
+        backend.rollback(seq, context)
+        singles, single_layers = [], []
+        for t in tokens:
+            single_layers.append(layer_outputs(exact_lm.model, lambda t=t: singles.append(backend.forward(seq, [t]).logits[0])))
+    assert torch.equal(out["logits"], torch.stack(singles))
+    for layer in range(num_layers):
+        assert torch.equal(batched_layers[layer], torch.cat([single_layers[i][layer] for i in range(rows)])), layer
+
+
+def test_a_tree_pass_scores_each_node_as_its_path_decoded_alone(exact_lm) -> None:
+    backend = TorchBackend(exact_lm.model)
+    ids = exact_lm.tokenizer("for i in range(10):\n    print(i)\n" * 6)["input_ids"]
+    parents = (-1, -1, 0, 0, 1, 2)  # two roots, branching
+    tokens = [ids[60], ids[61] + 1, ids[61], ids[62], ids[5], ids[62]]
+    with torch.inference_mode():
+        seq, _ = backend.prefill(ids[:60])
+        tree_logits = backend.forward(seq, [ids[59] + 0, *tokens], tree=compile_tree(parents)).logits  # root = pending token
+        for node in range(1, len(tokens) + 1):
+            path, at = [], node
+            while at:
+                path.insert(0, tokens[at - 1])
+                at = parents[at - 1] + 1
+            backend.rollback(seq, 60)
+            last = None
+            for t in [ids[59], *path]:
+                last = backend.forward(seq, [t]).logits[0]
+            assert torch.equal(tree_logits[node], last), node
+
+
+@pytest.mark.parametrize("method", ["anpd:cost_aware=false", "anpd-tree", "lookahead"])
+def test_greedy_drafting_on_the_row_exact_model_is_plain_decoding(exact_lm, method) -> None:
+    for prompt in ["def add(a, b):\n    return a + b\n\ndef sub(a, b):", "The capital of France is Paris. The capital of"]:
+        plain = wrap(exact_lm, "ar").generate(prompt, max_new_tokens=32)
+        fast = wrap(exact_lm, method).generate(prompt, max_new_tokens=32)
+        assert fast.token_ids == plain.token_ids
+
+
+def test_row_exact_refuses_what_it_does_not_cover() -> None:
+    with pytest.raises(ModelLoadError, match="row_exact runs float32 on CPU"):
+        load_model("smollm2-135m", log=lambda m: None, row_exact=True, dtype="bfloat16")
