@@ -118,3 +118,13 @@ def test_greedy_drafting_on_the_row_exact_model_is_plain_decoding(exact_lm, meth
 def test_row_exact_refuses_what_it_does_not_cover() -> None:
     with pytest.raises(ModelLoadError, match="row_exact runs float32 on CPU"):
         load_model("smollm2-135m", log=lambda m: None, row_exact=True, dtype="bfloat16")
+
+
+def test_row_exact_is_the_default_on_cpu_float32_and_falls_back_clearly(real_lm, monkeypatch) -> None:
+    from leapdecode.models.linear import SmallBatchLinear
+
+    assert real_lm.row_exact and any(isinstance(m, RowExactLinear) for m in real_lm.model.modules())
+    monkeypatch.setattr(row_exact, "kernel", lambda: None)  # a machine where the kernel cannot build
+    lm = load_model("smollm2-135m", log=lambda m: None)
+    assert not lm.row_exact and any(isinstance(m, SmallBatchLinear) for m in lm.model.modules())
+    assert not any(isinstance(m, RowExactLinear) for m in lm.model.modules())

@@ -39,7 +39,7 @@ def bench(
     backend: BackendOpt = "torch",
     repeats: Annotated[int, typer.Option("--repeats", help="Timed runs per method and prompt (median; the overall speed-up shows the spread).")] = 1,
     dtype: DtypeOpt = "float32",
-    row_exact: RowExactOpt = False,
+    row_exact: RowExactOpt = None,
 ) -> None:
     """Run methods and peers side by side (interleaved, one run) and write tables and plots.
     `--backend` runs the model (and `ar`, the baseline) on torch or llama.cpp; a method ending
@@ -58,9 +58,9 @@ def bench(
     if repeats < 1:
         raise InputError(f"--repeats must be >= 1, got {repeats}")
     samples = run_with_progress(
-        console, lm, chosen, prompts, max_new_tokens, lambda other: load_with_progress(model, backend=other, dtype=dtype, row_exact=row_exact and other == "torch"), repeats=repeats,
+        console, lm, chosen, prompts, max_new_tokens, lambda other: load_with_progress(model, backend=other, dtype=dtype, row_exact=row_exact), repeats=repeats,
     )
-    meta = run_meta(lm.name, dataset, limit, max_new_tokens, n_threads, len(prompts), f"{lm.backend} {lm.dtype}{' row-exact' if row_exact else ''}")
+    meta = run_meta(lm.name, dataset, limit, max_new_tokens, n_threads, len(prompts), f"{lm.backend} {lm.dtype}{' row-exact' if lm.row_exact else ''}")
     meta["backend"] = backend
     meta["repeats"] = repeats
     k = {e.label: e.method.draft_length for e in chosen}
@@ -132,7 +132,7 @@ def sweep(
     n_threads = use_threads(threads)
     lm = load_with_progress(model)
     samples = run_with_progress(console, lm, list(variants.values()), prompts, max_new_tokens)
-    meta = run_meta(lm.name, dataset, limit, max_new_tokens, n_threads, len(prompts), f"{lm.backend} {lm.dtype}{' row-exact' if row_exact else ''}")
+    meta = run_meta(lm.name, dataset, limit, max_new_tokens, n_threads, len(prompts), f"{lm.backend} {lm.dtype}{' row-exact' if lm.row_exact else ''}")
     report.write_outputs(out, samples, meta, {str(m): m.draft_length for m in variants.values()})
     aggs = report.aggregate(samples)
     speedups = {p: aggs[(str(m), "overall")].speedup for p, m in variants.items()}
@@ -198,7 +198,7 @@ def forward_cost(
     threads: BenchThreadsOpt = 0,
     dtype: DtypeOpt = "float32",
     backend: BackendOpt = "torch",
-    row_exact: RowExactOpt = False,
+    row_exact: RowExactOpt = None,
 ) -> None:
     """Time one forward pass against the number of tokens it scores (draft and tree sizes)."""
     from leapdecode.bench import plots

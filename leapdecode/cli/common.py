@@ -38,7 +38,7 @@ MaxNewOpt = Annotated[int, typer.Option("--max-new-tokens", "-n", help="Most new
 ChatOpt = Annotated[bool, typer.Option("--chat/--raw", help="Apply the model's chat template to the prompt.")]
 BackendOpt = Annotated[str, typer.Option("--backend", help="What runs the model: torch, or llama.cpp (GGUF presets and files; the llamacpp extra).")]
 DtypeOpt = Annotated[str, typer.Option("--dtype", help="auto, float32, bfloat16 or float16 (auto: bfloat16 where the CPU or GPU computes it natively).")]
-RowExactOpt = Annotated[bool, typer.Option("--row-exact", help="Score every row of a verification pass bit-identically to a one-token pass (float32, CPU): lossless by construction.")]
+RowExactOpt = Annotated[bool | None, typer.Option("--row-exact/--no-row-exact", help="Score every row of a verification pass bit-identically to a one-token pass: lossless by construction (default: on for float32 on CPU when its kernel builds).", show_default=False)]
 ThreadsOpt = Annotated[int, typer.Option("--threads", help="Torch CPU threads (0: leave torch's default).")]
 
 
@@ -80,7 +80,7 @@ def set_threads(threads: int) -> None:
         torch.set_num_threads(threads)
 
 
-def load_with_progress(spec: str, backend: str = "torch", dtype: str = "float32", row_exact: bool = False) -> LoadedModel:
+def load_with_progress(spec: str, backend: str = "torch", dtype: str = "float32", row_exact: bool | None = None) -> LoadedModel:
     from leapdecode.models import load_model
 
     with err_console.status(f"loading {spec} ...", spinner="dots") as status:
@@ -89,7 +89,7 @@ def load_with_progress(spec: str, backend: str = "torch", dtype: str = "float32"
             err_console.log(msg)
 
         lm = load_model(spec, log=log, backend=backend, dtype=dtype, row_exact=row_exact)
-        err_console.log(f"{lm.name}: {lm.backend}, {lm.dtype}{', row-exact' if row_exact else ''}")
+        err_console.log(f"{lm.name}: {lm.backend}, {lm.dtype}{', row-exact' if lm.row_exact else ''}")
         return lm
 
 

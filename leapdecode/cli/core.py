@@ -34,7 +34,7 @@ def generate(
     seed: Annotated[int | None, typer.Option("--seed", help="Make a sampled run reproducible.")] = None,
     backend: BackendOpt = "torch",
     dtype: DtypeOpt = "float32",
-    row_exact: RowExactOpt = False,
+    row_exact: RowExactOpt = None,
 ) -> None:
     """Stream a completion and print one line of statistics."""
     from leapdecode.api import wrap
@@ -112,7 +112,7 @@ def demo(
     max_new_tokens: MaxNewOpt = 128,
     threads: ThreadsOpt = 0,
     dtype: DtypeOpt = "float32",
-    row_exact: RowExactOpt = False,
+    row_exact: RowExactOpt = None,
 ) -> None:
     """Show the method against plain decoding on a few chat prompts: speed-up and equality."""
     from leapdecode.api import wrap

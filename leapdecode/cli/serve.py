@@ -28,7 +28,7 @@ def serve(
     allowed_host: Annotated[list[str] | None, typer.Option("--allowed-host", help="Host header accepted (repeatable; default: any). Guards against DNS rebinding.")] = None,
     max_body_bytes: Annotated[int, typer.Option("--max-body-bytes", help="Largest request body accepted (413 beyond it).")] = 4 << 20,
     dtype: DtypeOpt = "float32",
-    row_exact: RowExactOpt = False,
+    row_exact: RowExactOpt = None,
 ) -> None:
     """Serve the model over an OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions)."""
     import uvicorn

@@ -155,10 +155,10 @@ class TorchBackend:
     def rollback(self, seq: Sequence, length: int) -> None:
         rollback_cache(seq, length)
 
-    @torch.inference_mode()
     def draft_limit(self, seq: Sequence) -> int | None:
         return None
 
+    @torch.inference_mode()
     def keep(self, seq: Sequence, start: int, nodes: list[int]) -> None:
         keep_cache_entries(seq, start, nodes)
 

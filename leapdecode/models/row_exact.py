@@ -10,14 +10,17 @@ two things, through public interfaces only:
   and cached) that loads each weight chunk once for all rows but keeps each row's reduction order
   fixed, so its cost stays nearly flat in the rows; longer inputs (prefills) keep `nn.Linear`;
 - the attention implementation for `row_exact` (registered with transformers'
-  `AttentionInterface`): each query row attends to exactly its visible keys, in cache order, as
-  the one-token pass at that position would (a chain's prefix is a view; a tree row gathers its
-  ancestors).
+  `AttentionInterface`): in passes of up to `EXACT_ROWS` tokens each query row attends to exactly
+  its visible keys, in cache order, as the one-token pass at that position would (a chain's prefix
+  is a view; a tree row gathers its ancestors); prefills keep SDPA's block.
 The rest of a decoder layer (norms, rotary embeddings, activations) is computed row by row.
 Measured: smollm2-135m's logits for 2, 4, 8 and 16 rows are bitwise those of one-token passes.
 
-Without a compiler the linear layers fall back to one `nn.Linear` call per row (exact, slower;
-logged once). A CPU without AVX2/FMA gets the kernel's portable scalar path (also exact).
+`load_model` turns this on by default for float32 on CPU when the kernel builds (measured: plain
+decoding and ANPD as fast as with the small-batch linear layers it replaces); where it cannot
+build, the default falls back to those (logged: not bit-exact), and an explicit `row_exact=True`
+to one `nn.Linear` call per row (exact, slower). A CPU without AVX2/FMA gets the kernel's
+portable scalar path (also exact).
 """
 
 from __future__ import annotations
@@ -77,12 +80,18 @@ def row_exact_attention(
     module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask: torch.Tensor | None,
     dropout: float = 0.0, scaling: float | None = None, is_causal: bool | None = None, **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
-    """Attention one query row at a time over exactly the keys it may see (see the module doc).
+    """Attention one query row at a time over exactly the keys it may see (see the module doc);
+    a longer input (a prompt's prefill, identical in plain and drafted decoding) takes SDPA's block.
 
     query [batch, heads, q, dim]; key, value [batch, kv_heads, kv, dim]; attention_mask
     [batch, 1, q, kv] (boolean: True attends; or additive: 0 attends) or None (causal, the
     queries being the last q positions). Returns [batch, q, heads, dim]."""
     q_len, kv_len = query.shape[2], key.shape[2]
+    if q_len not in EXACT_ROWS:  # a prefill: the same block path in plain and in drafted decoding
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      is_causal=is_causal, **kwargs)
     rows: list[slice | torch.Tensor]
     if attention_mask is None:
         rows = [slice(0, kv_len - q_len + i + 1) for i in range(q_len)]
