@@ -30,7 +30,7 @@ def test_bench_command_writes_tables_plots_and_checks_every_sample(tmp_path) -> 
     assert "HumanEval" in table and "Translation" in table and "`hf-pld:tokens=5,max_ngram=2`" in table
     samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
     assert all(len(s["wall_time_runs"]) == 2 and s["wall_time_s"] == statistics.median(s["wall_time_runs"]) for s in samples)
-    assert "–" in table.split("`anpd:n=4,k=5`")[1].split("\n")[0]  # the spread of the two repeats
+    assert "–" in table.split("`anpd:n=4,k=5,cost_aware=True`")[1].split("\n")[0]  # the spread of the two repeats
 
 
 def test_sweep_command(tmp_path) -> None:

@@ -10,7 +10,7 @@ from leapdecode.api import Decoder
 from leapdecode.errors import InputError
 from tests.conftest import make_tiny_model, prompts, tiny_lm
 
-METHODS = ["ar", "anpd:n=3,k=6", "pld", "anpd-tree", "lookahead", "draft:k=3"]
+METHODS = ["ar", "anpd:n=3,k=6,cost_aware=false", "pld", "anpd-tree", "lookahead", "draft:k=3"]
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +54,7 @@ def test_greedy_logprobs_match_a_full_pass_and_change_no_token(lm, method) -> No
     assert drafted > 0 or method == "ar"
 
 
-@pytest.mark.parametrize("method", ["ar", "anpd:n=3,k=6", "anpd-tree"])
+@pytest.mark.parametrize("method", ["ar", "anpd:n=3,k=6,cost_aware=false", "anpd-tree"])
 def test_sampled_logprobs_match_a_full_pass_and_take_no_randomness(lm, method) -> None:
     decoder = Decoder(lm, method)
     for seed, prompt in enumerate(prompts(4, seed=4)):

@@ -92,11 +92,11 @@ def test_greedy_tree_verifier_walks_the_matching_branch() -> None:
     logits = torch.full((7, 20), -5.0)
     for node, best in enumerate([11, 3, 14, 0, 0, 0, 0]):  # root->d1 (11), d1->d4 (14), d4->bonus 0
         logits[node, best] = 5.0
-    path, kept, _ = verify_tree_greedy(tokens, tree, logits)
+    path, kept, *_ = verify_tree_greedy(tokens, tree, logits)
     assert path == [1, 4] and kept == [11, 14, 0]
     logits[0] = -5.0
     logits[0, 7] = 5.0  # no child of the root matches
-    path, kept, _ = verify_tree_greedy(tokens, tree, logits)
+    path, kept, *_ = verify_tree_greedy(tokens, tree, logits)
     assert path == [] and kept == [7]
 
 

@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +47,7 @@ def kernel() -> Any | None:
     from torch.utils import cpp_extension
 
     source = Path(__file__).with_name("row_exact.cpp")
+    _find_ninja()
     try:
         module = cpp_extension.load(
             name="leapdecode_row_exact", sources=[str(source)], extra_cflags=["-O3"], verbose=False,
@@ -55,6 +58,17 @@ def kernel() -> Any | None:
     if not module.fast_path_available():
         logger.warning("this CPU has no AVX2/FMA: the row-exact kernel runs its portable path")
     return module
+
+
+def _find_ninja() -> None:
+    """torch's extension builder runs `ninja` from PATH; the pip-installed one lives in the
+    environment's own bin folder, which is not on PATH when Python is run by its full path."""
+    if shutil.which("ninja") is None:
+        try:
+            import ninja  # the `ninja` dependency
+        except ImportError:
+            return
+        os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
 
 
 class RowExactLinear(nn.Linear):
