@@ -50,9 +50,10 @@ def test_fallback_without_a_kernel_is_exact_too(monkeypatch) -> None:
         assert torch.equal(slow[0, i], exact(x[:, i : i + 1])[0, 0])
 
 
-@pytest.fixture(scope="module")
-def exact_lm(kernel):
-    return load_model("smollm2-135m", log=lambda m: None, row_exact=True)
+@pytest.fixture(scope="module", params=["none", "int4"], ids=["float32", "int4"])
+def exact_lm(kernel, request):
+    """The real model, row-exact: float32 weights, and group-quantized int4 ones."""
+    return load_model("smollm2-135m", log=lambda m: None, row_exact=True, quantize=request.param)
 
 
 def layer_outputs(model, run) -> list[torch.Tensor]:

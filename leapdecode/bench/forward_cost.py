@@ -85,6 +85,12 @@ def compare(lm: LoadedModel, sizes: Sequence[int], context: int = 300, repeats: 
             "tree, llama.cpp": measure(backend, [n for n in sizes if n <= 16], context, repeats, vocab, tree=True),
         }
     kinds = {type(m) for m in lm.model.modules()}
+    if lm.quantize != "none":
+        loaded = f"{lm.quantize}{' row-exact' if lm.row_exact else ''}"
+        return {  # quantized layers have no nn.Linear to compare with
+            f"chain, {loaded}": measure(lm.model, sizes, context, repeats, vocab),
+            f"tree, {loaded}": measure(lm.model, sizes, context, repeats, vocab, tree=True),
+        }
     loaded = "row-exact" if RowExactLinear in kinds else "small-batch linear" if SmallBatchLinear in kinds else f"{lm.dtype} as loaded"
     return {
         f"chain, {loaded}": measure(lm.model, sizes, context, repeats, vocab),

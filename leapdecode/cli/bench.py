@@ -14,7 +14,7 @@ import typer
 from rich.markdown import Markdown
 
 from leapdecode.cli.common import (
-    DtypeOpt, RowExactOpt, DEFAULT_MODEL, BackendOpt, ChatOpt, MaxNewOpt, MethodOpt, ModelOpt, PromptArg, console, friendly, load_with_progress,
+    DtypeOpt, QuantizeOpt, RowExactOpt, DEFAULT_MODEL, BackendOpt, ChatOpt, MaxNewOpt, MethodOpt, ModelOpt, PromptArg, console, friendly, load_with_progress,
     read_prompt,
 )
 from leapdecode.errors import InputError, MethodError
@@ -40,6 +40,7 @@ def bench(
     repeats: Annotated[int, typer.Option("--repeats", help="Timed runs per method and prompt (median; the overall speed-up shows the spread).")] = 1,
     dtype: DtypeOpt = "float32",
     row_exact: RowExactOpt = None,
+    quantize: QuantizeOpt = "none",
 ) -> None:
     """Run methods and peers side by side (interleaved, one run) and write tables and plots.
     `--backend` runs the model (and `ar`, the baseline) on torch or llama.cpp; a method ending
@@ -54,13 +55,13 @@ def bench(
     if max_new_tokens <= 0:
         raise InputError(f"max_new_tokens must be a positive integer, got {max_new_tokens}")
     n_threads = use_threads(threads)
-    lm = load_with_progress(model, backend=backend, dtype=dtype, row_exact=row_exact)
+    lm = load_with_progress(model, backend=backend, dtype=dtype, row_exact=row_exact, quantize=quantize)
     if repeats < 1:
         raise InputError(f"--repeats must be >= 1, got {repeats}")
     samples = run_with_progress(
-        console, lm, chosen, prompts, max_new_tokens, lambda other: load_with_progress(model, backend=other, dtype=dtype, row_exact=row_exact), repeats=repeats,
+        console, lm, chosen, prompts, max_new_tokens, lambda other: load_with_progress(model, backend=other, dtype=dtype, row_exact=row_exact, quantize=quantize if other == "torch" else "none"), repeats=repeats,
     )
-    meta = run_meta(lm.name, dataset, limit, max_new_tokens, n_threads, len(prompts), f"{lm.backend} {lm.dtype}{' row-exact' if lm.row_exact else ''}")
+    meta = run_meta(lm.name, dataset, limit, max_new_tokens, n_threads, len(prompts), lm.describe)
     meta["backend"] = backend
     meta["repeats"] = repeats
     k = {e.label: e.method.draft_length for e in chosen}
@@ -132,7 +133,7 @@ def sweep(
     n_threads = use_threads(threads)
     lm = load_with_progress(model)
     samples = run_with_progress(console, lm, list(variants.values()), prompts, max_new_tokens)
-    meta = run_meta(lm.name, dataset, limit, max_new_tokens, n_threads, len(prompts), f"{lm.backend} {lm.dtype}{' row-exact' if lm.row_exact else ''}")
+    meta = run_meta(lm.name, dataset, limit, max_new_tokens, n_threads, len(prompts), lm.describe)
     report.write_outputs(out, samples, meta, {str(m): m.draft_length for m in variants.values()})
     aggs = report.aggregate(samples)
     speedups = {p: aggs[(str(m), "overall")].speedup for p, m in variants.items()}
@@ -199,6 +200,7 @@ def forward_cost(
     dtype: DtypeOpt = "float32",
     backend: BackendOpt = "torch",
     row_exact: RowExactOpt = None,
+    quantize: QuantizeOpt = "none",
 ) -> None:
     """Time one forward pass against the number of tokens it scores (draft and tree sizes)."""
     from leapdecode.bench import plots
@@ -213,9 +215,9 @@ def forward_cost(
         raise InputError("--tokens must be between 1 and 512, --context and --repeats at least 1")
     sizes = sorted(set(sizes) | {1})
     n_threads = use_threads(threads)
-    lm = load_with_progress(model, backend=backend, dtype=dtype, row_exact=row_exact)
+    lm = load_with_progress(model, backend=backend, dtype=dtype, row_exact=row_exact, quantize=quantize)
     results = compare(lm, sizes, context, repeats)
-    what = f"`{lm.name}` ({lm.backend}, {lm.dtype})"
+    what = f"`{lm.name}` ({lm.describe})"
     table = markdown(results, f"One forward pass of {what} after {context} cached tokens, median of {repeats}; {machine_description(n_threads)}.")
     console.print(Markdown(table))
     if out is not None:

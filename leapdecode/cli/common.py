@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_MODEL", "BackendOpt", "ChatOpt", "MaxNewOpt", "MethodOpt", "ModelOpt", "PromptArg", "ThreadsOpt", "console",
-    "DtypeOpt", "RowExactOpt", "err_console", "fail", "friendly", "load_with_progress", "read_prompt", "set_threads",
+    "DtypeOpt", "QuantizeOpt", "RowExactOpt", "err_console", "fail", "friendly", "load_with_progress", "read_prompt", "set_threads",
 ]
 
 console = Console()  # standard output: the generated text and the tables a command exists to print
@@ -38,6 +38,7 @@ MaxNewOpt = Annotated[int, typer.Option("--max-new-tokens", "-n", help="Most new
 ChatOpt = Annotated[bool, typer.Option("--chat/--raw", help="Apply the model's chat template to the prompt.")]
 BackendOpt = Annotated[str, typer.Option("--backend", help="What runs the model: torch, or llama.cpp (GGUF presets and files; the llamacpp extra).")]
 DtypeOpt = Annotated[str, typer.Option("--dtype", help="auto, float32, bfloat16 or float16 (auto: bfloat16 where the CPU or GPU computes it natively).")]
+QuantizeOpt = Annotated[str, typer.Option("--quantize", help="none, int8 or int4: group-quantized linear layers on CPU (int4 keeps the LM head at int8); rows stay bit-exact.")]
 RowExactOpt = Annotated[bool | None, typer.Option("--row-exact/--no-row-exact", help="Score every row of a verification pass bit-identically to a one-token pass: lossless by construction (default: on for float32 on CPU when its kernel builds).", show_default=False)]
 ThreadsOpt = Annotated[int, typer.Option("--threads", help="Torch CPU threads (0: leave torch's default).")]
 
@@ -80,7 +81,9 @@ def set_threads(threads: int) -> None:
         torch.set_num_threads(threads)
 
 
-def load_with_progress(spec: str, backend: str = "torch", dtype: str = "float32", row_exact: bool | None = None) -> LoadedModel:
+def load_with_progress(
+    spec: str, backend: str = "torch", dtype: str = "float32", row_exact: bool | None = None, quantize: str = "none",
+) -> LoadedModel:
     from leapdecode.models import load_model
 
     with err_console.status(f"loading {spec} ...", spinner="dots") as status:
@@ -88,8 +91,8 @@ def load_with_progress(spec: str, backend: str = "torch", dtype: str = "float32"
             status.update(msg)
             err_console.log(msg)
 
-        lm = load_model(spec, log=log, backend=backend, dtype=dtype, row_exact=row_exact)
-        err_console.log(f"{lm.name}: {lm.backend}, {lm.dtype}{', row-exact' if lm.row_exact else ''}")
+        lm = load_model(spec, log=log, backend=backend, dtype=dtype, row_exact=row_exact, quantize=quantize)
+        err_console.log(f"{lm.name}: {lm.describe}")
         return lm
 
 

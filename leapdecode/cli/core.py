@@ -10,7 +10,7 @@ import typer
 from rich.table import Table
 
 from leapdecode.cli.common import (
-    DtypeOpt, RowExactOpt, DEFAULT_MODEL, BackendOpt, ChatOpt, MaxNewOpt, MethodOpt, ModelOpt, PromptArg, ThreadsOpt, console, err_console,
+    DtypeOpt, QuantizeOpt, RowExactOpt, DEFAULT_MODEL, BackendOpt, ChatOpt, MaxNewOpt, MethodOpt, ModelOpt, PromptArg, ThreadsOpt, console, err_console,
     friendly, load_with_progress, read_prompt, set_threads,
 )
 
@@ -35,6 +35,7 @@ def generate(
     backend: BackendOpt = "torch",
     dtype: DtypeOpt = "float32",
     row_exact: RowExactOpt = None,
+    quantize: QuantizeOpt = "none",
 ) -> None:
     """Stream a completion and print one line of statistics."""
     from leapdecode.api import wrap
@@ -48,7 +49,7 @@ def generate(
     parse_method(method)  # a bad method string or sampling setting fails before the model loads
     sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
     SamplingParams(**sampling)
-    decoder = wrap(load_with_progress(model, backend=backend, dtype=dtype, row_exact=row_exact), method)
+    decoder = wrap(load_with_progress(model, backend=backend, dtype=dtype, row_exact=row_exact, quantize=quantize), method)
     lm = decoder.lm
     stops = tuple(stop or ())
     if compare:  # warm up so that neither timed run pays first-call costs
@@ -113,6 +114,7 @@ def demo(
     threads: ThreadsOpt = 0,
     dtype: DtypeOpt = "float32",
     row_exact: RowExactOpt = None,
+    quantize: QuantizeOpt = "none",
 ) -> None:
     """Show the method against plain decoding on a few chat prompts: speed-up and equality."""
     from leapdecode.api import wrap
@@ -120,11 +122,11 @@ def demo(
 
     set_threads(threads)
     parse_method(method)
-    lm = load_with_progress(model, dtype=dtype, row_exact=row_exact)
+    lm = load_with_progress(model, dtype=dtype, row_exact=row_exact, quantize=quantize)
     fast, plain = wrap(lm, method), wrap(lm, "ar")
     plain.generate(DEMO_PROMPTS[0][1], max_new_tokens=4, chat=True)  # warm-up
     fast.generate(DEMO_PROMPTS[0][1], max_new_tokens=4, chat=True)
-    table = Table(title=f"{fast.method} vs plain decoding on {lm.name} ({max_new_tokens} new tokens, greedy)")
+    table = Table(title=f"{fast.method} vs plain decoding on {lm.name} ({lm.describe}, {max_new_tokens} new tokens, greedy)")
     for col in ("prompt", "plain tok/s", "method tok/s", "speed-up", "tau", "alpha", "identical"):
         table.add_column(col, justify="right" if col != "prompt" else "left")
     totals = [0.0, 0.0]

@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from leapdecode.cli.common import (
-    DtypeOpt, RowExactOpt, DEFAULT_MODEL, BackendOpt, MethodOpt, ModelOpt, console, err_console, friendly, load_with_progress, set_threads,
+    DtypeOpt, QuantizeOpt, RowExactOpt, DEFAULT_MODEL, BackendOpt, MethodOpt, ModelOpt, console, err_console, friendly, load_with_progress, set_threads,
 )
 from leapdecode.methods import method_class, parse_method
 
@@ -29,6 +29,7 @@ def serve(
     max_body_bytes: Annotated[int, typer.Option("--max-body-bytes", help="Largest request body accepted (413 beyond it).")] = 4 << 20,
     dtype: DtypeOpt = "float32",
     row_exact: RowExactOpt = None,
+    quantize: QuantizeOpt = "none",
 ) -> None:
     """Serve the model over an OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions)."""
     import uvicorn
@@ -44,7 +45,7 @@ def serve(
     if not is_loopback(host) and not api_key:
         err_console.print(f"[yellow]warning:[/] serving on {host}, reachable from other machines, with no --api-key")
     set_threads(threads)
-    lm = load_with_progress(model, backend=backend, dtype=dtype, row_exact=row_exact)
+    lm = load_with_progress(model, backend=backend, dtype=dtype, row_exact=row_exact, quantize=quantize)
     config = ServerConfig(
         model_name=served_model_name or lm.name, default_method=method, max_queue=max_queue, timeout_s=timeout,
         allow_methods=allowed, api_key=api_key, allowed_hosts=tuple(allowed_host or ()), max_body_bytes=max_body_bytes,

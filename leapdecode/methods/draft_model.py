@@ -49,7 +49,7 @@ class DraftModel(Method):
         if draft_model is None:
             if not self.model:
                 raise MethodError("draft: needs model=NAME (a preset, folder, .gguf or hub id) for the draft model")
-            draft_model = load_model(self.model, device=target.device, dtype=target.model.dtype, log=log)
+            draft_model = load_model(self.model, device=target.device, dtype=target.model.dtype, quantize=target.quantize, log=log)
         check_same_vocabulary(target, draft_model)
         backend = TorchBackend(draft_model.model)
         cascade_n = CASCADE_N if self.cascade else 0

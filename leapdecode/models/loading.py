@@ -25,6 +25,7 @@ from safetensors.torch import save_model
 from leapdecode.errors import ModelLoadError
 from leapdecode.models import presets
 from leapdecode.models.linear import use_small_batch_linear
+from leapdecode.models.quantize import QUANTIZE_MODES, quantize_model
 
 GGUF_MAGIC = b"GGUF"
 _PROBE = "leapdecode-probe-reply"
@@ -89,6 +90,7 @@ class LoadedModel:
     # property of the model like its size, measured on first use by cost-aware methods.
     costs: dict[tuple[str, int], Any] = field(default_factory=dict, repr=False, compare=False)
     row_exact: bool = False  # verification rows bitwise one-token passes (`leapdecode.models.row_exact`)
+    quantize: str = "none"  # "int8"/"int4": group-quantized linear layers (`leapdecode.models.quantize`)
 
     @property
     def device(self) -> torch.device:
@@ -103,6 +105,12 @@ class LoadedModel:
     def dtype(self) -> str:
         """What the weights compute in: a torch dtype's name, or `gguf` on llama.cpp."""
         return str(self.model.dtype).removeprefix("torch.") if self.backend == "torch" else "gguf"
+
+    @property
+    def describe(self) -> str:
+        """What runs, in a few words: `torch float32 row-exact`, `torch int4 row-exact`, `llama.cpp gguf`."""
+        weights = self.quantize if self.quantize != "none" else self.dtype
+        return f"{self.backend} {weights}{' row-exact' if self.row_exact else ''}"
 
     @property
     def vocab_size(self) -> int:
@@ -130,8 +138,11 @@ class LoadedModel:
             return digest.hexdigest()[:16]
         config = {k: v for k, v in self.model.config.to_dict().items() if k not in _CONFIG_NOISE}
         digest.update(repr(sorted(config.items())).encode())
+        if self.quantize != "none":
+            digest.update(self.quantize.encode())
         with torch.inference_mode():
-            for name, param in self.model.named_parameters():
+            quantized = [(n, b) for n, b in self.model.named_buffers() if n.endswith((".qweight", ".scales"))]
+            for name, param in [*self.model.named_parameters(), *quantized]:
                 flat = param.detach().reshape(-1)
                 ends = torch.cat([flat[:8], flat[-8:]]).float().cpu()
                 digest.update(f"{name}{tuple(param.shape)}".encode())
@@ -156,6 +167,7 @@ def load_model(
     small_batch_linear: bool = True,
     backend: str = "torch",
     row_exact: bool | None = None,
+    quantize: str | None = None,
 ) -> LoadedModel:
     """Load a causal LM and its tokenizer.
 
@@ -166,7 +178,10 @@ def load_model(
     makes every row of a verification pass bit-identical to a one-token pass
     (`leapdecode.models.row_exact`), so greedy drafting is lossless by construction; None (the
     default) turns it on wherever it applies and its kernel builds. With
-    `download`, a preset that is not installed yet is pulled (pip) first. Otherwise, on CPU in
+    `download`, a preset that is not installed yet is pulled (pip) first. `quantize` ("int8",
+    "int4"; None or "none": off) swaps the linear layers for group-quantized ones on CPU
+    (`leapdecode.models.quantize`); their rows are bit-exact by construction, and the attention
+    too when `row_exact` is not False. Otherwise, on CPU in
     float32, `small_batch_linear` swaps the linear layers for ones that score 2-16 tokens at
     nearly the cost of one (see `leapdecode.models.linear`). `backend="llama.cpp"`
     runs a preset or .gguf file in llama.cpp instead (the `llamacpp` extra). Raises
@@ -176,6 +191,17 @@ def load_model(
         raise ModelLoadError(f"unknown backend {backend!r}; known: {', '.join(BACKENDS)}")
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     target_device = torch.device(device) if device is not None else default_device()
+    quantize = quantize or "none"
+    if quantize not in QUANTIZE_MODES:
+        raise ModelLoadError(f"unknown quantization {quantize!r}; choose one of {', '.join(QUANTIZE_MODES)}")
+    if quantize != "none":
+        if target_device.type != "cpu":
+            raise ModelLoadError(f"quantized layers run on CPU, not {target_device.type}")
+        if str(dtype).lower() not in ("auto", "float32", "torch.float32"):
+            raise ModelLoadError(f"quantized layers compute in float32; drop dtype={str(dtype).removeprefix('torch.')} or quantize")
+        dtype = torch.float32
+        if backend == "llama.cpp":
+            raise ModelLoadError("the llama.cpp backend runs the GGUF's own quantization; quantize is for the torch backend")
     dtype = resolve_dtype(dtype, target_device)
     text = str(spec).strip()
     if not text:
@@ -219,6 +245,9 @@ def load_model(
     model, tokenizer = _from_pretrained(source, dtype, log)
     model.to(target_device)
     model.eval()
+    if quantize != "none":
+        log(f"quantizing the linear layers to {quantize} (the kernel is built once, then cached)")
+        quantize_model(model, quantize)
     applies = target_device.type == "cpu" and dtype == torch.float32
     if row_exact and not applies:
         raise ModelLoadError(f"row_exact runs float32 on CPU, not {str(dtype).removeprefix('torch.')} on {target_device.type}")
@@ -242,6 +271,7 @@ def load_model(
         eos_token_ids=frozenset(end_of_turn_ids(model, tokenizer)),
         max_context=context_length(model, tokenizer),
         row_exact=bool(row_exact),
+        quantize=quantize,
     )
 
 

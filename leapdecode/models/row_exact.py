@@ -25,15 +25,13 @@ portable scalar path (also exact).
 
 from __future__ import annotations
 
-import functools
 import logging
-import os
-import shutil
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
+
+from leapdecode.models.extensions import build
 
 logger = logging.getLogger("leapdecode")
 
@@ -41,34 +39,12 @@ EXACT_ROWS = range(1, 17)  # token counts scored by the row-exact kernel (a deco
 ATTENTION = "row_exact"
 
 
-@functools.cache
 def kernel() -> Any | None:
     """The compiled extension, or None (logged) when it cannot be built here."""
-    from torch.utils import cpp_extension
-
-    source = Path(__file__).with_name("row_exact.cpp")
-    _find_ninja()
-    try:
-        module = cpp_extension.load(
-            name="leapdecode_row_exact", sources=[str(source)], extra_cflags=["-O3"], verbose=False,
-        )
-    except (OSError, RuntimeError, ImportError, cpp_extension.CalledProcessError) as exc:  # no compiler, no headers
-        logger.warning("row-exact kernel could not be built (%s); falling back to one linear call per row", exc)
-        return None
-    if not module.fast_path_available():
-        logger.warning("this CPU has no AVX2/FMA: the row-exact kernel runs its portable path")
+    module = build("row_exact", "row_exact.cpp")
+    if module is None:
+        logger.warning("row-exact verification falls back to one linear call per row")
     return module
-
-
-def _find_ninja() -> None:
-    """torch's extension builder runs `ninja` from PATH; the pip-installed one lives in the
-    environment's own bin folder, which is not on PATH when Python is run by its full path."""
-    if shutil.which("ninja") is None:
-        try:
-            import ninja  # the `ninja` dependency
-        except ImportError:
-            return
-        os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
 
 
 class RowExactLinear(nn.Linear):

@@ -1,0 +1,136 @@
+"""Group-quantized linear layers (int8, int4): the kernel against a float reference on random
+shapes, rows bitwise independent of how many are scored together, the portable path bitwise the
+AVX2 path, and greedy drafting on quantized tiny models equal to their plain decoding. (On the
+real model, every row of every layer and greedy drafting: `test_row_exact.py`, int4 case.)"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from leapdecode.drafters import AnpdDrafter, NoDrafter
+from leapdecode.engine import StopCriteria, TorchBackend, decode
+from leapdecode.errors import ModelLoadError
+from leapdecode.models import load_model, quantize
+from leapdecode.models.quantize import GROUP, QuantizedLinear, dequantize, pack_int4, quantize_model, quantize_weight, unpack_int4
+from leapdecode.models.row_exact import ATTENTION, register_attention
+from tests.conftest import GREEDY, TINY_VOCAB, ScriptedDrafter, make_tiny_model, prompts
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    module = quantize.kernel()
+    assert module is not None, "the quantized kernel must build where the tests run (a compiler is part of the set-up)"
+    return module
+
+
+def reference(layer: QuantizedLinear, x: torch.Tensor) -> torch.Tensor:
+    """The same product in float64: activations rounded as the kernel rounds them, weights de-quantized."""
+    out = quantize._activations_reference(x).double() @ layer.weight_float().double().T
+    return out + layer.bias.double() if layer.bias is not None else out
+
+
+@settings(max_examples=60, deadline=None)
+@given(rows=st.integers(1, 20), groups=st.integers(1, 12), n=st.integers(1, 40), bits=st.sampled_from([4, 8]),
+       bias=st.booleans(), seed=st.integers(0, 2**16), spread=st.sampled_from([0.01, 1.0, 30.0]))
+def test_kernel_matches_a_float_reference_rows_are_independent_and_paths_agree(kernel, rows, groups, n, bits, bias, seed, spread) -> None:
+    g = torch.Generator().manual_seed(seed)
+    k = groups * GROUP
+    linear = torch.nn.Linear(k, n, bias=bias)
+    with torch.no_grad():
+        linear.weight.copy_(torch.randn(n, k, generator=g) * spread)
+    layer = QuantizedLinear.from_linear(linear, bits)
+    x = torch.randn(rows, k, generator=g) * spread
+    x[0, :GROUP] = 0  # a group of zeros: scale 0, no division by it
+    fast = layer(x)  # [rows, n]
+    want = reference(layer, x)
+    scale = want.abs().max().item() + 1e-6
+    assert torch.allclose(fast.double(), want, atol=1e-5 * scale, rtol=1e-5)
+    layer.portable = True
+    assert torch.equal(layer(x), fast)  # the portable path gives the AVX2 path's bits
+    layer.portable = False
+    for i in range(rows):
+        assert torch.equal(layer(x[i : i + 1])[0], fast[i])
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_quantized_weights_are_within_half_a_step_and_pack_round_trips(bits) -> None:
+    w = torch.randn(48, 4 * GROUP) * torch.logspace(-3, 1, 48).unsqueeze(1)
+    qweight, scales, mins = quantize_weight(w, bits)
+    back = dequantize(qweight, scales, mins, bits)
+    step = scales.repeat_interleave(GROUP, dim=1)  # [48, k]
+    assert ((back - w).abs() <= step / 2 * 1.0001 + 1e-7).all()
+    q = torch.randint(0, 16, (5, 3, GROUP), dtype=torch.uint8)
+    assert torch.equal(unpack_int4(pack_int4(q)), q)
+
+
+def test_bad_shapes_and_modes_are_refused() -> None:
+    with pytest.raises(ValueError, match="multiple of 32"):
+        quantize_weight(torch.randn(4, 40), 4)
+    with pytest.raises(ValueError, match="bits"):
+        quantize_weight(torch.randn(4, 64), 3)
+    with pytest.raises(ValueError, match="unknown quantization"):
+        quantize_model(torch.nn.Sequential(torch.nn.Linear(64, 8)), "int2")
+
+
+def test_without_a_compiler_the_layers_compute_the_same_product(monkeypatch) -> None:
+    layer = QuantizedLinear.from_linear(torch.nn.Linear(96, 24), 4)
+    x = torch.randn(2, 5, 96)
+    fast = layer(x)
+    monkeypatch.setattr(quantize, "kernel", lambda: None)
+    slow = layer(x)
+    assert torch.allclose(fast, slow, atol=1e-4)
+
+
+def quantized_tiny(arch: str, mode: str):
+    model = make_tiny_model(arch, seed=3)
+    quantize_model(model, mode)
+    register_attention()
+    model.set_attn_implementation(ATTENTION)
+    return model
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])  # qwen2: biases on q/k/v
+@pytest.mark.parametrize("mode", ["int8", "int4"])
+def test_greedy_drafting_on_quantized_tiny_models_equals_plain_decoding(arch, mode) -> None:
+    model = quantized_tiny(arch, mode)
+    assert not any(type(m) is torch.nn.Linear for m in model.modules())
+    backend = TorchBackend(model)
+
+    def run(prompt, drafter, n):
+        return [t for s in decode(backend, prompt, drafter, StopCriteria(frozenset(), n), *GREEDY) for t in s.tokens]
+
+    accepted = 0
+    for seed, prompt in enumerate(prompts(8, seed=7)):
+        plain = run(prompt, NoDrafter(), 32)  # (an uncached recompute may differ: long prefills take SDPA's block)
+        assert run(prompt, AnpdDrafter(n=3, k=7), 32) == plain
+        for wrong_every in (0, 1, 2):  # drafts all right, all wrong, partly right
+            steps = list(decode(backend, prompt, ScriptedDrafter(plain, 8, TINY_VOCAB, wrong_every, seed), StopCriteria(frozenset(), 32), *GREEDY))
+            assert [t for s in steps for t in s.tokens] == plain
+            accepted += sum(s.num_accepted for s in steps)
+    assert accepted > 0
+
+
+@pytest.fixture(scope="module")
+def int4_lm(kernel):
+    return load_model("smollm2-135m", log=lambda m: None, quantize="int4")
+
+
+def test_the_real_model_quantizes_every_layer_and_says_so(int4_lm) -> None:
+    layers = [m for m in int4_lm.model.modules() if isinstance(m, QuantizedLinear)]
+    assert len(layers) == 30 * 7 + 1 and not any(type(m) is torch.nn.Linear for m in int4_lm.model.modules())
+    assert int4_lm.model.get_output_embeddings().bits == 8 and {m.bits for m in layers} == {4, 8}
+    assert int4_lm.quantize == "int4" and int4_lm.describe == "torch int4 row-exact"
+    float_lm = load_model("smollm2-135m", log=lambda m: None, quantize="none")
+    assert float_lm.fingerprint != int4_lm.fingerprint
+
+
+def test_quantize_refuses_what_it_does_not_cover() -> None:
+    with pytest.raises(ModelLoadError, match="unknown quantization"):
+        load_model("smollm2-135m", log=lambda m: None, quantize="int3")
+    with pytest.raises(ModelLoadError, match="compute in float32"):
+        load_model("smollm2-135m", log=lambda m: None, quantize="int4", dtype="bfloat16")
+    with pytest.raises(ModelLoadError, match="llama.cpp backend runs the GGUF's own quantization"):
+        load_model("smollm2-135m", log=lambda m: None, quantize="int4", backend="llama.cpp")
