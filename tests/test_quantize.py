@@ -14,6 +14,7 @@ from leapdecode.drafters import AnpdDrafter, NoDrafter
 from leapdecode.engine import StopCriteria, TorchBackend, decode
 from leapdecode.errors import ModelLoadError
 from leapdecode.models import load_model, quantize
+from leapdecode.models.gguf_blocks import read_blocks
 from leapdecode.models.quantize import GROUP, QuantizedLinear, dequantize, pack_int4, quantize_model, quantize_weight, unpack_int4
 from leapdecode.models.row_exact import ATTENTION, register_attention
 from tests.conftest import GREEDY, TINY_VOCAB, ScriptedDrafter, make_tiny_model, prompts
@@ -125,6 +126,8 @@ def test_the_real_model_quantizes_every_layer_and_says_so(int4_lm) -> None:
     assert int4_lm.quantize == "int4" and int4_lm.describe == "torch int4 row-exact"
     float_lm = load_model("smollm2-135m", log=lambda m: None, quantize="none")
     assert float_lm.fingerprint != int4_lm.fingerprint
+    int8_lm = load_model("smollm2-135m", log=lambda m: None, quantize="int8")
+    assert {m.bits for m in int8_lm.model.modules() if isinstance(m, QuantizedLinear)} == {8}
 
 
 def test_quantize_refuses_what_it_does_not_cover() -> None:
@@ -134,3 +137,46 @@ def test_quantize_refuses_what_it_does_not_cover() -> None:
         load_model("smollm2-135m", log=lambda m: None, quantize="int4", dtype="bfloat16")
     with pytest.raises(ModelLoadError, match="llama.cpp backend runs the GGUF's own quantization"):
         load_model("smollm2-135m", log=lambda m: None, quantize="int4", backend="llama.cpp")
+
+
+@pytest.mark.parametrize("kind", ["Q8_0", "Q4_0", "Q4_1"])
+def test_gguf_blocks_are_the_files_values(kind) -> None:
+    from gguf import GGMLQuantizationType, dequantize, quants
+
+    w = (torch.randn(6, 4 * GROUP) * 3).numpy()
+    raw = quants.quantize(w, GGMLQuantizationType[kind])
+    blocks = read_blocks(raw, kind, 6, 4 * GROUP)
+    assert blocks is not None and blocks.bits == (8 if kind == "Q8_0" else 4)
+    mine = dequantize_blocks(blocks)
+    want = torch.from_numpy(dequantize(raw, GGMLQuantizationType[kind]).reshape(6, -1))
+    assert torch.allclose(mine, want, rtol=1e-6, atol=1e-6)
+    assert read_blocks(raw, "Q6_K", 6, 4 * GROUP) is None  # a layout that does not fit
+
+
+def test_q4_k_blocks_of_the_real_file_are_its_values() -> None:
+    from gguf import GGUFReader, dequantize
+
+    from leapdecode.models.loading import default_cache_dir
+    from leapdecode.models.presets import locate
+
+    reader = GGUFReader(str(locate("qwen2.5-coder-1.5b", default_cache_dir(), download=True)))
+    tensor = next(t for t in reader.tensors if t.tensor_type.name == "Q4_K" and len(t.shape) == 2 and t.shape[1] <= 2048)
+    cols, rows = (int(n) for n in tensor.shape)
+    blocks = read_blocks(tensor.data, "Q4_K", rows, cols)
+    want = torch.from_numpy(dequantize(tensor.data, tensor.tensor_type).reshape(rows, cols))
+    assert torch.allclose(dequantize_blocks(blocks), want, rtol=1e-6, atol=1e-6)
+
+
+def dequantize_blocks(blocks) -> torch.Tensor:
+    qweight, scales, mins = blocks.packed()
+    return dequantize(qweight, scales, mins, blocks.bits)
+
+
+def test_a_gguf_model_quantizes_to_the_files_own_groups(int4_lm, real_lm) -> None:
+    """smollm2's GGUF is Q4_1 with a Q8_0 embedding (the tied LM head): every layer comes from the
+    file, and de-quantized it is the float model's weight."""
+    float_layers = dict(real_lm.model.named_modules())
+    for name, layer in int4_lm.model.named_modules():
+        if isinstance(layer, QuantizedLinear):
+            reference_weight = float_layers[name].weight.float()
+            assert torch.allclose(layer.weight_float(), reference_weight, rtol=0, atol=1e-6), name

@@ -55,7 +55,7 @@ def bench(
     if max_new_tokens <= 0:
         raise InputError(f"max_new_tokens must be a positive integer, got {max_new_tokens}")
     n_threads = use_threads(threads)
-    lm = load_with_progress(model, backend=backend, dtype=dtype, row_exact=row_exact, quantize=quantize)
+    lm = load_with_progress(model, backend=backend, dtype=dtype, row_exact=row_exact, quantize=quantize if backend == "torch" else "none")
     if repeats < 1:
         raise InputError(f"--repeats must be >= 1, got {repeats}")
     samples = run_with_progress(

@@ -213,6 +213,7 @@ def load_model(
             return _load_llamacpp(gguf, presets.get_preset(text).sha256, cache, text, log)
         folder = _dequantized_folder(gguf, presets.get_preset(text).sha256, cache, log)
         name = text
+        source_gguf: Path | None = gguf
     elif text.lower().endswith(".gguf") or (path.is_file() and _is_gguf(path)):
         if not path.is_file():
             raise ModelLoadError(f"GGUF file not found: {path}")
@@ -224,6 +225,7 @@ def load_model(
             return _load_llamacpp(path, sha, cache, path.stem, log)
         folder = _dequantized_folder(path, sha, cache, log)
         name = path.stem
+        source_gguf = path
     elif backend == "llama.cpp":
         raise ModelLoadError(f"the llama.cpp backend runs GGUF files: give a preset or a .gguf path, not {text!r}")
     elif path.exists():
@@ -233,9 +235,11 @@ def load_model(
             raise ModelLoadError(f"{path} has no config.json: not a Hugging Face model folder")
         folder = path
         name = path.name
+        source_gguf = None
     elif text.count("/") == 1 and not text.startswith((".", "/")):
         folder = None
         name = text
+        source_gguf = None
     else:
         known = ", ".join(p.name for p in presets.PRESETS)
         raise ModelLoadError(
@@ -247,7 +251,7 @@ def load_model(
     model.eval()
     if quantize != "none":
         log(f"quantizing the linear layers to {quantize} (the kernel is built once, then cached)")
-        quantize_model(model, quantize)
+        quantize_model(model, quantize, gguf=source_gguf, log=log)
     applies = target_device.type == "cpu" and dtype == torch.float32
     if row_exact and not applies:
         raise ModelLoadError(f"row_exact runs float32 on CPU, not {str(dtype).removeprefix('torch.')} on {target_device.type}")

@@ -4,7 +4,8 @@
 a `QuantizedLinear`: weights in groups of 32 along the input, int8 with a scale per group
 (w = d·q, GGUF's Q8_0) or 4-bit with a scale and a minimum per group (w = d·q + min, q in 0..15,
 the layout of GGUF's Q4_1; Q4_0 and Q4_K fit it too). The output layer (LM head) is kept at int8
-in int4 mode, as llama.cpp's Q4_K_M keeps it at 6 bits. The kernel (`quant.cpp`) quantizes each
+in int4 mode, as llama.cpp's Q4_K_M keeps it at 6 bits. A model loaded from a GGUF file takes the
+file's own groups where they fit (`gguf_blocks`): the quantized model is the file's model. The kernel (`quant.cpp`) quantizes each
 row's activations to int8 per group at run time, so a group's dot product is an exact integer sum,
 and it is row-exact by construction: row i of an M-row pass is bitwise a one-row pass, so greedy
 drafting on a quantized model is lossless with respect to that model's own plain decoding.
@@ -17,6 +18,8 @@ gives the same bits as the AVX2 path.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -128,25 +131,35 @@ def _activations_reference(x: torch.Tensor) -> torch.Tensor:
     return (q * d).reshape(x.shape)
 
 
-def quantize_model(model: nn.Module, mode: str) -> int:
+def quantize_model(model: nn.Module, mode: str, gguf: Path | None = None, log: Callable[[str], None] = logger.info) -> int:
     """Swap `model`'s linear layers for group-quantized ones (`mode` "int8" or "int4"; the output
-    layer stays int8). Layers whose input is not a multiple of 32 stay float (logged). Returns how
-    many layers were swapped."""
+    layer stays int8). Layers whose input is not a multiple of 32 stay float (logged). With `gguf`
+    (the file the model was de-quantized from) and int4, every weight the file stores as Q4_0,
+    Q4_1, Q4_K or Q8_0 takes the file's own groups (`leapdecode.models.gguf_blocks`), and the
+    others, stored wider than 4 bits, are rounded to int8. Returns how many layers were swapped."""
     if mode not in BITS:
         raise ValueError(f"unknown quantization {mode!r}; choose one of {', '.join(QUANTIZE_MODES)}")
     kernel()  # build (or find cached) now, not in the first decode step
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    linears = {f"{parent_name}.{name}".lstrip("."): (parent, name, child) for parent_name, parent in model.named_modules()
+               for name, child in parent.named_children() if isinstance(child, nn.Linear)}
+    blocks = {}
+    if gguf is not None and mode == "int4":
+        from leapdecode.models.gguf_blocks import gguf_blocks_by_weight
+
+        blocks = gguf_blocks_by_weight(gguf, {n: c.weight for n, (_, _, c) in linears.items() if not c.in_features % GROUP}, log)
     swapped, kept = 0, []
-    for parent_name, parent in list(model.named_modules()):
-        for name, child in list(parent.named_children()):
-            if not isinstance(child, nn.Linear):
-                continue
-            if child.in_features % GROUP:
-                kept.append(f"{parent_name}.{name}".lstrip("."))
-                continue
-            bits = 8 if child is head else BITS[mode]
-            setattr(parent, name, QuantizedLinear.from_linear(child, bits))
-            swapped += 1
+    for full, (parent, name, child) in linears.items():
+        if child.in_features % GROUP:
+            kept.append(full)
+            continue
+        if full in blocks:
+            layer = QuantizedLinear(*blocks[full].packed(), blocks[full].bits, child.bias)
+        else:
+            wide = child is head or (gguf is not None)
+            layer = QuantizedLinear.from_linear(child, 8 if wide else BITS[mode])
+        setattr(parent, name, layer)
+        swapped += 1
     if kept:
         logger.info("kept %d linear layers in float (input not a multiple of %d): %s", len(kept), GROUP, ", ".join(kept[:4]))
     return swapped
