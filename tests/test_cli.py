@@ -49,7 +49,7 @@ def test_forward_cost_command(tmp_path) -> None:
     result = runner.invoke(app, ["forward-cost", "--tokens", "1,4", "--context", "20", "--repeats", "1", "--out", str(tmp_path)])
     assert result.exit_code == 0, result.output
     table = (tmp_path / "forward_cost.md").read_text()
-    assert "| 4 |" in table and "row-exact" in table and "nn.Linear" in table and "(torch, float32)" in table
+    assert "| 4 |" in table and "row-exact" in table and "nn.Linear" in table and "(torch float32 row-exact)" in table
     assert (tmp_path / "forward_cost.png").stat().st_size > 0
 
 

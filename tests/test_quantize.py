@@ -180,3 +180,21 @@ def test_a_gguf_model_quantizes_to_the_files_own_groups(int4_lm, real_lm) -> Non
         if isinstance(layer, QuantizedLinear):
             reference_weight = float_layers[name].weight.float()
             assert torch.allclose(layer.weight_float(), reference_weight, rtol=0, atol=1e-6), name
+
+
+def test_saved_quantized_layers_load_back_identically_and_a_corrupt_file_is_ignored(tmp_path) -> None:
+    from leapdecode.models.quantize import load_quantized, save_quantized
+
+    model = make_tiny_model("qwen2", seed=4)
+    quantize_model(model, "int4")
+    path = tmp_path / "q.safetensors"
+    save_quantized(model, path)
+    fresh = make_tiny_model("qwen2", seed=4)
+    assert load_quantized(fresh, path) == sum(isinstance(m, QuantizedLinear) for m in model.modules())
+    x = torch.randint(2, TINY_VOCAB, (1, 9))
+    with torch.inference_mode():
+        assert torch.equal(fresh(x).logits, model(x).logits)
+    path.write_bytes(path.read_bytes()[:100])  # truncated
+    other = make_tiny_model("qwen2", seed=4)
+    assert load_quantized(other, path) == 0
+    assert not any(isinstance(m, QuantizedLinear) for m in other.modules())

@@ -25,7 +25,7 @@ from safetensors.torch import save_model
 from leapdecode.errors import ModelLoadError
 from leapdecode.models import presets
 from leapdecode.models.linear import use_small_batch_linear
-from leapdecode.models.quantize import QUANTIZE_MODES, quantize_model
+from leapdecode.models.quantize import QUANTIZE_MODES, load_quantized, quantize_model, save_quantized
 
 GGUF_MAGIC = b"GGUF"
 _PROBE = "leapdecode-probe-reply"
@@ -214,6 +214,7 @@ def load_model(
         folder = _dequantized_folder(gguf, presets.get_preset(text).sha256, cache, log)
         name = text
         source_gguf: Path | None = gguf
+        source_sha = presets.get_preset(text).sha256
     elif text.lower().endswith(".gguf") or (path.is_file() and _is_gguf(path)):
         if not path.is_file():
             raise ModelLoadError(f"GGUF file not found: {path}")
@@ -226,6 +227,7 @@ def load_model(
         folder = _dequantized_folder(path, sha, cache, log)
         name = path.stem
         source_gguf = path
+        source_sha = sha
     elif backend == "llama.cpp":
         raise ModelLoadError(f"the llama.cpp backend runs GGUF files: give a preset or a .gguf path, not {text!r}")
     elif path.exists():
@@ -235,11 +237,11 @@ def load_model(
             raise ModelLoadError(f"{path} has no config.json: not a Hugging Face model folder")
         folder = path
         name = path.name
-        source_gguf = None
+        source_gguf, source_sha = None, ""
     elif text.count("/") == 1 and not text.startswith((".", "/")):
         folder = None
         name = text
-        source_gguf = None
+        source_gguf, source_sha = None, ""
     else:
         known = ", ".join(p.name for p in presets.PRESETS)
         raise ModelLoadError(
@@ -251,7 +253,7 @@ def load_model(
     model.eval()
     if quantize != "none":
         log(f"quantizing the linear layers to {quantize} (the kernel is built once, then cached)")
-        quantize_model(model, quantize, gguf=source_gguf, log=log)
+        _quantize(model, quantize, source_gguf, source_sha, cache, log)
     applies = target_device.type == "cpu" and dtype == torch.float32
     if row_exact and not applies:
         raise ModelLoadError(f"row_exact runs float32 on CPU, not {str(dtype).removeprefix('torch.')} on {target_device.type}")
@@ -277,6 +279,27 @@ def load_model(
         row_exact=bool(row_exact),
         quantize=quantize,
     )
+
+
+QUANTIZED_FORMAT = 1  # bump when the saved layout changes
+
+
+def _quantize(model: Any, mode: str, gguf: Path | None, sha256: str, cache: Path, log: Callable[[str], None]) -> None:
+    """Quantize `model`'s linear layers; from a GGUF file, take its own groups, and keep the result
+    in the cache (by the file's sha256): matching the file's tensors to the layers takes a minute
+    on a 1.5B model, reading the cached groups a second or two."""
+    if gguf is None:
+        quantize_model(model, mode)
+        return
+    saved = cache / "quantized" / f"{sha256[:16]}-{mode}-v{QUANTIZED_FORMAT}.safetensors"
+    if saved.is_file() and load_quantized(model, saved):
+        quantize_model(model, mode)  # layers the file left out (none, unless the model grew)
+        return
+    from leapdecode.models.gguf_blocks import gguf_blocks_by_weight
+
+    quantize_model(model, mode, functools.partial(gguf_blocks_by_weight, gguf, log=log))
+    save_quantized(model, saved)
+    log(f"saved the quantized layers in {saved}")
 
 
 def _load_llamacpp(gguf: Path, sha256: str, cache: Path, name: str, log: Callable[[str], None]) -> LoadedModel:

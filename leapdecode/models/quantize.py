@@ -131,12 +131,13 @@ def _activations_reference(x: torch.Tensor) -> torch.Tensor:
     return (q * d).reshape(x.shape)
 
 
-def quantize_model(model: nn.Module, mode: str, gguf: Path | None = None, log: Callable[[str], None] = logger.info) -> int:
+def quantize_model(model: nn.Module, mode: str, file_blocks: Callable[[dict[str, torch.Tensor]], dict[str, Any]] | None = None) -> int:
     """Swap `model`'s linear layers for group-quantized ones (`mode` "int8" or "int4"; the output
-    layer stays int8). Layers whose input is not a multiple of 32 stay float (logged). With `gguf`
-    (the file the model was de-quantized from) and int4, every weight the file stores as Q4_0,
-    Q4_1, Q4_K or Q8_0 takes the file's own groups (`leapdecode.models.gguf_blocks`), and the
-    others, stored wider than 4 bits, are rounded to int8. Returns how many layers were swapped."""
+    layer stays int8). Layers whose input is not a multiple of 32 stay float (logged). With
+    `file_blocks` (for a GGUF source: `leapdecode.models.gguf_blocks.gguf_blocks_by_weight` on the
+    file; called with the weights by name, it returns the file's own groups for those it stores as
+    Q4_0, Q4_1, Q4_K or Q8_0) and int4, those layers take the file's groups, and the others, stored
+    wider than 4 bits, are rounded to int8. Returns how many layers were swapped."""
     if mode not in BITS:
         raise ValueError(f"unknown quantization {mode!r}; choose one of {', '.join(QUANTIZE_MODES)}")
     kernel()  # build (or find cached) now, not in the first decode step
@@ -144,10 +145,8 @@ def quantize_model(model: nn.Module, mode: str, gguf: Path | None = None, log: C
     linears = {f"{parent_name}.{name}".lstrip("."): (parent, name, child) for parent_name, parent in model.named_modules()
                for name, child in parent.named_children() if isinstance(child, nn.Linear)}
     blocks = {}
-    if gguf is not None and mode == "int4":
-        from leapdecode.models.gguf_blocks import gguf_blocks_by_weight
-
-        blocks = gguf_blocks_by_weight(gguf, {n: c.weight for n, (_, _, c) in linears.items() if not c.in_features % GROUP}, log)
+    if file_blocks is not None and mode == "int4":
+        blocks = file_blocks({n: c.weight for n, (_, _, c) in linears.items() if not c.in_features % GROUP})
     swapped, kept = 0, []
     for full, (parent, name, child) in linears.items():
         if child.in_features % GROUP:
@@ -156,10 +155,58 @@ def quantize_model(model: nn.Module, mode: str, gguf: Path | None = None, log: C
         if full in blocks:
             layer = QuantizedLinear(*blocks[full].packed(), blocks[full].bits, child.bias)
         else:
-            wide = child is head or (gguf is not None)
+            wide = child is head or (file_blocks is not None and mode == "int4")
             layer = QuantizedLinear.from_linear(child, 8 if wide else BITS[mode])
         setattr(parent, name, layer)
         swapped += 1
     if kept:
         logger.info("kept %d linear layers in float (input not a multiple of %d): %s", len(kept), GROUP, ", ".join(kept[:4]))
     return swapped
+
+
+def save_quantized(model: nn.Module, path: Path) -> None:
+    """Write every `QuantizedLinear`'s groups to one safetensors file (what `load_quantized` reads)."""
+    from safetensors.torch import save_file
+
+    tensors: dict[str, torch.Tensor] = {}
+    for name, layer in model.named_modules():
+        if isinstance(layer, QuantizedLinear):
+            tensors[f"{name}.qweight"] = layer.qweight.contiguous()
+            tensors[f"{name}.scales"] = layer.scales.contiguous()
+            tensors[f"{name}.bits"] = torch.tensor([layer.bits], dtype=torch.int32)
+            if layer.bits == 4:
+                tensors[f"{name}.mins"] = layer.mins.contiguous()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(".partial")
+    save_file(tensors, str(partial))
+    partial.replace(path)  # whole or absent: a crash mid-write leaves no half file under the real name
+
+
+def load_quantized(model: nn.Module, path: Path) -> int:
+    """Swap `model`'s linear layers for the groups saved in `path` by `save_quantized`. Returns the
+    number swapped; 0 (and the model untouched) when the file does not fit this model or is corrupt."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        saved = load_file(str(path))
+    except (OSError, SafetensorError) as exc:
+        logger.warning("ignoring the quantized cache %s (%s)", path, exc)
+        return 0
+    names = {key.rsplit(".", 1)[0] for key in saved}
+    linears = {f"{parent_name}.{name}".lstrip("."): (parent, name, child) for parent_name, parent in model.named_modules()
+               for name, child in parent.named_children() if isinstance(child, nn.Linear)}
+    if not names or not names <= linears.keys():
+        return 0
+    layers = {}
+    for name in names:
+        child = linears[name][2]
+        bits = int(saved[f"{name}.bits"][0])
+        qweight, scales = saved[f"{name}.qweight"], saved[f"{name}.scales"]
+        if bits not in (4, 8) or qweight.shape != (child.out_features, child.in_features * bits // 8):
+            return 0
+        layers[name] = QuantizedLinear(qweight, scales, saved.get(f"{name}.mins"), bits, child.bias)
+    for name, layer in layers.items():
+        parent, attr, _ = linears[name]
+        setattr(parent, attr, layer)
+    return len(layers)
