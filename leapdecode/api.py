@@ -155,16 +155,17 @@ class Decoder:
 
     @staticmethod
     def _verifiers(
-        sampling: SamplingParams, generator: torch.Generator | None, logprobs: int | None,
+        sampling: SamplingParams, generator: torch.Generator | None, logprobs: int | None, candidates: int = 0,
     ) -> tuple[Verifier, TreeVerifier]:
         """Greedy matching at temperature 0, else speculative sampling (exactly the target's
-        distribution); each in its chain and its tree form."""
+        distribution); each in its chain and its tree form. `candidates`: the top-k ids of every
+        scored row that a recycling drafter asked for (greedy only)."""
         if sampling.greedy:
-            if logprobs is None:
+            if logprobs is None and not candidates:
                 return verify_greedy, verify_tree_greedy
             return (
-                functools.partial(verify_greedy, logprobs=logprobs),
-                functools.partial(verify_tree_greedy, logprobs=logprobs),
+                functools.partial(verify_greedy, logprobs=logprobs, candidates=candidates),
+                functools.partial(verify_tree_greedy, logprobs=logprobs, candidates=candidates),
             )
         return (
             functools.partial(verify_speculative, params=sampling, generator=generator, logprobs=logprobs),
@@ -205,8 +206,9 @@ class Decoder:
         criteria = StopCriteria(self.lm.eos_token_ids, max_new_tokens, stop, self.lm.tokenizer)
         if generator is None and sampling.seed is not None:
             generator = torch.Generator(device=self.backend.device).manual_seed(sampling.seed)
-        verifier, tree_verifier = self._verifiers(sampling, generator, logprobs)
-        return StepStream(prompt_ids, self._run(prompt_ids, self._new_drafter(sampling, generator), criteria, verifier, tree_verifier))
+        drafter = self._new_drafter(sampling, generator)
+        verifier, tree_verifier = self._verifiers(sampling, generator, logprobs, drafter.candidates)
+        return StepStream(prompt_ids, self._run(prompt_ids, drafter, criteria, verifier, tree_verifier))
 
     def _run(
         self, prompt_ids: list[int], drafter: Drafter, criteria: StopCriteria, verifier: Verifier, tree_verifier: TreeVerifier,

@@ -99,6 +99,8 @@ def test_every_verifier_makes_one_host_transfer() -> None:
         "speculative": lambda: verify_speculative([3, 4, 5, 6], logits, None, params, g),
         "speculative with q": lambda: verify_speculative([3, 4, 5, 6], logits, torch.softmax(torch.randn(4, 50), -1), params, g),
         "tree greedy": lambda: verify_tree_greedy([3, 4, 5, 6], tree, logits),
+        "greedy, candidates and logprobs": lambda: verify_greedy([3, 4, 5, 6], logits, logprobs=2, candidates=4),
+        "tree greedy, candidates": lambda: verify_tree_greedy([3, 4, 5, 6], tree, logits, candidates=4),
         "tree speculative": functools.partial(verify_tree_speculative, [3, 4, 5, 6], tree, logits, params, g),
     }
     for name, call in calls.items():

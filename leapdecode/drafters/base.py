@@ -46,6 +46,9 @@ class Drafter(ABC):
     # Jacobi-style drafters guess from the target's own predictions at the drafted positions:
     # when True, the loop calls `observe` after every pass (an argmax over the scored rows).
     observes_target: ClassVar[bool] = False
+    # Top-k token ids of every scored row the drafter wants from the (greedy) verifier, in its one
+    # host transfer (`observe`'s `candidates`); 0: none.
+    candidates: int = 0
 
     @abstractmethod
     def reset(self, prompt_ids: Sequence[int]) -> None:
@@ -64,10 +67,11 @@ class Drafter(ABC):
         """The target's backend and this request's cache, right after the prefill: drafters
         that draft with the target's own layers (self-speculative, early exit) share them."""
 
-    def observe(self, predicted: Sequence[int]) -> None:  # noqa: B027 - optional hook, no-op by default
+    def observe(self, predicted: Sequence[int], candidates: Sequence[Sequence[int]] | None = None) -> None:  # noqa: B027 - optional hook
         """The target's greedy token after each scored position of the last pass: the pending
-        token first (index 0), then each drafted token (index i+1). Called before `update`,
-        only when `observes_target` is set."""
+        token first (index 0), then each drafted token (index i+1); with `candidates` (when the
+        drafter asked for k and the verifier is greedy) each row's k best token ids too. Called
+        before `update`, only when `observes_target` is set."""
 
 
 class NoDrafter(Drafter):

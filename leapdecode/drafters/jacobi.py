@@ -73,7 +73,7 @@ class JacobiDrafter(Drafter):
         self.drafted = len(draft)
         return Draft(list(draft))
 
-    def observe(self, predicted: Sequence[int]) -> None:
+    def observe(self, predicted: Sequence[int], candidates: Sequence[Sequence[int]] | None = None) -> None:
         self.predicted = list(predicted)
 
     def update(self, tokens: Sequence[int], num_accepted: int) -> None:

@@ -87,7 +87,7 @@ class LookaheadDrafter(Drafter):
         self.cells = [ends[first + c * len(self.levels) + top] for c in range(self.w)] if use_window else None
         return draft
 
-    def observe(self, predicted: Sequence[int]) -> None:
+    def observe(self, predicted: Sequence[int], candidates: Sequence[Sequence[int]] | None = None) -> None:
         if self.cells is None:  # the window was left out of this pass
             return
         new_level = [predicted[c + 1] for c in self.cells]  # the prediction after each column's top cell

@@ -95,6 +95,6 @@ def decode(
         drafted, parents = tuple(draft.tokens), draft.parents
         # 6. Keep the root and the accepted path in the cache; the bonus token is not cached yet.
         backend.keep(seq, start, [0, *(i + 1 for i in path)])
-        # 7. Jacobi-style drafters refine their guesses from the target's own predictions.
+        # 7. Jacobi-style and recycling drafters learn from the target's own predictions.
         if drafter.observes_target:
-            drafter.observe(verdict.predicted)  # [D+1]
+            drafter.observe(verdict.predicted, verdict.candidates)  # [D+1], [D+1][k] or None

@@ -13,11 +13,11 @@ from leapdecode.methods.ngram import Anpd, PromptLookup
 from leapdecode.methods.parallel import Jacobi, Lookahead
 from leapdecode.methods.peers import HfAssisted, HfGenerate, HfPromptLookup, LlamaCppPlain, LlamaCppPromptLookup
 from leapdecode.methods.plain import Autoregressive
-from leapdecode.methods.trees import AnpdTree, Rest, Trie
+from leapdecode.methods.trees import AnpdTree, Recycle, Rest, Trie
 
 # Every method, in the order `leapdecode methods` and error messages list them.
 METHODS: tuple[type[Method], ...] = (
-    Autoregressive, Anpd, PromptLookup, AnpdTree, Trie, Rest, Jacobi, Lookahead, DraftModel, SelfSpec, LayerSkip, Calm,
+    Autoregressive, Anpd, PromptLookup, AnpdTree, Trie, Recycle, Rest, Jacobi, Lookahead, DraftModel, SelfSpec, LayerSkip, Calm,
     HfGenerate, HfPromptLookup, HfAssisted, LlamaCppPlain, LlamaCppPromptLookup,
 )
 

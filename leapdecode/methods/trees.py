@@ -98,3 +98,27 @@ class Rest(_TreeMethod):
         return lambda sampling, generator: RestDrafter(
             store, self.nodes, self.depth, self.matches, self.max_suffix, self.min_suffix,
         )
+
+
+@dataclass(frozen=True)
+class Recycle(_TreeMethod):
+    """Token Recycling: a tree from the top-k candidates the target already scored after each token."""
+
+    name: ClassVar[str] = "recycle"
+    summary: ClassVar[str] = "Token Recycling: trees from the target's own top-k candidates of earlier passes (no repetition needed)"
+    k: int = 8
+    nodes: int = 8
+    depth: int = 4
+    width: int = 4
+    shared: bool = False
+
+    def __post_init__(self) -> None:
+        self._check_tree()
+        self._require(1 <= self.k <= 64, f"k must be between 1 and 64, got {self.k}")
+        self._require(1 <= self.width <= self.k, f"width must be between 1 and k ({self.k}), got {self.width}")
+
+    def drafter_factory(self, target: LoadedModel, *, draft_model: LoadedModel | None, log: Log) -> DrafterFactory:
+        from leapdecode.drafters.recycle import RecycleDrafter, RecycleTable
+
+        table = RecycleTable(self.k) if self.shared else None  # one table for every request of this decoder
+        return lambda sampling, generator: RecycleDrafter(self.k, self.nodes, self.depth, self.width, table)

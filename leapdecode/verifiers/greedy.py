@@ -9,7 +9,9 @@ from collections.abc import Sequence
 
 import torch
 
-from leapdecode.verifiers.verdict import Verdict, emitted_logprobs, host_tokens, log_probs, top_logprobs
+from leapdecode.verifiers.verdict import (
+    Verdict, candidate_ids, emitted_logprobs, host_tokens, log_probs, split_candidates, top_logprobs,
+)
 
 
 def verify_greedy(
@@ -18,27 +20,35 @@ def verify_greedy(
     draft_probs: torch.Tensor | None = None,  # [D, vocab]; unused: greedy needs only p's argmax
     *,
     logprobs: int | None = None,
+    candidates: int = 0,
 ) -> Verdict:
     """Keep drafted tokens while each equals the target's argmax; then add the bonus token.
 
     Returns a Verdict whose tokens are [d_1..d_A, bonus]: the target's own argmax at rows 0..A
-    (with their log-probabilities and the `logprobs` best alternatives when `logprobs` is set)."""
+    (with their log-probabilities and the `logprobs` best alternatives when `logprobs` is set;
+    with `candidates` = k, also every row's k best token ids, for drafters that recycle them)."""
     drafted = host_tokens(draft_tokens)
     argmax = target_logits.argmax(dim=-1)  # [D+1]
-    if logprobs is None:
+    rows = len(drafted) + 1
+    if logprobs is None and not candidates:
         predicted = argmax.tolist()  # the one device-to-host transfer
+        host: list[float] = []
     else:
-        logp = log_probs(target_logits)  # [D+1, vocab]
-        chosen = logp.gather(-1, argmax[:, None])[:, 0]  # [D+1]
-        host = torch.cat([argmax.double(), chosen.double(), top_logprobs(logp, logprobs)]).tolist()  # one transfer
-        rows = len(drafted) + 1
+        parts = [argmax.double()]
+        if logprobs is not None:
+            logp = log_probs(target_logits)  # [D+1, vocab]
+            parts += [logp.gather(-1, argmax[:, None])[:, 0].double(), top_logprobs(logp, logprobs)]
+        if candidates:
+            parts.append(candidate_ids(target_logits, candidates))
+        host = torch.cat(parts).tolist()  # the one device-to-host transfer
         predicted = [int(t) for t in host[:rows]]
     num_accepted = 0
     while num_accepted < len(drafted) and drafted[num_accepted] == predicted[num_accepted]:
         num_accepted += 1
     tokens = predicted[: num_accepted + 1]
+    recycled = split_candidates(host[len(host) - rows * candidates :], rows, candidates) if candidates else None
     if logprobs is None:
-        return Verdict(list(range(num_accepted)), tokens, predicted)
+        return Verdict(list(range(num_accepted)), tokens, predicted, None, recycled)
     emitted = range(num_accepted + 1)
     record = emitted_logprobs(tokens, emitted, [host[rows + i] for i in emitted], host[2 * rows :], logprobs)
-    return Verdict(list(range(num_accepted)), tokens, predicted, record)
+    return Verdict(list(range(num_accepted)), tokens, predicted, record, recycled)

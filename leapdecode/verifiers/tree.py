@@ -17,7 +17,9 @@ import torch
 
 from leapdecode.engine.sampling import SamplingParams, logits_to_probs
 from leapdecode.engine.tree import TreeLayout
-from leapdecode.verifiers.verdict import Verdict, emitted_logprobs, host_tokens, log_probs, top_logprobs
+from leapdecode.verifiers.verdict import (
+    Verdict, candidate_ids, emitted_logprobs, host_tokens, log_probs, split_candidates, top_logprobs,
+)
 
 
 def verify_tree_greedy(
@@ -26,16 +28,23 @@ def verify_tree_greedy(
     target_logits: torch.Tensor,  # [D+1, vocab]: row i predicts the token after node i
     *,
     logprobs: int | None = None,
+    candidates: int = 0,
 ) -> Verdict:
-    """Walk down from the root while a child carries the target's argmax."""
+    """Walk down from the root while a child carries the target's argmax (`logprobs`, `candidates`:
+    as in `verify_greedy`)."""
     argmax = target_logits.argmax(dim=-1)  # [D+1]
-    if logprobs is None:
+    rows = len(argmax)
+    if logprobs is None and not candidates:
         predicted = argmax.tolist()  # the one device-to-host transfer
+        host: list[float] = []
     else:
-        logp = log_probs(target_logits)  # [D+1, vocab]
-        chosen = logp.gather(-1, argmax[:, None])[:, 0]  # [D+1]
-        host = torch.cat([argmax.double(), chosen.double(), top_logprobs(logp, logprobs)]).tolist()  # one transfer
-        rows = len(argmax)
+        parts = [argmax.double()]
+        if logprobs is not None:
+            logp = log_probs(target_logits)  # [D+1, vocab]
+            parts += [logp.gather(-1, argmax[:, None])[:, 0].double(), top_logprobs(logp, logprobs)]
+        if candidates:
+            parts.append(candidate_ids(target_logits, candidates))
+        host = torch.cat(parts).tolist()  # the one device-to-host transfer
         predicted = [int(t) for t in host[:rows]]
     tokens = host_tokens(draft_tokens)
     node, path = 0, []
@@ -47,11 +56,12 @@ def verify_tree_greedy(
         path.append(child - 1)
         node = child
     emitted = [tokens[i] for i in path] + [predicted[node]]
+    recycled = split_candidates(host[len(host) - rows * candidates :], rows, candidates) if candidates else None
     if logprobs is None:
-        return Verdict(path, emitted, predicted)
+        return Verdict(path, emitted, predicted, None, recycled)
     scored_at = [0, *(i + 1 for i in path)]  # the row that predicted each emitted token: its parent node
     record = emitted_logprobs(emitted, scored_at, [host[rows + r] for r in scored_at], host[2 * rows :], logprobs)
-    return Verdict(path, emitted, predicted, record)
+    return Verdict(path, emitted, predicted, record, recycled)
 
 
 def verify_tree_speculative(

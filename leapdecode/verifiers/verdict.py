@@ -44,6 +44,7 @@ class Verdict(NamedTuple):
     tokens: list[int]  # emitted: the accepted tokens, then the bonus token ([A+1])
     predicted: list[int]  # the target's greedy token after each scored row ([D+1])
     logprobs: list[TokenLogprob] | None = None  # one per emitted token, when asked for ([A+1])
+    candidates: list[list[int]] | None = None  # the target's top-k token ids at every scored row, when asked for ([D+1][k])
 
     @property
     def num_accepted(self) -> int:
@@ -67,6 +68,16 @@ def top_logprobs(logp: torch.Tensor, top: int) -> torch.Tensor:  # [(D+1) * 2 * 
         return logp.new_empty(0, dtype=torch.float64)
     values, ids = logp.topk(top, dim=-1)  # [D+1, top] each
     return torch.cat([values.double(), ids.double()], dim=-1).flatten()
+
+
+def candidate_ids(target_logits: torch.Tensor, k: int) -> torch.Tensor:  # [(D+1) * k], float64
+    """The `k` best token ids of every row, flattened for the one host transfer."""
+    return target_logits.topk(k, dim=-1).indices.double().flatten()
+
+
+def split_candidates(host_tail: Sequence[float], rows: int, k: int) -> list[list[int]]:
+    """`candidate_ids`'s output, copied to the host, back to [rows][k] ints."""
+    return [[int(t) for t in host_tail[r * k : (r + 1) * k]] for r in range(rows)]
 
 
 def emitted_logprobs(

@@ -1,0 +1,84 @@
+"""Token Recycling (arXiv 2408.08696): draft from the candidates the target already scored.
+
+Every verification pass computes the target's distribution at each scored position; the greedy
+verifier hands back the top-k token ids of every row (in its one host transfer). They are kept in
+an adjacency table, token → the k tokens the target last ranked highest after it, and each step
+drafts a tree by breadth-first expansion from the last token: its `width` best successors, their
+successors, and so on, up to `nodes` tokens and `depth` levels. Rejected branches feed the table
+too (their rows were scored all the same). It needs no repetition in the text: it helps where
+n-gram drafters find nothing to copy.
+
+Under sampling the verifier returns only each row's greedy token, and the table learns from those.
+`RecycleTable` can be shared by the requests of one decoder (`recycle:shared=true`): the table then
+carries what the target predicted for earlier requests — token transitions, not text, but still
+something of other users' requests; it is per request unless asked.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from leapdecode.drafters.base import Draft, Drafter
+
+
+class RecycleTable:
+    """token → up to k successor candidates, the target's best first."""
+
+    def __init__(self, k: int) -> None:
+        self.k = k
+        self.next: dict[int, tuple[int, ...]] = {}
+
+    def learn(self, token: int, candidates: Sequence[int]) -> None:
+        self.next[token] = tuple(candidates[: self.k])
+
+    def learn_top1(self, token: int, best: int) -> None:
+        """Only the greedy successor is known: put it first, keep the rest in order."""
+        old = self.next.get(token, ())
+        self.next[token] = (best, *(t for t in old if t != best))[: self.k]
+
+
+class RecycleDrafter(Drafter):
+    """Drafts a token tree from the target's recycled top-k candidates (see the module doc)."""
+
+    observes_target = True
+
+    def __init__(self, k: int = 8, nodes: int = 8, depth: int = 4, width: int = 4, table: RecycleTable | None = None) -> None:
+        self.candidates = k  # top-k of every scored row asked of the verifier
+        self.nodes, self.depth, self.width = nodes, depth, width
+        self.table = table if table is not None else RecycleTable(k)
+        self.stream: list[int] = []
+        self.rows: list[int] = []  # the input token of each row of the last pass
+
+    def reset(self, prompt_ids: Sequence[int]) -> None:
+        self.stream = list(prompt_ids)
+        self.rows = []
+
+    def update(self, tokens: Sequence[int], num_accepted: int) -> None:
+        self.stream.extend(tokens)
+
+    def propose(self, max_tokens: int) -> Draft:
+        tokens: list[int] = []
+        parents: list[int] = []
+        level = [(-1, self.stream[-1])]  # (index of the node, its token); the root is the pending token
+        for depth in range(min(self.depth, max_tokens)):
+            width = max(1, self.width >> depth)  # wide near the root, a chain further down
+            below = []
+            for index, token in level:
+                for successor in self.table.next.get(token, ())[:width]:
+                    if len(tokens) == self.nodes:
+                        break
+                    parents.append(index)
+                    tokens.append(successor)
+                    below.append((len(tokens) - 1, successor))
+            if not below or len(tokens) == self.nodes:
+                break
+            level = below
+        self.rows = [self.stream[-1], *tokens]
+        return Draft(tokens, parents=tuple(parents)) if tokens else Draft()
+
+    def observe(self, predicted: Sequence[int], candidates: Sequence[Sequence[int]] | None = None) -> None:
+        for i, token in enumerate(self.rows):
+            if candidates is not None:
+                self.table.learn(token, candidates[i])
+            else:
+                self.table.learn_top1(token, predicted[i])
