@@ -10,7 +10,7 @@ from collections.abc import Sequence
 import torch
 
 from leapdecode.verifiers.verdict import (
-    Verdict, candidate_ids, emitted_logprobs, host_tokens, log_probs, split_candidates, top_logprobs,
+    Verdict, emitted_logprobs, greedy_transfer, host_tokens, split_candidates,
 )
 
 
@@ -30,18 +30,7 @@ def verify_greedy(
     drafted = host_tokens(draft_tokens)
     argmax = target_logits.argmax(dim=-1)  # [D+1]
     rows = len(drafted) + 1
-    if logprobs is None and not candidates:
-        predicted = argmax.tolist()  # the one device-to-host transfer
-        host: list[float] = []
-    else:
-        parts = [argmax.double()]
-        if logprobs is not None:
-            logp = log_probs(target_logits)  # [D+1, vocab]
-            parts += [logp.gather(-1, argmax[:, None])[:, 0].double(), top_logprobs(logp, logprobs)]
-        if candidates:
-            parts.append(candidate_ids(target_logits, candidates))
-        host = torch.cat(parts).tolist()  # the one device-to-host transfer
-        predicted = [int(t) for t in host[:rows]]
+    predicted, host = greedy_transfer(target_logits, argmax, logprobs, candidates)  # the one device-to-host transfer
     num_accepted = 0
     while num_accepted < len(drafted) and drafted[num_accepted] == predicted[num_accepted]:
         num_accepted += 1

@@ -70,6 +70,24 @@ def top_logprobs(logp: torch.Tensor, top: int) -> torch.Tensor:  # [(D+1) * 2 * 
     return torch.cat([values.double(), ids.double()], dim=-1).flatten()
 
 
+def greedy_transfer(
+    target_logits: torch.Tensor, argmax: torch.Tensor, logprobs: int | None, candidates: int,
+) -> tuple[list[int], list[float]]:
+    """The greedy verifiers' one device-to-host copy: every row's argmax ([D+1]), then on request
+    the argmax's log-probability per row and each row's top `logprobs` (`top_logprobs`), then each
+    row's `candidates` best ids (`candidate_ids`). Returns (predicted, the whole copy)."""
+    if logprobs is None and not candidates:
+        return argmax.tolist(), []
+    parts = [argmax.double()]
+    if logprobs is not None:
+        logp = log_probs(target_logits)  # [D+1, vocab]
+        parts += [logp.gather(-1, argmax[:, None])[:, 0].double(), top_logprobs(logp, logprobs)]
+    if candidates:
+        parts.append(candidate_ids(target_logits, candidates))
+    host = torch.cat(parts).tolist()
+    return [int(t) for t in host[: len(argmax)]], host
+
+
 def candidate_ids(target_logits: torch.Tensor, k: int) -> torch.Tensor:  # [(D+1) * k], float64
     """The `k` best token ids of every row, flattened for the one host transfer."""
     return target_logits.topk(k, dim=-1).indices.double().flatten()
