@@ -19,12 +19,14 @@
 #include <cstdint>
 #include <vector>
 
-#if defined(__x86_64__) || defined(_M_X64)
-#include <immintrin.h>
-#define LEAPDECODE_X86 1
-#endif
+#include "simd.h"
 
 namespace {
+
+using leapdecode::has_avx2_fma;
+#ifdef LEAPDECODE_X86
+using leapdecode::hsum;
+#endif
 
 constexpr int64_t kGroup = 32;  // weights (and activations) per group along k
 constexpr int kLanes = 8;       // float accumulators per row (one AVX2 register)
@@ -101,14 +103,6 @@ void rows_portable(const Rows& r, const uint8_t* wq, const float* wd, const floa
 }
 
 #ifdef LEAPDECODE_X86
-__attribute__((target("avx2,fma"))) inline float hsum(__m256 v) {
-  __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
-  __m128 s = _mm_add_ps(lo, hi);
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 0x55));
-  return _mm_cvtss_f32(s);
-}
-
 __attribute__((target("avx2,fma"))) inline float min_term_avx2(const float* mins, const float* s, int64_t G) {
   __m256 acc = _mm256_setzero_ps();
   int64_t g = 0;
@@ -198,14 +192,6 @@ __attribute__((target("avx2,fma"))) void rows_avx2(const Rows& r, const uint8_t*
   }
 }
 #endif
-
-bool has_avx2_fma() {
-#ifdef LEAPDECODE_X86
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-#else
-  return false;
-#endif
-}
 
 }  // namespace
 

@@ -142,8 +142,7 @@ def quantize_model(model: nn.Module, mode: str, file_blocks: Callable[[dict[str,
         raise ValueError(f"unknown quantization {mode!r}; choose one of {', '.join(QUANTIZE_MODES)}")
     kernel()  # build (or find cached) now, not in the first decode step
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    linears = {f"{parent_name}.{name}".lstrip("."): (parent, name, child) for parent_name, parent in model.named_modules()
-               for name, child in parent.named_children() if isinstance(child, nn.Linear)}
+    linears = _linear_layers(model)
     blocks = {}
     if file_blocks is not None and mode == "int4":
         blocks = file_blocks({n: c.weight for n, (_, _, c) in linears.items() if not c.in_features % GROUP})
@@ -162,6 +161,12 @@ def quantize_model(model: nn.Module, mode: str, file_blocks: Callable[[dict[str,
     if kept:
         logger.info("kept %d linear layers in float (input not a multiple of %d): %s", len(kept), GROUP, ", ".join(kept[:4]))
     return swapped
+
+
+def _linear_layers(model: nn.Module) -> dict[str, tuple[nn.Module, str, nn.Linear]]:
+    """Every `nn.Linear` of `model` by its full name, with its parent and its attribute name there."""
+    return {f"{parent_name}.{name}".lstrip("."): (parent, name, child) for parent_name, parent in model.named_modules()
+            for name, child in parent.named_children() if isinstance(child, nn.Linear)}
 
 
 def save_quantized(model: nn.Module, path: Path) -> None:
@@ -194,8 +199,7 @@ def load_quantized(model: nn.Module, path: Path) -> int:
         logger.warning("ignoring the quantized cache %s (%s)", path, exc)
         return 0
     names = {key.rsplit(".", 1)[0] for key in saved}
-    linears = {f"{parent_name}.{name}".lstrip("."): (parent, name, child) for parent_name, parent in model.named_modules()
-               for name, child in parent.named_children() if isinstance(child, nn.Linear)}
+    linears = _linear_layers(model)
     if not names or not names <= linears.keys():
         return 0
     layers = {}

@@ -12,12 +12,14 @@
 #include <algorithm>
 #include <cstdint>
 
-#if defined(__x86_64__) || defined(_M_X64)
-#include <immintrin.h>
-#define LEAPDECODE_X86 1
-#endif
+#include "simd.h"
 
 namespace {
+
+using leapdecode::has_avx2_fma;
+#ifdef LEAPDECODE_X86
+using leapdecode::hsum;
+#endif
 
 constexpr int kRowBlock = 8;  // rows sharing one load of each weight chunk: 8 independent FMA chains
 
@@ -41,14 +43,6 @@ void rows_portable(const float* x, const float* w, const float* bias, float* y, 
 }
 
 #ifdef LEAPDECODE_X86
-__attribute__((target("avx2,fma"))) inline float hsum(__m256 v) {
-  __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
-  __m128 s = _mm_add_ps(lo, hi);
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 0x55));
-  return _mm_cvtss_f32(s);
-}
-
 // One weight row against MB rows of x; MB is a compile-time constant so the accumulators live in
 // registers. Each row's chain (8 lanes over k, then `hsum`, then the tail) does not depend on MB.
 template <int MB>
@@ -91,14 +85,6 @@ __attribute__((target("avx2,fma"))) void rows_avx2(const float* x, const float* 
   }
 }
 #endif
-
-bool has_avx2_fma() {
-#ifdef LEAPDECODE_X86
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-#else
-  return false;
-#endif
-}
 
 }  // namespace
 

@@ -1,0 +1,31 @@
+// Shared by the C++ kernels (row_exact.cpp, quant.cpp): the CPU check and the AVX2 horizontal sum
+// whose fixed order the kernels' bit-exactness arguments rely on.
+#pragma once
+
+#if defined(__x86_64__) || defined(_M_X64)
+#include <immintrin.h>
+#define LEAPDECODE_X86 1
+#endif
+
+namespace leapdecode {
+
+inline bool has_avx2_fma() {
+#ifdef LEAPDECODE_X86
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#else
+  return false;
+#endif
+}
+
+#ifdef LEAPDECODE_X86
+// The sum of eight lanes as ((v0+v4)+(v2+v6)) + ((v1+v5)+(v3+v7)).
+__attribute__((target("avx2,fma"))) inline float hsum(__m256 v) {
+  __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
+  __m128 s = _mm_add_ps(lo, hi);
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 0x55));
+  return _mm_cvtss_f32(s);
+}
+#endif
+
+}  // namespace leapdecode
