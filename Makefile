@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 BIN := $(VENV)/bin
 MODEL ?= smollm2-135m
 
-.PHONY: setup model test-models browser llamacpp demo test clean
+.PHONY: setup model test-models browser llamacpp peers demo test clean
 
 setup: $(VENV)/.installed
 
@@ -35,7 +35,16 @@ test-models: model
 llamacpp: setup
 	@$(PY) -c "import llama_cpp" 2>/dev/null || $(PY) -m pip install -q --disable-pip-version-check -e ".[dev,llamacpp]"
 
-test: test-models browser llamacpp
+# SuffixDecoding's own code (arctic-inference, a peer in the benchmark: `arctic-suffix`). PyPI has
+# only its source, and building it in isolation would pull a CUDA torch: it is built here against
+# this torch, without CUDA (about 30 s).
+peers: setup
+	@$(PY) -c "import arctic_inference.suffix_decoding" 2>/dev/null || { \
+	  $(PY) -m pip install -q --disable-pip-version-check numpy nanobind==2.9.2 cmake ninja setuptools wheel && \
+	  CMAKE_ARGS=-DPython_EXECUTABLE=$(abspath $(PY)) $(PY) -m pip wheel -q --disable-pip-version-check --no-build-isolation --no-deps arctic_inference==0.3.0 -w $(VENV)/wheels && \
+	  $(PY) -m pip install -q --disable-pip-version-check --no-deps $(VENV)/wheels/arctic_inference-0.3.0-*.whl; }
+
+test: test-models browser llamacpp peers
 	$(PY) -m pytest -q
 
 clean:

@@ -91,3 +91,35 @@ def test_trace_page_renders_in_headless_chromium(tmp_path) -> None:
     yellow = ((pixels[..., 0] > 0.95) & (pixels[..., 1] > 0.8) & (pixels[..., 2] < 0.5)).sum()  # bonus tokens
     assert yellow > 200, "the bonus-token highlighting did not render"
     assert pixels.std() > 0.05  # not a blank page
+
+
+def test_the_second_mt_bench_turn_runs_after_the_first_and_its_plain_answer(real_lm) -> None:
+    from leapdecode.api import encode_prompt
+    from leapdecode.bench.datasets import load_dataset
+    from leapdecode.bench.runner import encode_turns, run_benchmark
+    from leapdecode.methods import parse_method
+
+    first, second = load_dataset("spec-bench:multi-turn", limit=2)
+    samples = run_benchmark(real_lm, [parse_method("suffix"), parse_method("hybrid")], [first, second], 12, warmup_prompts=0)
+    assert [s.prompt_id for s in samples] == ["81"] * 3 + ["81-turn2"] * 3
+    assert all(s.equal_to_plain for s in samples if s.method != "ar")
+    answer = wrap(real_lm, "ar").generate(encode_prompt(real_lm, first.text, chat=True), max_new_tokens=12).token_ids
+    ids = encode_turns(real_lm, second, lambda prompt_ids: wrap(real_lm, "ar").generate(prompt_ids, max_new_tokens=12).token_ids)
+    reply = real_lm.tokenizer.decode(answer, skip_special_tokens=True)
+    assert reply.strip() and reply.strip() in real_lm.tokenizer.decode(ids) and second.text in real_lm.tokenizer.decode(ids)
+    assert samples[3].prompt_tokens == len(ids) > samples[0].prompt_tokens + len(answer)
+
+
+def test_untimed_runs_leave_no_trace_in_a_shared_method(real_lm) -> None:
+    from leapdecode.api import encode_prompt
+    from leapdecode.bench.runner import EngineRunner
+    from leapdecode.methods import parse_method
+
+    ids = encode_prompt(real_lm, "Write a short poem about the sea.", chat=True)
+    method = parse_method("suffix:shared=true,cost_aware=false,factor=8")
+    fresh = EngineRunner(real_lm, method).run(ids, 24)
+    runner = EngineRunner(real_lm, method)
+    runner.warm(ids, 24)  # a warm-up must not feed the timed decoder's index
+    assert runner.run(ids, 24).stats.forward_passes == fresh.stats.forward_passes
+    again = runner.run(ids, 24)  # the timed decoder's own earlier request does
+    assert again.token_ids == fresh.token_ids and again.stats.forward_passes < fresh.stats.forward_passes

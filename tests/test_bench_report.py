@@ -127,6 +127,9 @@ def test_datasets() -> None:
     cats = {p.category for p in sb}
     assert cats == {"multi-turn", "translation", "summarization", "qa", "math_reasoning", "rag"}
     assert len(sb) == 18
+    turns = load_dataset("spec-bench:multi-turn")
+    assert len(turns) == 160 and [p.id for p in turns[:2]] == ["81", "81-turn2"]  # both MT-Bench turns
+    assert turns[1].earlier == (turns[0].text,) and not turns[0].earlier
     assert {p.category for p in load_dataset("spec-bench:rag", limit=2)} == {"rag"}
     assert len(load_dataset("humaneval+spec-bench:qa", limit=2)) == 4
     assert len(load_dataset("humaneval+spec-bench:qa", limit="2,humaneval=5")) == 7
@@ -148,7 +151,8 @@ def test_dataset_errors(tmp_path) -> None:
     good = tmp_path / "good.jsonl"
     good.write_text('{"prompt": "hello", "category": "x", "question_id": 7}\n\n{"turns": ["hi", "again"]}\n')
     prompts = load_dataset(str(good))
-    assert [(p.id, p.category, p.text) for p in prompts] == [("7", "x", "hello"), ("3", "default", "hi")]
+    assert [(p.id, p.category, p.text, p.earlier) for p in prompts] == [
+        ("7", "x", "hello", ()), ("3", "default", "hi", ()), ("3-turn2", "default", "again", ("hi",))]
 
 
 def test_parse_grid() -> None:

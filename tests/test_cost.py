@@ -99,3 +99,21 @@ def test_cost_aware_methods_equal_plain_greedy_on_the_real_model(real_lm) -> Non
     expected = wrap(real_lm, "ar").generate(prompt, max_new_tokens=24).token_ids
     for method in ("anpd:cost_aware=true", "pld:cost_aware=true"):
         assert wrap(real_lm, method).generate(prompt, max_new_tokens=24).token_ids == expected, method
+
+
+def test_tree_methods_cut_by_a_curve_of_tree_passes_cached_apart_from_chains(tiny_model) -> None:
+    from leapdecode.engine import TorchBackend
+    import torch
+
+    from leapdecode.methods import parse_method
+    from leapdecode.methods.base import cached_cost
+    from tests.conftest import tiny_lm
+
+    lm, backend, quiet = tiny_lm(tiny_model), TorchBackend(tiny_model), (lambda m: None)
+    chain = cached_cost(lm, backend, 5, quiet)
+    tree = cached_cost(lm, backend, 5, quiet, tree=True)
+    assert tree is not chain and len(tree.seconds) == 5
+    assert all(b >= a for a, b in zip(tree.seconds, tree.seconds[1:], strict=False))
+    assert cached_cost(lm, backend, 3, quiet) is chain and cached_cost(lm, backend, 4, quiet, tree=True) is tree
+    parse_method("hybrid").prepare(lm, backend=backend, log=quiet)  # 8 nodes + 16 chained + the root
+    assert len(lm.costs[(type(backend).__name__, torch.get_num_threads(), True)].seconds) == 25

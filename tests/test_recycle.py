@@ -98,7 +98,7 @@ def test_sampling_with_recycled_drafts_keeps_the_distribution(tiny_model) -> Non
 
 
 def test_recycle_method_on_the_real_model_is_plain_decoding(real_lm) -> None:
-    assert str(parse_method("recycle")) == "recycle:k=8,nodes=8,depth=4,width=4"
+    assert str(parse_method("recycle")) == "recycle:k=8,nodes=8,depth=4,width=4,cost_aware=True"
     for bad in ("recycle:width=9", "recycle:k=0", "recycle:nodes=0"):
         with pytest.raises(Exception, match="recycle"):
             parse_method(bad)

@@ -4,10 +4,13 @@ How a prompt reaches the model (every method sees the same token ids):
 - HumanEval: one user turn, through the model's chat template:
   "Complete the following Python function. Reply with the whole function in one Python code
   block.\n\n```python\n{prompt}```" where {prompt} is the problem's code prompt, unchanged.
-- Spec-Bench: the first user turn of each question, through the chat template. Multi-turn
-  (MT-Bench) questions are run on their first turn only; the eight MT-Bench categories are
-  reported together as `multi-turn`, as Spec-Bench does.
-- JSONL: each line has `turns` (first one used) or `prompt`; optional `category`, `question_id`.
+- Spec-Bench: each question's user turns, through the chat template. An MT-Bench question has
+  two: its first turn, then its second (id `QID-turn2`) after the first turn and the target's
+  own plain greedy answer to it (generated once by the benchmark, so every method sees the same
+  token ids). The eight MT-Bench categories are reported together as `multi-turn`, as Spec-Bench
+  does, both turns in it (`--limit` counts turns).
+- JSONL: each line has `turns` (each one a prompt, after the earlier ones and their answers)
+  or `prompt`; optional `category`, `question_id`.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ class BenchPrompt:
     category: str
     text: str  # the user turn
     chat: bool = True  # through the chat template
+    earlier: tuple[str, ...] = ()  # the user turns before this one, each answered by plain greedy decoding
 
 
 def humaneval() -> list[BenchPrompt]:
@@ -58,13 +62,16 @@ def _from_jsonl(lines: Iterable[str], source: str) -> list[BenchPrompt]:
         if not isinstance(row, dict):
             raise InputError(f"{source}:{number}: expected a JSON object")
         turns = row.get("turns")
-        text = turns[0] if isinstance(turns, list) and turns else row.get("prompt")
-        if not isinstance(text, str) or not text.strip():
+        texts = turns if isinstance(turns, list) and turns else [row.get("prompt")]
+        if not all(isinstance(text, str) and text.strip() for text in texts):
             raise InputError(f"{source}:{number}: needs a non-empty 'turns' list or 'prompt' string")
         category = str(row.get("category", "default"))
         if category in MT_BENCH_CATEGORIES:
             category = "multi-turn"
-        prompts.append(BenchPrompt(str(row.get("question_id", number)), category, text))
+        question = str(row.get("question_id", number))
+        for turn, text in enumerate(texts):
+            ident = question if turn == 0 else f"{question}-turn{turn + 1}"
+            prompts.append(BenchPrompt(ident, category, text, earlier=tuple(texts[:turn])))
     if not prompts:
         raise InputError(f"{source}: no prompts")
     return prompts
@@ -133,10 +140,10 @@ def load_dataset(spec: str, limit: str | int | None = None) -> list[BenchPrompt]
 
 def calibration_set(per_category: int = 1) -> list[BenchPrompt]:
     """Prompts for calibration, disjoint from what `--limit` benchmarks: the last `per_category`
-    of HumanEval and of each Spec-Bench category."""
+    of HumanEval and of each Spec-Bench category (first turns only: they need no answer first)."""
     if per_category < 1:
         raise InputError(f"calibration needs at least one prompt per category, got {per_category}")
     by_category: dict[str, list[BenchPrompt]] = defaultdict(list)
-    for p in humaneval() + spec_bench():
+    for p in humaneval() + [p for p in spec_bench() if not p.earlier]:
         by_category[p.category].append(p)
     return [p for prompts in by_category.values() for p in prompts[-per_category:]]

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from leapdecode.engine import Backend, TorchBackend, compile_tree
+from leapdecode.engine.tree import full_tree_parents
 from leapdecode.models import LoadedModel
 from leapdecode.models.linear import SmallBatchLinear
 from leapdecode.models.row_exact import RowExactLinear
@@ -39,11 +40,6 @@ def _plain_copy(model: torch.nn.Module) -> torch.nn.Module:
     if isinstance(model, (SmallBatchLinear, RowExactLinear)):
         plain.__class__ = torch.nn.Linear
     return plain
-
-
-def full_tree_parents(nodes: int, width: int = 3) -> tuple[int, ...]:
-    """The parents of a breadth-first tree with `width` children per node, as drafters build."""
-    return tuple(-1 if i < width else i // width - 1 for i in range(nodes))
 
 
 def measure(

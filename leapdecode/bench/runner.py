@@ -23,7 +23,7 @@ from leapdecode.bench.datasets import BenchPrompt
 from leapdecode.bench.memory import PeakRss, parameter_mb
 from leapdecode.engine import GenerationStats, StopCriteria
 from leapdecode.engine.reference import agreement, full_model_predictions
-from leapdecode.errors import MethodError
+from leapdecode.errors import InputError, MethodError
 from leapdecode.methods import (
     Autoregressive, DraftModel, HfAssisted, HfGenerate, HfPromptLookup, LlamaCppPlain, LlamaCppPromptLookup, Method,
     check_same_vocabulary, parse_method,
@@ -96,11 +96,23 @@ class EngineRunner:
         self.label = label or str(method)
         self.decoder = Decoder(lm, method, draft_model=draft_model)
         self.weights_mb = weights_mb(lm) + (weights_mb(draft_model) if draft_model else 0.0)
+        self._draft_model = draft_model
+        self._untimed: Decoder | None = None
+
+    def warm(self, prompt_ids: list[int], max_new_tokens: int) -> RunOutput:
+        """An untimed run (warm-up, memory) on a second decoder of the same method: methods that
+        share state across requests (`shared=true`) must not meet a prompt before its timed run."""
+        if self._untimed is None:
+            self._untimed = Decoder(self.lm, self.method, draft_model=self._draft_model)
+        return self._timed(self._untimed, prompt_ids, max_new_tokens)
 
     def run(self, prompt_ids: list[int], max_new_tokens: int) -> RunOutput:
+        return self._timed(self.decoder, prompt_ids, max_new_tokens)
+
+    def _timed(self, decoder: Decoder, prompt_ids: list[int], max_new_tokens: int) -> RunOutput:
         synchronize(self.lm.device)
         start = time.perf_counter()
-        result = self.decoder.generate(prompt_ids, max_new_tokens=max_new_tokens)
+        result = decoder.generate(prompt_ids, max_new_tokens=max_new_tokens)
         synchronize(self.lm.device)
         return RunOutput(result.token_ids, dataclasses.replace(result.stats, wall_time_s=time.perf_counter() - start))
 
@@ -303,6 +315,29 @@ def token_agreement(lm: LoadedModel, prompt_ids: list[int], token_ids: list[int]
     return agreement(predicted, torch.tensor(token_ids, device=predicted.device))
 
 
+def encode_turns(lm: LoadedModel, prompt: BenchPrompt, answer: Callable[[list[int]], list[int]]) -> list[int]:
+    """A prompt's token ids; a later turn of a conversation comes after the earlier turns, each
+    followed by the target's answer to it (`answer`: plain greedy decoding, the same for every method)."""
+    if not prompt.earlier:
+        return encode_prompt(lm, prompt.text, chat=prompt.chat)
+    if not prompt.chat:
+        raise InputError(f"prompt {prompt.id}: a conversation's later turn needs the chat template")
+    messages: list[dict[str, str]] = []
+    for turn in prompt.earlier:
+        messages.append({"role": "user", "content": turn})
+        reply = answer(encode_prompt(lm, messages))
+        messages.append({"role": "assistant", "content": lm.tokenizer.decode(reply, skip_special_tokens=True)})
+    return encode_prompt(lm, [*messages, {"role": "user", "content": prompt.text}])
+
+
+def warm(runner: Runner, prompt_ids: list[int], max_new_tokens: int) -> None:
+    """An untimed run that leaves no trace in the runner's timed decoder (engine runners)."""
+    if isinstance(runner, EngineRunner):
+        runner.warm(prompt_ids, max_new_tokens)
+    else:
+        runner.run(prompt_ids, max_new_tokens)
+
+
 def run_benchmark(
     lm: LoadedModel,
     methods: Sequence[Method | Entry],
@@ -338,17 +373,17 @@ def run_benchmark(
         return models[backend]
 
     runners = [make_runner(model_for(e), e, load_draft) for e in ordered]
-    encoded = [encode_prompt(lm, p.text, chat=p.chat) for p in prompts]
+    encoded = [encode_turns(lm, p, lambda ids: runners[0].run(ids, max_new_tokens).token_ids) for p in prompts]
     for runner in runners:  # warm-up generations on a few prompts
         for prompt_ids in encoded[:warmup_prompts]:
-            runner.run(prompt_ids, min(16, max_new_tokens))
+            warm(runner, prompt_ids, min(16, max_new_tokens))
     # Peak memory in its own untimed pass (a sampling thread would steal time from a timed run):
     # each method once on the longest prompt.
     longest = max(encoded, key=len)
     memory_mb: dict[str, float] = {}
     for runner in runners:
         with PeakRss(lm.device) as memory:
-            runner.run(longest, max_new_tokens)
+            warm(runner, longest, max_new_tokens)
         memory_mb[runner.label] = runner.weights_mb + memory.growth_mb
     samples: list[Sample] = []
     # Each backend's output is checked against plain decoding on that backend when the run has it

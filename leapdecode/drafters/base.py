@@ -73,6 +73,14 @@ class Drafter(ABC):
         drafter asked for k and the verifier is greedy) each row's k best token ids too. Called
         before `update`, only when `observes_target` is set."""
 
+    def cut(self, kept: Sequence[int]) -> None:  # noqa: B027 - optional hook
+        """Only these tokens of the last draft (indices, parents first) were scored: a wrapper cut
+        the rest (cost-aware drafting). Called before `observe`, for drafters that observe."""
+
+    def finish(self) -> None:  # noqa: B027 - optional hook
+        """The request ended (a stop or the budget; not when abandoned): drafters that share what
+        they learned with later requests of the same decoder commit it here."""
+
 
 class NoDrafter(Drafter):
     """Plain autoregressive decoding: never drafts, so each pass emits exactly one token."""

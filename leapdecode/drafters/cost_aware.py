@@ -1,14 +1,17 @@
 """Cost-aware drafting: keep only the part of a draft that is worth its cost on this backend.
 
-Wraps any chain drafter. For each drafted token it estimates the probability of acceptance
-(given the tokens before it were accepted) from the recent acceptance of tokens with the same
-evidence — the drafter's own confidence when it reports one (`Draft.evidence`: ANPD's n-gram
-order and count), else the token's depth — and keeps the prefix that maximises expected tokens
-per second under the backend's measured `ForwardCost`. Zero kept tokens is plain decoding.
+Wraps any drafter, of chains or of trees. For each drafted token it estimates the probability of
+acceptance given that its parent was accepted, from the recent acceptance of tokens with the
+same evidence — the drafter's own confidence when it reports one (`Draft.evidence`: ANPD's
+n-gram order and count, a suffix match's length, a recycled candidate's rank), else the token's
+depth. A token is accepted with the product of the estimates along its path; the kept part is
+the most probable tokens (a child is never more probable than its parent, so it is a tree)
+in the number that maximises expected tokens per second under the backend's measured
+`ForwardCost`. Zero kept tokens is plain decoding.
 
-Dropped tokens still teach: after the pass, the first dropped token would have been accepted
-exactly when it equals the target's bonus token, so the estimates keep learning while the
-drafter is silenced.
+Dropped tokens still teach: after the pass, a dropped token whose parent was accepted would have
+been accepted exactly when it equals the target's token there (greedy), so the estimates keep
+learning while the drafter is silenced.
 """
 
 from __future__ import annotations
@@ -38,47 +41,85 @@ class AcceptanceEstimate:
 
 
 class CostAwareDrafter(Drafter):
-    """Cuts the inner drafter's chain to the length with the best expected tokens per second."""
+    """Cuts the inner drafter's chain or tree to the part with the best expected tokens per second."""
 
     def __init__(self, inner: Drafter, cost: ForwardCost) -> None:
         self.inner = inner
         self.cost = cost
+        self.candidates = inner.candidates
+        self.observes_target = inner.observes_target  # type: ignore[misc] - as the inner drafter does
         self.estimate = AcceptanceEstimate()
-        self._full: list[int] = []
+        self._full = Draft()
+        self._parents: tuple[int, ...] = ()  # of the full draft
         self._buckets: list[Hashable] = []
-        self._kept = 0
+        self._kept: list[int] = []  # indices into the full draft, parents first
         self.kept_lengths: list[int] = []  # per pass, for statistics and tests
 
     def reset(self, prompt_ids: Sequence[int]) -> None:
         self.inner.reset(prompt_ids)
-        self._full, self._buckets, self._kept = [], [], 0
+        self._full, self._parents, self._buckets, self._kept = Draft(), (), [], []
         self.kept_lengths = []
 
     def attach(self, backend: Backend, seq: CacheSequence) -> None:
         self.inner.attach(backend, seq)
 
-    def buckets(self, draft: Draft) -> list[Hashable]:
+    def finish(self) -> None:
+        self.inner.finish()
+
+    def buckets(self, draft: Draft, parents: Sequence[int]) -> list[Hashable]:
         if draft.evidence is not None:
             return [("evidence", e) for e in draft.evidence]
-        return [("depth", min(i, 7)) for i in range(len(draft))]
+        depth: list[int] = []
+        for p in parents:
+            depth.append(depth[p] + 1 if p >= 0 else 0)
+        return [("depth", min(d, 7)) for d in depth]
 
     def propose(self, max_tokens: int) -> Draft:
         draft = self.inner.propose(max_tokens)
-        if draft.parents is not None:
-            raise ValueError("cost-aware drafting cuts chains; this drafter proposed a tree")
-        self._full, self._buckets = list(draft.tokens), self.buckets(draft)
-        self._kept = self.cost.best_length([self.estimate.rate(b) for b in self._buckets])
-        self.kept_lengths.append(self._kept)
-        q = draft.q[: self._kept] if draft.q is not None else None
-        return Draft(draft.tokens[: self._kept], q)
+        parents = draft.parents if draft.parents is not None else tuple(range(-1, len(draft) - 1))
+        self._full, self._parents, self._buckets = draft, parents, self.buckets(draft, parents)
+        reach: list[float] = []  # probability that each token is accepted
+        for i, p in enumerate(parents):
+            reach.append(self.estimate.rate(self._buckets[i]) * (reach[p] if p >= 0 else 1.0))
+        ranked = sorted(range(len(draft)), key=lambda i: (-reach[i], i))
+        # expected tokens per pass with the n most probable kept: 1 + the sum of their reach
+        gains = [reach[i] for i in ranked]
+        best, best_rate, expected = 0, 1.0 / self.cost.of(1), 1.0
+        for n, gain in enumerate(gains, 1):
+            expected += gain
+            rate = expected / self.cost.of(n + 1)
+            if rate > best_rate:
+                best, best_rate = n, rate
+        self._kept = sorted(ranked[:best])
+        self.kept_lengths.append(best)
+        if draft.parents is None:  # a chain stays a chain: its kept part is a prefix
+            q = draft.q[:best] if draft.q is not None else None
+            return Draft(draft.tokens[:best], q)
+        where = {full: kept for kept, full in enumerate(self._kept)}
+        tokens = [draft.tokens[i] for i in self._kept]
+        kept_parents = tuple(where[parents[i]] if parents[i] >= 0 else -1 for i in self._kept)
+        return Draft(tokens, parents=kept_parents) if tokens else Draft()
 
     def update(self, tokens: Sequence[int], num_accepted: int) -> None:
-        for i in range(num_accepted):
-            self.estimate.observe(self._buckets[i], True)
-        if num_accepted < self._kept:
-            self.estimate.observe(self._buckets[num_accepted], False)
-        elif self._kept < len(self._full):
-            # The first dropped token, checked for free against the target's own token there.
-            self.estimate.observe(self._buckets[self._kept], self._full[self._kept] == tokens[-1])
-        self._full, self._buckets = [], []
+        # Walk the accepted path down the full draft; at each level every child of the accepted
+        # node (kept or dropped) is judged against the target's token there.
+        children: dict[int, list[int]] = {}
+        for i, p in enumerate(self._parents):
+            children.setdefault(p, []).append(i)
+        node = -1
+        for level, target in enumerate(tokens[: num_accepted + 1]):
+            following = -1
+            for child in children.get(node, ()):
+                hit = self._full.tokens[child] == target
+                self.estimate.observe(self._buckets[child], hit)
+                if hit:
+                    following = child
+            if level == num_accepted or following < 0:
+                break
+            node = following
+        self._full, self._parents, self._buckets = Draft(), (), []
         self.inner.update(tokens, num_accepted)
+
+    def observe(self, predicted: Sequence[int], candidates: Sequence[Sequence[int]] | None = None) -> None:
+        self.inner.cut(self._kept)
+        self.inner.observe(predicted, candidates)

@@ -59,22 +59,27 @@ class RecycleDrafter(Drafter):
     def propose(self, max_tokens: int) -> Draft:
         tokens: list[int] = []
         parents: list[int] = []
+        evidence: list[int] = []  # the candidate's rank among its siblings, and its depth
         level = [(-1, self.stream[-1])]  # (index of the node, its token); the root is the pending token
         for depth in range(min(self.depth, max_tokens)):
             width = max(1, self.width >> depth)  # wide near the root, a chain further down
             below = []
             for index, token in level:
-                for successor in self.table.next.get(token, ())[:width]:
+                for rank, successor in enumerate(self.table.next.get(token, ())[:width]):
                     if len(tokens) == self.nodes:
                         break
                     parents.append(index)
                     tokens.append(successor)
+                    evidence.append(min(rank, 7) * 8 + min(depth, 7))
                     below.append((len(tokens) - 1, successor))
             if not below or len(tokens) == self.nodes:
                 break
             level = below
         self.rows = [self.stream[-1], *tokens]
-        return Draft(tokens, parents=tuple(parents)) if tokens else Draft()
+        return Draft(tokens, parents=tuple(parents), evidence=tuple(evidence)) if tokens else Draft()
+
+    def cut(self, kept: Sequence[int]) -> None:
+        self.rows = [self.rows[0], *(self.rows[i + 1] for i in kept)]
 
     def observe(self, predicted: Sequence[int], candidates: Sequence[Sequence[int]] | None = None) -> None:
         for i, token in enumerate(self.rows):

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from leapdecode.engine.backend import Backend
+from leapdecode.engine.tree import TreeLayout, compile_tree, full_tree_parents
 
 
 @dataclass(frozen=True)
@@ -52,20 +53,25 @@ class ForwardCost:
         return max(range(len(accept) + 1), key=lambda length: (self.expected_rate(accept, length), -length))
 
 
-def measure_forward_cost(backend: Backend, max_tokens: int, *, context: int = 64, repeats: int = 3) -> ForwardCost:
+def measure_forward_cost(backend: Backend, max_tokens: int, *, context: int = 64, repeats: int = 3, tree: bool = False) -> ForwardCost:
     """Time passes of 1..max_tokens tokens after a `context`-token prompt on `backend` (median
-    of `repeats`; made non-decreasing, as a longer pass never really costs less)."""
+    of `repeats`; made non-decreasing, as a longer pass never really costs less). `tree`: the
+    drafted tokens form a breadth-first tree (a tree attention mask costs more than the causal one)."""
     vocab = backend.vocab_size
     tokens = [(1009 * i + 17) % vocab for i in range(context + max_tokens)]
     seq, _ = backend.prefill(tokens[:context])
     backend.forward(seq, tokens[context : context + 1])  # warm-up
     backend.rollback(seq, context)
     seconds: list[float] = []
+
+    def layout(n: int) -> TreeLayout | None:  # the pending token, then n-1 drafted tokens
+        return compile_tree(full_tree_parents(n - 1)) if tree and n > 2 else None
+
     for n in range(1, max_tokens + 1):
         runs = []
         for _ in range(repeats):
             start = time.perf_counter()
-            backend.forward(seq, tokens[context : context + n])
+            backend.forward(seq, tokens[context : context + n], tree=layout(n))
             runs.append(time.perf_counter() - start)
             backend.rollback(seq, context)
         seconds.append(max(statistics.median(runs), seconds[-1] if seconds else 0.0, 1e-6))

@@ -74,6 +74,7 @@ def decode(
         logprobs = None if verdict.logprobs is None else tuple(verdict.logprobs[:keep])
         yield Step(drafted, len(path), tuple(new_tokens[:keep]), reason, parents, tuple(path), logprobs)
         if reason is not None:
+            drafter.finish()
             return
         # 3. Tell the drafter; ask for a draft (the deepest branch of a tree counts) no longer
         #    than what is left, less the bonus token, and than the backend verifies exactly.

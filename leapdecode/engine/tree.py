@@ -118,3 +118,8 @@ def compile_tree(parents: tuple[int, ...]) -> TreeLayout:
 
 def chain_parents(length: int) -> tuple[int, ...]:
     return tuple(range(-1, length - 1))
+
+
+def full_tree_parents(nodes: int, width: int = 3) -> tuple[int, ...]:
+    """The parents of a breadth-first tree with `width` children per node, as drafters build."""
+    return tuple(-1 if i < width else i // width - 1 for i in range(nodes))

@@ -70,7 +70,7 @@ class Method:
         if getattr(self, "cost_aware", False):
             if cost is None:
                 backend = backend or self.make_backend(target)
-                cost = cached_cost(target, backend, self.draft_length + 1, log)
+                cost = cached_cost(target, backend, self.pass_size, log, tree=self.drafts == "tree")
             factory = cost_aware_factory(factory, cost)
         return factory
 
@@ -87,6 +87,14 @@ class Method:
         if self.drafts != "chain":
             return 0
         return int(getattr(self, self.length_field))
+
+    @property
+    def pass_size(self) -> int:
+        """Most tokens one verification pass scores: the pending token and the longest chain, or
+        the tree's nodes."""
+        if self.drafts == "tree":
+            return int(getattr(self, "nodes", 0)) + 1
+        return self.draft_length + 1
 
     def __str__(self) -> str:
         """The canonical string: every parameter, except switches left off and names left unset
@@ -114,24 +122,24 @@ def backend_for(target: LoadedModel) -> Backend:
     return TorchBackend(target.model)
 
 
-def cached_cost(target: LoadedModel, backend: Backend, max_tokens: int, log: Log) -> ForwardCost:
-    """The cost curve of `backend` over `target`, measured once per model, backend kind and
-    thread count (a longer curve measured before serves a shorter need)."""
+def cached_cost(target: LoadedModel, backend: Backend, max_tokens: int, log: Log, *, tree: bool = False) -> ForwardCost:
+    """The cost curve of `backend` over `target` (passes of chains, or of trees), measured once per
+    model, backend kind, thread count and shape (a longer curve measured before serves a shorter need)."""
     import torch
 
-    key = (type(backend).__name__, torch.get_num_threads())
+    key = (type(backend).__name__, torch.get_num_threads(), tree)
     known = target.costs.get(key)
     if known is None or len(known.seconds) < max_tokens:
-        known = target.costs[key] = measure_cost(backend, max_tokens, log)
+        known = target.costs[key] = measure_cost(backend, max_tokens, log, tree=tree)
     return known
 
 
-def measure_cost(backend: Backend, max_tokens: int, log: Log) -> ForwardCost:
-    """The backend's cost of passes over 1..max_tokens tokens, measured now."""
+def measure_cost(backend: Backend, max_tokens: int, log: Log, *, tree: bool = False) -> ForwardCost:
+    """The backend's cost of passes over 1..max_tokens tokens (chains, or trees), measured now."""
     from leapdecode.engine.cost import measure_forward_cost
 
-    log(f"measuring the forward cost of 1..{max_tokens} tokens")
-    cost = measure_forward_cost(backend, max_tokens)
+    log(f"measuring the forward cost of 1..{max_tokens} tokens ({'trees' if tree else 'chains'})")
+    cost = measure_forward_cost(backend, max_tokens, tree=tree)
     log("forward cost (ms): " + " ".join(f"{n}:{1000 * s:.0f}" for n, s in enumerate(cost.seconds, 1)))
     return cost
 

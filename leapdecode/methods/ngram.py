@@ -1,14 +1,15 @@
-"""N-gram drafting from the request's own text: ANPD and prompt lookup (chains)."""
+"""Drafting by copying text: ANPD's n-grams, prompt lookup, suffix matching (chains)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
-from leapdecode.methods.base import Method
+from leapdecode.methods.base import DrafterFactory, Log, Method
 
 if TYPE_CHECKING:
     from leapdecode.drafters.base import Drafter
+    from leapdecode.models.loading import LoadedModel
 
 MAX_DRAFT = 128  # longest chain a method may draft per pass
 
@@ -61,3 +62,35 @@ class PromptLookup(Method):
         from leapdecode.drafters.prompt_lookup import PromptLookupDrafter
 
         return PromptLookupDrafter(k=self.k, max_ngram=self.max_ngram, min_ngram=self.min_ngram)
+
+
+@dataclass(frozen=True)
+class Suffix(Method):
+    """SuffixDecoding-style drafting: the longest earlier match of the suffix, from a suffix automaton."""
+
+    name: ClassVar[str] = "suffix"
+    summary: ClassVar[str] = "suffix automaton: copy after the longest earlier match (any length), optionally across requests"
+    drafts: ClassVar[str] = "chain"
+    length_field: ClassVar[str] = "k"
+    k: int = 16
+    factor: float = 1.0  # draft at most factor × match length + offset tokens
+    offset: float = 0.0
+    min_match: int = 1
+    # One index of finished requests' outputs for every request of this decoder: drafts may copy
+    # one user's output into another's request (README, "Sharing drafts across requests").
+    shared: bool = False
+    index_tokens: int = 1 << 16  # tokens the shared index keeps, oldest outputs dropped first
+    cost_aware: bool = True
+
+    def __post_init__(self) -> None:
+        self._require(1 <= self.k <= MAX_DRAFT, f"k must be between 1 and {MAX_DRAFT}, got {self.k}")
+        self._require(0.0 < self.factor <= 64.0, f"factor must be in (0, 64], got {self.factor}")
+        self._require(0.0 <= self.offset <= MAX_DRAFT, f"offset must be between 0 and {MAX_DRAFT}, got {self.offset}")
+        self._require(1 <= self.min_match <= 1024, f"min_match must be between 1 and 1024, got {self.min_match}")
+        self._require(1024 <= self.index_tokens <= 1 << 24, f"index_tokens must be between 1024 and {1 << 24}, got {self.index_tokens}")
+
+    def drafter_factory(self, target: LoadedModel, *, draft_model: LoadedModel | None, log: Log) -> DrafterFactory:
+        from leapdecode.drafters.suffix import SuffixDrafter, SuffixIndex
+
+        index = SuffixIndex(self.index_tokens) if self.shared else None  # one per decoder, or none
+        return lambda sampling, generator: SuffixDrafter(self.k, self.factor, self.offset, self.min_match, index)

@@ -1,4 +1,5 @@
-"""Methods that draft token trees: ANPD's n-grams, a trie of the request, a REST datastore."""
+"""Methods that draft token trees: ANPD's n-grams, a trie of the request, a REST datastore,
+recycled candidates, and recycled candidates with a suffix match (hybrid)."""
 
 from __future__ import annotations
 
@@ -111,6 +112,7 @@ class Recycle(_TreeMethod):
     depth: int = 4
     width: int = 4
     shared: bool = False
+    cost_aware: bool = True  # keep only the part of each tree worth its measured cost
 
     def __post_init__(self) -> None:
         self._check_tree()
@@ -122,3 +124,76 @@ class Recycle(_TreeMethod):
 
         table = RecycleTable(self.k) if self.shared else None  # one table for every request of this decoder
         return lambda sampling, generator: RecycleDrafter(self.k, self.nodes, self.depth, self.width, table)
+
+
+@dataclass(frozen=True)
+class Hybrid(Recycle):
+    """A recycled tree and the longest suffix match's continuation merged into one tree per pass."""
+
+    name: ClassVar[str] = "hybrid"
+    summary: ClassVar[str] = "suffix match + Token Recycling in one tree, cut to what is worth its cost"
+    suffix_k: int = 16  # longest suffix chain grafted on
+    factor: float = 1.0  # the chain: at most factor × match length tokens
+    min_match: int = 1
+    index_tokens: int = 1 << 16  # shared=true: the suffix index of earlier outputs keeps this many tokens
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._require(1 <= self.suffix_k <= 128, f"suffix_k must be between 1 and 128, got {self.suffix_k}")
+        self._require(0.0 < self.factor <= 64.0, f"factor must be in (0, 64], got {self.factor}")
+        self._require(1 <= self.min_match <= 1024, f"min_match must be between 1 and 1024, got {self.min_match}")
+        self._require(1024 <= self.index_tokens <= 1 << 24, f"index_tokens must be between 1024 and {1 << 24}, got {self.index_tokens}")
+
+    @property
+    def pass_size(self) -> int:
+        return self.nodes + self.suffix_k + 1
+
+    def drafter_factory(self, target: LoadedModel, *, draft_model: LoadedModel | None, log: Log) -> DrafterFactory:
+        from leapdecode.drafters.hybrid import HybridDrafter
+        from leapdecode.drafters.recycle import RecycleDrafter, RecycleTable
+        from leapdecode.drafters.suffix import SuffixDrafter, SuffixIndex
+
+        # shared=true: one recycling table and one suffix index for every request of this decoder
+        table = RecycleTable(self.k) if self.shared else None
+        index = SuffixIndex(self.index_tokens) if self.shared else None
+        return lambda sampling, generator: HybridDrafter(
+            SuffixDrafter(self.suffix_k, self.factor, 0.0, self.min_match, index),
+            RecycleDrafter(self.k, self.nodes, self.depth, self.width, table),
+        )
+
+
+@dataclass(frozen=True)
+class ArcticSuffix(_TreeMethod):
+    """Peer: SuffixDecoding's own implementation (arctic-inference) drafting in our engine."""
+
+    name: ClassVar[str] = "arctic-suffix"
+    summary: ClassVar[str] = "peer: SuffixDecoding by arctic-inference (`make peers`), verified by this engine"
+    k: int = 16  # most tokens drafted per pass (their max_spec_tokens)
+    depth: int = 24  # their suffix trees' depth: the longest match
+    factor: float = 1.0
+    offset: float = 0.0
+    min_prob: float = 0.1
+    tree: bool = True
+    shared: bool = False  # their global tree of earlier responses, across this decoder's requests
+    cost_aware: bool = False  # as they draft, uncut
+
+    def __post_init__(self) -> None:
+        self._require(1 <= self.k <= 128, f"k must be between 1 and 128, got {self.k}")
+        self._require(1 <= self.depth <= 64, f"depth must be between 1 and 64, got {self.depth}")
+        self._require(0.0 < self.factor <= 64.0, f"factor must be in (0, 64], got {self.factor}")
+        self._require(0.0 <= self.offset <= 128.0, f"offset must be between 0 and 128, got {self.offset}")
+        self._require(0.0 <= self.min_prob <= 1.0, f"min_prob must be between 0 and 1, got {self.min_prob}")
+
+    @property
+    def pass_size(self) -> int:
+        return self.k + 1
+
+    def drafter_factory(self, target: LoadedModel, *, draft_model: LoadedModel | None, log: Log) -> DrafterFactory:
+        from leapdecode.drafters.arctic_suffix import ArcticSuffixDrafter, suffix_cache
+
+        shared = suffix_cache(self.depth, 10000) if self.shared else None  # 10000: as vLLM sets it
+        suffix_cache(self.depth, 0)  # fails now, with a clear message, when the package is missing
+        return lambda sampling, generator: ArcticSuffixDrafter(
+            shared if shared is not None else suffix_cache(self.depth, 0),
+            self.k, self.factor, self.offset, self.min_prob, self.tree,
+        )

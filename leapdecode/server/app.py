@@ -301,9 +301,13 @@ def create_app(lm: LoadedModel, config: ServerConfig) -> FastAPI:
     executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="leapdecode-decode")
     # Measured once per model, here: no request measures it (on the event loop, or while
     # another request decodes on the same model).
-    logger.info("measuring the forward cost of 1..%d tokens", COST_TOKENS)
-    cost: ForwardCost = measure_forward_cost(backend_for(lm), COST_TOKENS)
-    default_decoder = Decoder(lm, served, cost=cost)  # loads a draft model, if any, once at start
+    logger.info("measuring the forward cost of 1..%d tokens (chains and trees)", COST_TOKENS)
+    costs: dict[bool, ForwardCost] = {tree: measure_forward_cost(backend_for(lm), COST_TOKENS, tree=tree) for tree in (False, True)}
+
+    def cost(method: Method) -> ForwardCost:
+        return costs[method.drafts == "tree"]
+
+    default_decoder = Decoder(lm, served, cost=cost(served))  # loads a draft model, if any, once at start
     default_key = str(default_decoder.method)
     decoders: dict[str, Decoder] = {default_key: default_decoder}  # by canonical method string; worker thread only
     admitted = [0]  # running + waiting; touched only on the event loop's thread
@@ -328,7 +332,7 @@ def create_app(lm: LoadedModel, config: ServerConfig) -> FastAPI:
             if len(decoders) >= 32:
                 decoders.clear()
                 decoders[default_key] = default_decoder
-            decoders[key] = Decoder(lm, method, cost=cost)
+            decoders[key] = Decoder(lm, method, cost=cost(method))
         return decoders[key]
 
     def check_model(name: str) -> None:

@@ -1,0 +1,75 @@
+"""Hybrid drafting: one tree per pass from a suffix match and from recycled candidates.
+
+Copying (`suffix`) drafts long, sure chains where the text repeats and nothing where it does
+not; Token Recycling (`recycle`) drafts short trees everywhere, right less often. Each pass
+merges both into one tree: the recycled tree, with the suffix match's continuation grafted on
+(shared prefixes merged, so siblings stay distinct). Every token carries its evidence (the
+match's length, or the candidate's rank and depth), and cost-aware cutting keeps the part worth
+its cost: the suffix branch when its match is long, the recycled branches otherwise.
+
+Every scored row, suffix branch included, teaches the recycling table.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from leapdecode.drafters.base import Draft, Drafter
+from leapdecode.drafters.recycle import RecycleDrafter
+from leapdecode.drafters.suffix import SuffixDrafter
+
+SUFFIX_EVIDENCE = 64  # above every recycled token's evidence (rank * 8 + depth < 64)
+
+
+def graft(draft: Draft, chain: Sequence[int], evidence: Sequence[int]) -> Draft:
+    """`draft` (a tree, or empty) with `chain` added as a path from the root; where the chain
+    follows existing tokens it takes them over (their evidence becomes the chain's)."""
+    tokens, parents = list(draft.tokens), list(draft.parents or ())
+    marks = list(draft.evidence or (0,) * len(tokens))
+    children = {(p, t): i for i, (p, t) in enumerate(zip(parents, tokens, strict=True))}
+    node = -1
+    for token, mark in zip(chain, evidence, strict=True):
+        found = children.get((node, token))
+        if found is None:
+            found = children[(node, token)] = len(tokens)
+            tokens.append(token)
+            parents.append(node)
+            marks.append(mark)
+        else:
+            marks[found] = mark
+        node = found
+    return Draft(tokens, parents=tuple(parents), evidence=tuple(marks)) if tokens else Draft()
+
+
+class HybridDrafter(Drafter):
+    """A recycled tree and a suffix match's chain in one tree (see the module doc)."""
+
+    observes_target = True
+
+    def __init__(self, suffix: SuffixDrafter, recycle: RecycleDrafter) -> None:
+        self.suffix, self.recycle = suffix, recycle
+        self.candidates = recycle.candidates
+
+    def reset(self, prompt_ids: Sequence[int]) -> None:
+        self.suffix.reset(prompt_ids)
+        self.recycle.reset(prompt_ids)
+
+    def update(self, tokens: Sequence[int], num_accepted: int) -> None:
+        self.suffix.update(tokens, num_accepted)
+        self.recycle.update(tokens, num_accepted)
+
+    def propose(self, max_tokens: int) -> Draft:
+        tree = self.recycle.propose(max_tokens)
+        chain = self.suffix.propose(max_tokens)
+        draft = graft(tree, chain.tokens, [SUFFIX_EVIDENCE + e for e in chain.evidence or ()])
+        self.recycle.rows = [self.recycle.rows[0], *draft.tokens]  # every scored row teaches the table
+        return draft
+
+    def cut(self, kept: Sequence[int]) -> None:
+        self.recycle.cut(kept)
+
+    def observe(self, predicted: Sequence[int], candidates: Sequence[Sequence[int]] | None = None) -> None:
+        self.recycle.observe(predicted, candidates)
+
+    def finish(self) -> None:
+        self.suffix.finish()
