@@ -154,3 +154,22 @@ def exact_joint(model, prompt: list[int], params: SamplingParams, length: int) -
                 nxt[prefix + (token,)] = prob * float(probs[token])
         out = nxt
     return out
+
+
+def sample_sequences(model, prompt: list[int], params: SamplingParams, make_drafter, *, draws: int = 600, length: int = 3, seed: int = 0) -> dict[tuple[int, ...], int]:
+    """How often each `length`-token continuation comes out of `draws` sampled generations through
+    the decode loop, with a fresh drafter from `make_drafter()` each time (chain and tree verifiers)."""
+    import functools
+
+    from leapdecode.engine import StopCriteria, TorchBackend, decode
+    from leapdecode.verifiers import verify_speculative, verify_tree_speculative
+
+    g = torch.Generator().manual_seed(seed)
+    verifiers = (functools.partial(verify_speculative, params=params, generator=g),
+                 functools.partial(verify_tree_speculative, params=params, generator=g))
+    counts: dict[tuple[int, ...], int] = {}
+    for _ in range(draws):
+        steps = list(decode(TorchBackend(model), prompt, make_drafter(), StopCriteria(frozenset(), length), *verifiers))
+        key = tuple(t for s in steps for t in s.tokens)
+        counts[key] = counts.get(key, 0) + 1
+    return counts

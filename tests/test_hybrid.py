@@ -7,7 +7,6 @@ from __future__ import annotations
 import functools
 
 import pytest
-import torch
 
 from leapdecode import wrap
 from leapdecode.drafters import Draft, Drafter, NoDrafter
@@ -18,8 +17,8 @@ from leapdecode.drafters.suffix import SuffixDrafter, SuffixIndex
 from leapdecode.engine import StopCriteria, TorchBackend, compile_tree, decode
 from leapdecode.engine.cost import ForwardCost
 from leapdecode.methods import parse_method
-from leapdecode.verifiers import SamplingParams, verify_greedy, verify_speculative, verify_tree_greedy, verify_tree_speculative
-from tests.conftest import assert_follows_exact, exact_joint, prompts
+from leapdecode.verifiers import SamplingParams, verify_greedy, verify_tree_greedy
+from tests.conftest import sample_sequences, assert_follows_exact, exact_joint, prompts
 
 STEEP = ForwardCost((0.047, 0.070, 0.093, 0.115, 0.155, 0.195, 0.236, 0.278))
 FLAT = ForwardCost((1.0,) * 8)
@@ -124,16 +123,9 @@ def test_sampling_with_hybrid_drafts_keeps_the_distribution(tiny_model) -> None:
     prompt = [7, 8, 9, 7, 8, 9, 7, 8]
     params = SamplingParams(temperature=1.5, top_k=3)
     exact = exact_joint(tiny_model, prompt, params, 3)
-    g = torch.Generator().manual_seed(8)
-    verifiers = (functools.partial(verify_speculative, params=params, generator=g),
-                 functools.partial(verify_tree_speculative, params=params, generator=g))
     index, table = SuffixIndex(), RecycleTable(4)  # warmed by the draws before
-    draws, counts = 600, {}
-    for _ in range(draws):
-        drafter = CostAwareDrafter(hybrid(index, table), STEEP)
-        steps = list(decode(TorchBackend(tiny_model), prompt, drafter, StopCriteria(frozenset(), 3), *verifiers))
-        key = tuple(t for s in steps for t in s.tokens)
-        counts[key] = counts.get(key, 0) + 1
+    draws = 600
+    counts = sample_sequences(tiny_model, prompt, params, lambda: CostAwareDrafter(hybrid(index, table), STEEP), draws=draws, seed=8)
     assert_follows_exact(counts, exact, draws)
 
 

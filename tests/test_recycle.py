@@ -14,8 +14,8 @@ from leapdecode.drafters import NoDrafter
 from leapdecode.drafters.recycle import RecycleDrafter, RecycleTable
 from leapdecode.engine import StopCriteria, TorchBackend, compile_tree, decode
 from leapdecode.methods import parse_method
-from leapdecode.verifiers import SamplingParams, verify_greedy, verify_speculative, verify_tree_greedy, verify_tree_speculative
-from tests.conftest import GREEDY, assert_follows_exact, exact_joint, prompts
+from leapdecode.verifiers import SamplingParams, verify_greedy, verify_tree_greedy
+from tests.conftest import sample_sequences, assert_follows_exact, exact_joint, prompts
 
 
 def test_the_drafted_tree_follows_the_table_wide_at_the_root() -> None:
@@ -85,15 +85,9 @@ def test_sampling_with_recycled_drafts_keeps_the_distribution(tiny_model) -> Non
     prompt = [7, 8, 9, 7, 8, 9, 7, 8]
     params = SamplingParams(temperature=1.5, top_k=3)
     exact = exact_joint(tiny_model, prompt, params, 3)
-    g = torch.Generator().manual_seed(5)
-    verifiers = (functools.partial(verify_speculative, params=params, generator=g),
-                 functools.partial(verify_tree_speculative, params=params, generator=g))
     table = RecycleTable(4)  # warmed by the draws before: drafts get right as it learns
-    draws, counts = 600, {}
-    for _ in range(draws):
-        steps = list(decode(TorchBackend(tiny_model), prompt, RecycleDrafter(4, 6, 3, 2, table), StopCriteria(frozenset(), 3), *verifiers))
-        key = tuple(t for s in steps for t in s.tokens)
-        counts[key] = counts.get(key, 0) + 1
+    draws = 600
+    counts = sample_sequences(tiny_model, prompt, params, lambda: RecycleDrafter(4, 6, 3, 2, table), draws=draws, seed=5)
     assert_follows_exact(counts, exact, draws)
 
 

@@ -4,10 +4,8 @@ sampling keeps the target distribution."""
 
 from __future__ import annotations
 
-import functools
 
 import pytest
-import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -16,8 +14,8 @@ from leapdecode.drafters import NoDrafter
 from leapdecode.drafters.suffix import SuffixAutomaton, SuffixDrafter, SuffixIndex
 from leapdecode.engine import StopCriteria, TorchBackend, decode
 from leapdecode.methods import parse_method
-from leapdecode.verifiers import SamplingParams, verify_speculative, verify_tree_speculative
-from tests.conftest import GREEDY, assert_follows_exact, exact_joint, prompts, tiny_lm
+from leapdecode.verifiers import SamplingParams
+from tests.conftest import sample_sequences, GREEDY, assert_follows_exact, exact_joint, prompts, tiny_lm
 
 streams = st.lists(st.integers(0, 3), min_size=1, max_size=60)
 
@@ -135,15 +133,9 @@ def test_sampling_with_suffix_drafts_keeps_the_distribution(tiny_model) -> None:
     prompt = [7, 8, 9, 7, 8, 9, 7, 8]
     params = SamplingParams(temperature=1.5, top_k=3)
     exact = exact_joint(tiny_model, prompt, params, 3)
-    g = torch.Generator().manual_seed(6)
-    verifiers = (functools.partial(verify_speculative, params=params, generator=g),
-                 functools.partial(verify_tree_speculative, params=params, generator=g))
     index = SuffixIndex()  # fed by the draws before
-    draws, counts = 600, {}
-    for _ in range(draws):
-        steps = list(decode(TorchBackend(tiny_model), prompt, SuffixDrafter(4, 2.0, 0.0, 1, index), StopCriteria(frozenset(), 3), *verifiers))
-        key = tuple(t for s in steps for t in s.tokens)
-        counts[key] = counts.get(key, 0) + 1
+    draws = 600
+    counts = sample_sequences(tiny_model, prompt, params, lambda: SuffixDrafter(4, 2.0, 0.0, 1, index), draws=draws, seed=6)
     assert_follows_exact(counts, exact, draws)
 
 

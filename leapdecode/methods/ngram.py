@@ -9,6 +9,7 @@ from leapdecode.methods.base import DrafterFactory, Log, Method
 
 if TYPE_CHECKING:
     from leapdecode.drafters.base import Drafter
+    from leapdecode.methods.trees import Hybrid
     from leapdecode.models.loading import LoadedModel
 
 MAX_DRAFT = 128  # longest chain a method may draft per pass
@@ -64,6 +65,13 @@ class PromptLookup(Method):
         return PromptLookupDrafter(k=self.k, max_ngram=self.max_ngram, min_ngram=self.min_ngram)
 
 
+def check_suffix_fields(method: Suffix | Hybrid) -> None:
+    """The suffix drafter's fields, shared by `suffix` and `hybrid`."""
+    method._require(0.0 < method.factor <= 64.0, f"factor must be in (0, 64], got {method.factor}")
+    method._require(1 <= method.min_match <= 1024, f"min_match must be between 1 and 1024, got {method.min_match}")
+    method._require(1024 <= method.index_tokens <= 1 << 24, f"index_tokens must be between 1024 and {1 << 24}, got {method.index_tokens}")
+
+
 @dataclass(frozen=True)
 class Suffix(Method):
     """SuffixDecoding-style drafting: the longest earlier match of the suffix, from a suffix automaton."""
@@ -84,10 +92,8 @@ class Suffix(Method):
 
     def __post_init__(self) -> None:
         self._require(1 <= self.k <= MAX_DRAFT, f"k must be between 1 and {MAX_DRAFT}, got {self.k}")
-        self._require(0.0 < self.factor <= 64.0, f"factor must be in (0, 64], got {self.factor}")
         self._require(0.0 <= self.offset <= MAX_DRAFT, f"offset must be between 0 and {MAX_DRAFT}, got {self.offset}")
-        self._require(1 <= self.min_match <= 1024, f"min_match must be between 1 and 1024, got {self.min_match}")
-        self._require(1024 <= self.index_tokens <= 1 << 24, f"index_tokens must be between 1024 and {1 << 24}, got {self.index_tokens}")
+        check_suffix_fields(self)
 
     def drafter_factory(self, target: LoadedModel, *, draft_model: LoadedModel | None, log: Log) -> DrafterFactory:
         from leapdecode.drafters.suffix import SuffixDrafter, SuffixIndex

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 from leapdecode.methods.base import DrafterFactory, Log, Method
+from leapdecode.methods.ngram import check_suffix_fields
 
 if TYPE_CHECKING:
     from leapdecode.drafters.base import Drafter
@@ -140,9 +141,7 @@ class Hybrid(Recycle):
     def __post_init__(self) -> None:
         super().__post_init__()
         self._require(1 <= self.suffix_k <= 128, f"suffix_k must be between 1 and 128, got {self.suffix_k}")
-        self._require(0.0 < self.factor <= 64.0, f"factor must be in (0, 64], got {self.factor}")
-        self._require(1 <= self.min_match <= 1024, f"min_match must be between 1 and 1024, got {self.min_match}")
-        self._require(1024 <= self.index_tokens <= 1 << 24, f"index_tokens must be between 1024 and {1 << 24}, got {self.index_tokens}")
+        check_suffix_fields(self)
 
     @property
     def pass_size(self) -> int:
