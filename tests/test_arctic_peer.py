@@ -15,7 +15,7 @@ from tests.conftest import prompts, tiny_lm
 pytest.importorskip("arctic_inference.suffix_decoding", reason="built by `make peers` (part of `make test`)")
 
 
-@pytest.mark.parametrize("method", ["arctic-suffix", "arctic-suffix:tree=false,factor=2", "arctic-suffix:shared=true,cost_aware=true"])
+@pytest.mark.parametrize("method", ["arctic-suffix", "arctic-suffix:tree=false,factor=2", "arctic-suffix:shared=true"])
 def test_greedy_with_arctic_drafts_is_plain_decoding(tiny_model, method) -> None:
     lm = tiny_lm(tiny_model)
     decoder, plain = wrap(lm, method), wrap(lm, "ar")
