@@ -96,7 +96,7 @@ def test_recycle_method_on_the_real_model_is_plain_decoding(real_lm) -> None:
     for bad in ("recycle:width=9", "recycle:k=0", "recycle:nodes=0"):
         with pytest.raises(Exception, match="recycle"):
             parse_method(bad)
-    decoder = wrap(real_lm, "recycle:shared=true")
+    decoder = wrap(real_lm, "recycle:shared=true,cost_aware=false")
     drafted = 0
     for prompt in ["Write a short poem about the sea.", "List three prime numbers and explain why they are prime."]:
         plain = wrap(real_lm, "ar").generate(prompt, max_new_tokens=40, chat=True)
