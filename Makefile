@@ -5,8 +5,10 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 BIN := $(VENV)/bin
 MODEL ?= smollm2-135m
+# vLLM (the `vllm` extra) pins other versions of some of our dependencies: it gets its own venv.
+VLLM_VENV ?= .venv-vllm
 
-.PHONY: setup model test-models browser llamacpp peers demo test clean
+.PHONY: setup model test-models browser llamacpp peers vllm demo test clean
 
 setup: $(VENV)/.installed
 
@@ -44,8 +46,20 @@ peers: setup
 	  CMAKE_ARGS=-DPython_EXECUTABLE=$(abspath $(PY)) $(PY) -m pip wheel -q --disable-pip-version-check --no-build-isolation --no-deps arctic_inference==0.3.0 -w $(VENV)/wheels && \
 	  $(PY) -m pip install -q --disable-pip-version-check --no-deps $(VENV)/wheels/arctic_inference-0.3.0-*.whl; }
 
-test: test-models browser llamacpp peers
+# leapdecode's drafters inside vLLM (`leapdecode vllm-serve`; the tests run vLLM's CPU build from
+# this venv): about three minutes and 3.4 GB. PyPI's torchvision, torchaudio and torchcodec come
+# in as CUDA builds that break vLLM's imports on a CPU machine, and vLLM needs none of them.
+vllm: $(VLLM_VENV)/.installed
+
+$(VLLM_VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install -q --disable-pip-version-check torch==2.13.0
+	$(VLLM_VENV)/bin/python -m pip install -q --disable-pip-version-check -e ".[vllm]"
+	$(VLLM_VENV)/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec
+	touch $@
+
+test: test-models browser llamacpp peers vllm
 	$(PY) -m pytest -q
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis
+	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .hypothesis

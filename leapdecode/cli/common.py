@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 import typer
 from rich.console import Console
 from rich.logging import RichHandler
+from rich.markup import escape
 
 from leapdecode.errors import LeapDecodeError
 from leapdecode.models.presets import DEFAULT_MODEL
@@ -53,7 +54,7 @@ def log_to_stderr() -> None:
 
 
 def fail(exc: LeapDecodeError) -> None:
-    err_console.print(f"[bold red]error:[/] {exc}")
+    err_console.print(f"[bold red]error:[/] {escape(str(exc))}")  # a message may hold brackets (`leapdecode[vllm]`)
     raise typer.Exit(2)
 
 

@@ -17,10 +17,10 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from collections.abc import Iterator
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import torch
-from safetensors.torch import save_model
+from safetensors.torch import save_file
 
 from leapdecode.errors import ModelLoadError
 from leapdecode.models import presets
@@ -203,51 +203,11 @@ def load_model(
         if backend == "llama.cpp":
             raise ModelLoadError("the llama.cpp backend runs the GGUF's own quantization; quantize is for the torch backend")
     dtype = resolve_dtype(dtype, target_device)
-    text = str(spec).strip()
-    if not text:
-        raise ModelLoadError("no model given: pass a preset name, a hub id, a folder or a .gguf file")
-    path = Path(text).expanduser()
-    if presets.is_preset(text):
-        gguf = presets.locate(text, cache, download=download, log=log)
-        if backend == "llama.cpp":
-            return _load_llamacpp(gguf, presets.get_preset(text).sha256, cache, text, log)
-        folder = _dequantized_folder(gguf, presets.get_preset(text).sha256, cache, log)
-        name = text
-        source_gguf: Path | None = gguf
-        source_sha = presets.get_preset(text).sha256
-    elif text.lower().endswith(".gguf") or (path.is_file() and _is_gguf(path)):
-        if not path.is_file():
-            raise ModelLoadError(f"GGUF file not found: {path}")
-        if not _is_gguf(path):
-            raise ModelLoadError(f"{path} is not a GGUF file (bad magic bytes); is it corrupt or truncated?")
-        log(f"hashing {path.name}")
-        sha = presets.sha256_file(path)
-        if backend == "llama.cpp":
-            return _load_llamacpp(path, sha, cache, path.stem, log)
-        folder = _dequantized_folder(path, sha, cache, log)
-        name = path.stem
-        source_gguf = path
-        source_sha = sha
-    elif backend == "llama.cpp":
-        raise ModelLoadError(f"the llama.cpp backend runs GGUF files: give a preset or a .gguf path, not {text!r}")
-    elif path.exists():
-        if not path.is_dir():
-            raise ModelLoadError(f"{path} is neither a model folder nor a .gguf file")
-        if not (path / "config.json").is_file():
-            raise ModelLoadError(f"{path} has no config.json: not a Hugging Face model folder")
-        folder = path
-        name = path.name
-        source_gguf, source_sha = None, ""
-    elif text.count("/") == 1 and not text.startswith((".", "/")):
-        folder = None
-        name = text
-        source_gguf, source_sha = None, ""
-    else:
-        known = ", ".join(p.name for p in presets.PRESETS)
-        raise ModelLoadError(
-            f"unknown model {text!r}: not a preset ({known}), an existing folder, a .gguf file or a hub id (owner/name)"
-        )
-    source = str(folder) if folder is not None else text
+    src = _resolve(spec, cache, download=download, log=log, backend=backend)
+    if backend == "llama.cpp":
+        assert src.gguf is not None
+        return _load_llamacpp(src.gguf, src.sha256, cache, src.name, log)
+    source_gguf, source_sha, name, source = src.gguf, src.sha256, src.name, src.source
     model, tokenizer = _from_pretrained(source, dtype, log)
     model.to(target_device)
     model.eval()
@@ -281,7 +241,65 @@ def load_model(
     )
 
 
+class _Source(NamedTuple):
+    """What a model spec names: `source` is what `transformers` loads (a folder or a hub id; empty
+    for the llama.cpp backend), `gguf` and `sha256` the GGUF file it came from, if any."""
+
+    source: str
+    name: str
+    gguf: Path | None
+    sha256: str
+
+
+def _resolve(spec: str | os.PathLike[str], cache: Path, *, download: bool, log: Callable[[str], None], backend: str) -> _Source:
+    """Find (and for a preset, install; for a GGUF file, de-quantize once) what `spec` names."""
+    text = str(spec).strip()
+    if not text:
+        raise ModelLoadError("no model given: pass a preset name, a hub id, a folder or a .gguf file")
+    path = Path(text).expanduser()
+    if presets.is_preset(text):
+        gguf, sha, name = presets.locate(text, cache, download=download, log=log), presets.get_preset(text).sha256, text
+    elif text.lower().endswith(".gguf") or (path.is_file() and _is_gguf(path)):
+        if not path.is_file():
+            raise ModelLoadError(f"GGUF file not found: {path}")
+        if not _is_gguf(path):
+            raise ModelLoadError(f"{path} is not a GGUF file (bad magic bytes); is it corrupt or truncated?")
+        log(f"hashing {path.name}")
+        gguf, sha, name = path, presets.sha256_file(path), path.stem
+    elif backend == "llama.cpp":
+        raise ModelLoadError(f"the llama.cpp backend runs GGUF files: give a preset or a .gguf path, not {text!r}")
+    elif path.exists():
+        if not path.is_dir():
+            raise ModelLoadError(f"{path} is neither a model folder nor a .gguf file")
+        if not (path / "config.json").is_file():
+            raise ModelLoadError(f"{path} has no config.json: not a Hugging Face model folder")
+        return _Source(str(path), path.name, None, "")
+    elif text.count("/") == 1 and not text.startswith((".", "/")):
+        return _Source(text, text, None, "")
+    else:
+        known = ", ".join(p.name for p in presets.PRESETS)
+        raise ModelLoadError(
+            f"unknown model {text!r}: not a preset ({known}), an existing folder, a .gguf file or a hub id (owner/name)"
+        )
+    if backend == "llama.cpp":
+        return _Source("", name, gguf, sha)
+    return _Source(str(_dequantized_folder(gguf, sha, cache, log)), name, gguf, sha)
+
+
+def huggingface_source(
+    spec: str | os.PathLike[str], *, cache_dir: str | os.PathLike[str] | None = None, download: bool = True,
+    log: Callable[[str], None] = logger.info,
+) -> str:
+    """What another library that reads Hugging Face models (vLLM) should load for `spec`: a
+    preset's or GGUF file's de-quantized folder (built once, cached), a folder, or a hub id."""
+    cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    return _resolve(spec, cache, download=download, log=log, backend="torch").source
+
+
 QUANTIZED_FORMAT = 1  # bump when the saved layout changes
+# Marks a complete de-quantized folder of the current layout (v2: a tied output layer is not saved
+# twice); a folder without it is rebuilt.
+FOLDER_FORMAT = ".leapdecode-folder-v2"
 
 
 def _quantize(model: Any, mode: str, gguf: Path | None, sha256: str, cache: Path, log: Callable[[str], None]) -> None:
@@ -379,7 +397,7 @@ def _first_line(exc: BaseException) -> str:
 def _dequantized_folder(gguf: Path, sha256: str, cache: Path, log: Callable[[str], None]) -> Path:
     """A Hugging Face folder with the GGUF's de-quantized weights, built once per sha256."""
     folder = cache / "models" / sha256[:16]
-    if (folder / "model.safetensors").is_file() and (folder / "config.json").is_file():
+    if (folder / FOLDER_FORMAT).is_file():
         return folder
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -397,8 +415,9 @@ def _dequantized_folder(gguf: Path, sha256: str, cache: Path, log: Callable[[str
         config_dict.pop("quantization_config", None)  # the weights we save are plain float32
         model.config.__class__.from_dict(config_dict).save_pretrained(tmp)
         model.generation_config.save_pretrained(tmp)
-        save_model(model, str(tmp / "model.safetensors"))
+        save_file(_untied_state(model), str(tmp / "model.safetensors"), metadata={"format": "pt"})
         tokenizer.save_pretrained(tmp)
+        (tmp / FOLDER_FORMAT).touch()
         if folder.exists():
             shutil.rmtree(folder)
         tmp.rename(folder)
@@ -406,6 +425,23 @@ def _dequantized_folder(gguf: Path, sha256: str, cache: Path, log: Callable[[str
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return folder
+
+
+def _untied_state(model: Any) -> dict[str, torch.Tensor]:
+    """The weights to save, a tied output layer left out as `save_pretrained` leaves it out: the
+    folder's readers tie it back from the input embeddings (vLLM 0.32 reads a saved copy as the
+    output layer and leaves the embeddings unset: every logit equal)."""
+    state = model.state_dict()
+    head, embed = model.get_output_embeddings(), model.get_input_embeddings()
+    if head is not None and embed is not None and _same_memory(head.weight, embed.weight):
+        head_names = {name for name, module in model.named_modules() if module is head}
+        for name in [n for n in state if n.rsplit(".", 1)[0] in head_names and _same_memory(state[n], embed.weight)]:
+            del state[name]
+    return {name: tensor.contiguous() for name, tensor in state.items()}
+
+
+def _same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.shape == b.shape and a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
 
 
 def end_of_turn_ids(model: Any, tokenizer: Any) -> set[int]:
