@@ -244,7 +244,7 @@ def test_vllm_greedy_with_anpd_equals_no_speculation_smollm2(real_lm) -> None:
 
 
 @needs_vllm
-def test_vllm_serve_answers_with_our_drafts(tmp_path: Path) -> None:
+def test_vllm_serve_answers_with_our_drafts(tmp_path: Path, real_lm) -> None:
     """`leapdecode vllm-serve` starts vLLM's OpenAI server with our proposer: a completion comes
     back, and vLLM's /metrics counts accepted drafted tokens."""
     import socket
@@ -258,7 +258,10 @@ def test_vllm_serve_answers_with_our_drafts(tmp_path: Path) -> None:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    command = [str(VLLM_PYTHON), "-m", "leapdecode", "vllm-serve", "-m", "smollm2-135m", "--method", "anpd:k=5",
+    from leapdecode.models.loading import huggingface_source
+
+    folder = huggingface_source("smollm2-135m")  # the preset is resolved here: vLLM's venv need not install it
+    command = [str(VLLM_PYTHON), "-m", "leapdecode", "vllm-serve", "-m", folder, "--method", "anpd:k=5",
                "--port", str(port), "--max-model-len", "1024", "--enforce-eager", "--served-model-name", "smol"]
     log = tmp_path / "serve.log"  # a file, not a pipe: vLLM logs enough to fill a pipe and block
     server = subprocess.Popen(command, env={**VLLM_CPU_ENV, **os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "1"},
