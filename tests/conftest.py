@@ -173,3 +173,17 @@ def sample_sequences(model, prompt: list[int], params: SamplingParams, make_draf
         key = tuple(t for s in steps for t in s.tokens)
         counts[key] = counts.get(key, 0) + 1
     return counts
+
+
+def drafted_matching_plain(lm, decoder, prompts: list[str], max_new_tokens: int) -> int:
+    """Each chat prompt through `decoder` and through plain decoding: the tokens must be equal.
+    Returns how many tokens `decoder` drafted over all of them."""
+    from leapdecode import wrap
+
+    drafted = 0
+    for prompt in prompts:
+        plain = wrap(lm, "ar").generate(prompt, max_new_tokens=max_new_tokens, chat=True)
+        fast = decoder.generate(prompt, max_new_tokens=max_new_tokens, chat=True)
+        assert fast.token_ids == plain.token_ids, (str(decoder.method), prompt)
+        drafted += sum(len(s.drafted) for s in fast.steps)
+    return drafted

@@ -18,7 +18,7 @@ from leapdecode.engine import StopCriteria, TorchBackend, compile_tree, decode
 from leapdecode.engine.cost import ForwardCost
 from leapdecode.methods import parse_method
 from leapdecode.verifiers import SamplingParams, verify_greedy, verify_tree_greedy
-from tests.conftest import sample_sequences, assert_follows_exact, exact_joint, prompts
+from tests.conftest import drafted_matching_plain, sample_sequences, assert_follows_exact, exact_joint, prompts
 
 STEEP = ForwardCost((0.047, 0.070, 0.093, 0.115, 0.155, 0.195, 0.236, 0.278))
 FLAT = ForwardCost((1.0,) * 8)
@@ -133,12 +133,7 @@ def test_hybrid_method_on_the_real_model_is_plain_decoding(real_lm) -> None:
     for bad in ("hybrid:suffix_k=0", "hybrid:factor=0", "hybrid:width=9"):
         with pytest.raises(Exception, match="hybrid"):
             parse_method(bad)
-    drafted = 0
-    for method in ("hybrid:shared=true", "hybrid:cost_aware=false"):
-        decoder = wrap(real_lm, method)
-        for prompt in ["Repeat this sentence twice: the quick brown fox jumps over the lazy dog.", "Write a short poem about the sea."]:
-            plain = wrap(real_lm, "ar").generate(prompt, max_new_tokens=32, chat=True)
-            fast = decoder.generate(prompt, max_new_tokens=32, chat=True)
-            assert fast.token_ids == plain.token_ids, method
-            drafted += sum(len(s.drafted) for s in fast.steps)
+    prompts = ["Repeat this sentence twice: the quick brown fox jumps over the lazy dog.", "Write a short poem about the sea."]
+    drafted = sum(drafted_matching_plain(real_lm, wrap(real_lm, method), prompts, 32)
+                  for method in ("hybrid:shared=true", "hybrid:cost_aware=false"))
     assert drafted > 0

@@ -15,7 +15,7 @@ from leapdecode.drafters.recycle import RecycleDrafter, RecycleTable
 from leapdecode.engine import StopCriteria, TorchBackend, compile_tree, decode
 from leapdecode.methods import parse_method
 from leapdecode.verifiers import SamplingParams, verify_greedy, verify_tree_greedy
-from tests.conftest import sample_sequences, assert_follows_exact, exact_joint, prompts
+from tests.conftest import drafted_matching_plain, sample_sequences, assert_follows_exact, exact_joint, prompts
 
 
 def test_the_drafted_tree_follows_the_table_wide_at_the_root() -> None:
@@ -97,10 +97,5 @@ def test_recycle_method_on_the_real_model_is_plain_decoding(real_lm) -> None:
         with pytest.raises(Exception, match="recycle"):
             parse_method(bad)
     decoder = wrap(real_lm, "recycle:shared=true,cost_aware=false")
-    drafted = 0
-    for prompt in ["Write a short poem about the sea.", "List three prime numbers and explain why they are prime."]:
-        plain = wrap(real_lm, "ar").generate(prompt, max_new_tokens=40, chat=True)
-        fast = decoder.generate(prompt, max_new_tokens=40, chat=True)
-        assert fast.token_ids == plain.token_ids
-        drafted += sum(len(s.drafted) for s in fast.steps)
-    assert drafted > 0
+    prompts = ["Write a short poem about the sea.", "List three prime numbers and explain why they are prime."]
+    assert drafted_matching_plain(real_lm, decoder, prompts, 40) > 0

@@ -15,7 +15,7 @@ from leapdecode.drafters.suffix import SuffixAutomaton, SuffixDrafter, SuffixInd
 from leapdecode.engine import StopCriteria, TorchBackend, decode
 from leapdecode.methods import parse_method
 from leapdecode.verifiers import SamplingParams
-from tests.conftest import sample_sequences, GREEDY, assert_follows_exact, exact_joint, prompts, tiny_lm
+from tests.conftest import drafted_matching_plain, sample_sequences, GREEDY, assert_follows_exact, exact_joint, prompts, tiny_lm
 
 streams = st.lists(st.integers(0, 3), min_size=1, max_size=60)
 
@@ -145,10 +145,5 @@ def test_suffix_method_on_the_real_model_is_plain_decoding(real_lm) -> None:
         with pytest.raises(Exception, match="suffix"):
             parse_method(bad)
     decoder = wrap(real_lm, "suffix:shared=true,cost_aware=false")
-    drafted = 0
-    for prompt in ["Repeat this sentence twice: the quick brown fox jumps over the lazy dog.", "Write a short poem about the sea."]:
-        plain = wrap(real_lm, "ar").generate(prompt, max_new_tokens=40, chat=True)
-        fast = decoder.generate(prompt, max_new_tokens=40, chat=True)
-        assert fast.token_ids == plain.token_ids
-        drafted += sum(len(s.drafted) for s in fast.steps)
-    assert drafted > 0
+    prompts = ["Repeat this sentence twice: the quick brown fox jumps over the lazy dog.", "Write a short poem about the sea."]
+    assert drafted_matching_plain(real_lm, decoder, prompts, 40) > 0

@@ -142,9 +142,9 @@ def test_methods_that_cannot_run_in_vllm_are_refused(spec: str) -> None:
         vllm_method(spec)
 
 
-@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed here")
-def test_importing_the_proposers_without_vllm_names_the_extra() -> None:
-    sys.modules.pop("leapdecode.integrations.vllm", None)
+def test_importing_the_proposers_without_vllm_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "vllm", None)  # `import vllm` fails here, installed or not
+    monkeypatch.delitem(sys.modules, "leapdecode.integrations.vllm", raising=False)
     with pytest.raises(ImportError, match=r"leapdecode\[vllm\]"):
         import leapdecode.integrations.vllm  # noqa: F401
 
@@ -181,14 +181,22 @@ def test_dequantized_folders_store_a_tied_output_layer_once(real_lm) -> None:
 # --- through vLLM itself -------------------------------------------------------------------------
 
 VLLM_PYTHON = Path(os.environ.get("LEAPDECODE_VLLM_PYTHON", Path(__file__).resolve().parents[1] / ".venv-vllm" / "bin" / "python"))
-needs_vllm = pytest.mark.skipif(not VLLM_PYTHON.is_file(), reason=f"no vLLM environment at {VLLM_PYTHON}: run `make vllm`")
 
 
-def run_vllm(model: str, prompts: list[list[int]], max_tokens: list[int], method: str | None):
+@pytest.fixture(scope="module")
+def vllm_python() -> Path:
+    """vLLM's environment. Missing, the tests fail, not skip: `make test` builds it (`make vllm`)."""
+    if not VLLM_PYTHON.is_file():
+        pytest.fail(f"no vLLM environment at {VLLM_PYTHON}: run `make vllm` (part of `make test`)")
+    return VLLM_PYTHON
+
+
+def run_vllm(python: Path, model: str, prompts: list[list[int]], max_tokens: list[int], method: str | None):
+    """One engine run in vLLM's environment, four requests at a time."""
     from leapdecode.integrations.vllm_run import VllmRun, run_in_subprocess
 
     return run_in_subprocess(VllmRun(model=model, prompts=prompts, max_tokens=max_tokens, method=method, concurrency=4,
-                                     max_model_len=1024), python=str(VLLM_PYTHON))
+                                     max_model_len=1024), python=str(python))
 
 
 @pytest.fixture(scope="module")
@@ -207,26 +215,24 @@ def tiny_folder(tmp_path_factory: pytest.TempPathFactory, real_lm) -> str:
 
 
 @pytest.fixture(scope="module")
-def tiny_plain(tiny_folder: str):
+def tiny_plain(tiny_folder: str, vllm_python: Path):
     """Ten prompts of different lengths, some repetitive, and vLLM's output without speculation;
     four slots, so requests finish and new ones take their slots."""
     rng = random.Random(1)
     prompts = [[rng.randrange(100, 4000) for _ in range(rng.randint(3, 40))] * rng.randint(1, 3) for _ in range(10)]
     max_tokens = [rng.randint(8, 48) for _ in prompts]
-    return prompts, max_tokens, run_vllm(tiny_folder, prompts, max_tokens, None)
+    return prompts, max_tokens, run_vllm(vllm_python, tiny_folder, prompts, max_tokens, None)
 
 
-@needs_vllm
 @pytest.mark.parametrize("method", ["anpd:n=3,k=5", "suffix:k=6"])
-def test_vllm_greedy_with_our_proposer_equals_no_speculation_tiny(tiny_folder: str, tiny_plain, method: str) -> None:
+def test_vllm_greedy_with_our_proposer_equals_no_speculation_tiny(tiny_folder: str, tiny_plain, method: str, vllm_python: Path) -> None:
     prompts, max_tokens, plain = tiny_plain
-    ours = run_vllm(tiny_folder, prompts, max_tokens, method)
+    ours = run_vllm(vllm_python, tiny_folder, prompts, max_tokens, method)
     assert ours.outputs == plain.outputs
     assert ours.counters["vllm:spec_decode_num_accepted_tokens"] > 0
 
 
-@needs_vllm
-def test_vllm_greedy_with_anpd_equals_no_speculation_smollm2(real_lm) -> None:
+def test_vllm_greedy_with_anpd_equals_no_speculation_smollm2(real_lm, vllm_python: Path) -> None:
     from leapdecode.models.loading import huggingface_source
 
     texts = ["def fibonacci(n):", "Summarise: the cat sat on the mat. The cat sat on the mat again.",
@@ -236,15 +242,14 @@ def test_vllm_greedy_with_anpd_equals_no_speculation_smollm2(real_lm) -> None:
     prompts = [real_lm.tokenizer(t)["input_ids"] for t in texts]
     max_tokens = [24 + 4 * i for i in range(len(prompts))]
     source = huggingface_source("smollm2-135m")
-    plain = run_vllm(source, prompts, max_tokens, None)
-    ours = run_vllm(source, prompts, max_tokens, "anpd")
+    plain = run_vllm(vllm_python, source, prompts, max_tokens, None)
+    ours = run_vllm(vllm_python, source, prompts, max_tokens, "anpd")
     assert ours.outputs == plain.outputs
     assert ours.counters["vllm:spec_decode_num_accepted_tokens"] > 0
     assert ours.mean_acceptance_length > 1.0
 
 
-@needs_vllm
-def test_vllm_serve_answers_with_our_drafts(tmp_path: Path, real_lm) -> None:
+def test_vllm_serve_answers_with_our_drafts(tmp_path: Path, real_lm, vllm_python: Path) -> None:
     """`leapdecode vllm-serve` starts vLLM's OpenAI server with our proposer: a completion comes
     back, and vLLM's /metrics counts accepted drafted tokens."""
     import socket
@@ -261,7 +266,7 @@ def test_vllm_serve_answers_with_our_drafts(tmp_path: Path, real_lm) -> None:
     from leapdecode.models.loading import huggingface_source
 
     folder = huggingface_source("smollm2-135m")  # the preset is resolved here: vLLM's venv need not install it
-    command = [str(VLLM_PYTHON), "-m", "leapdecode", "vllm-serve", "-m", folder, "--method", "anpd:k=5",
+    command = [str(vllm_python), "-m", "leapdecode", "vllm-serve", "-m", folder, "--method", "anpd:k=5",
                "--port", str(port), "--max-model-len", "1024", "--enforce-eager", "--served-model-name", "smol"]
     log = tmp_path / "serve.log"  # a file, not a pipe: vLLM logs enough to fill a pipe and block
     server = subprocess.Popen(command, env={**VLLM_CPU_ENV, **os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "1"},
@@ -282,6 +287,10 @@ def test_vllm_serve_answers_with_our_drafts(tmp_path: Path, real_lm) -> None:
         body = {"model": "smol", "prompt": "def fibonacci(n):\n    if n < 2:\n        return n\n", "max_tokens": 48, "temperature": 0}
         reply = httpx.post(f"{base}/v1/completions", json=body, timeout=120)
         assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] == 48
+        for bad in ({"model": "smol", "prompt": "x", "max_tokens": -1}, {"model": "nope", "prompt": "x", "max_tokens": 4},
+                    {"model": "smol", "prompt": "hello " * 2000, "max_tokens": 4}):
+            assert 400 <= httpx.post(f"{base}/v1/completions", json=bad, timeout=60).status_code < 500, bad
+        assert httpx.get(f"{base}/health", timeout=5).status_code == 200  # bad requests leave it serving
         metrics = httpx.get(f"{base}/metrics", timeout=10).text
         accepted = [float(line.split()[-1]) for line in metrics.splitlines() if line.startswith("vllm:spec_decode_num_accepted_tokens_total")]
         assert accepted and accepted[0] > 0

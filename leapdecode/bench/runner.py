@@ -267,10 +267,9 @@ class Entry:
         return f"{self.method}@{self.backend}" if self.backend else str(self.method)
 
 
-def parse_entries(text: str | Sequence[str]) -> list[Entry]:
-    """A comma list of method strings; parameters attach to the method before them:
-    `ar,anpd:n=5,k=7,hf-pld:tokens=10` is ar, anpd:n=5,k=7 and hf-pld:tokens=10. A method may
-    end in `@torch` or `@llama.cpp` to run on that backend instead of the run's."""
+def group_method_strings(text: str | Sequence[str]) -> list[str]:
+    """Split a comma list of method strings; an item with `=` and no `:` is a parameter of the
+    method before it (`ar,anpd:n=5,k=7` is `ar` and `anpd:n=5,k=7`)."""
     items = [t.strip() for t in (text.split(",") if isinstance(text, str) else text) if t.strip()]
     groups: list[str] = []
     for item in items:
@@ -278,8 +277,15 @@ def parse_entries(text: str | Sequence[str]) -> list[Entry]:
             groups[-1] += "," + item
         else:
             groups.append(item)
+    return groups
+
+
+def parse_entries(text: str | Sequence[str]) -> list[Entry]:
+    """A comma list of method strings; parameters attach to the method before them:
+    `ar,anpd:n=5,k=7,hf-pld:tokens=10` is ar, anpd:n=5,k=7 and hf-pld:tokens=10. A method may
+    end in `@torch` or `@llama.cpp` to run on that backend instead of the run's."""
     entries = []
-    for group in groups:
+    for group in group_method_strings(text):
         spec, at, backend = group.rpartition("@")
         if at and backend.strip() in BACKENDS:
             entries.append(Entry(parse_method(spec), backend.strip()))

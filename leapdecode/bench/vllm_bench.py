@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from leapdecode.bench.runner import group_method_strings
 from leapdecode.errors import MethodError
 from leapdecode.integrations.vllm_run import VllmResult, VllmRun, run_in_subprocess
 from leapdecode.integrations.vllm_setup import vllm_method
@@ -33,15 +34,7 @@ class VllmEntry:
 def parse_vllm_entries(text: str) -> list[VllmEntry]:
     """`none,vllm-ngram:k=7,n=3,anpd:n=5,k=7` → entries; items that do not start a new entry
     (`k=7` after `vllm-ngram:`) belong to the one before, as in `bench --methods`."""
-    items: list[str] = []
-    for part in (p.strip() for p in text.split(",")):
-        if not part:
-            continue
-        if items and "=" in part and ":" not in part:
-            items[-1] += "," + part
-        else:
-            items.append(part)
-    entries = [_entry(item) for item in items]
+    entries = [_entry(item) for item in group_method_strings(text)]
     if not entries:
         raise MethodError("no methods given")
     if entries[0].label != PLAIN:
