@@ -48,7 +48,8 @@ def pair(request) -> tuple[LoadedModel, LoadedModel]:
     return tiny(request.param), tiny(request.param, seed=1)
 
 
-@pytest.mark.parametrize("method", ["anpd", "anpd-tree", "lookahead", "draft:k=3"])
+# anpd without its cost-aware cut: the cut follows timings measured at start-up, and this test needs drafts
+@pytest.mark.parametrize("method", ["anpd:cost_aware=false", "anpd-tree", "lookahead", "draft:k=3"])
 def test_every_architecture_decodes_exactly_past_its_window(pair, method) -> None:
     target, draft = pair
     decoder = Decoder(target, method, draft_model=draft if method.startswith("draft") else None)

@@ -46,3 +46,28 @@ def test_prefill_scores_only_the_last_position_and_forward_can_return_hidden_sta
     out = backend.forward(seq, [9, 10], hidden=True)
     assert out.logits.shape == (2, backend.vocab_size)
     assert out.hidden.shape == (2, tiny_model.config.hidden_size)
+
+
+def test_the_cache_appends_in_place_and_grows_past_its_capacity(tiny_model) -> None:
+    """Decode steps write into one buffer per layer (no copy of the context each step), rollbacks
+    only narrow the views, and growing past the buffer keeps every entry: after 300 steps with
+    rollbacks the logits equal a fresh computation of the same sequence."""
+    backend = TorchBackend(tiny_model)
+    prompt = [4, 8, 15, 16, 23, 42]
+    seq, _ = backend.prefill(prompt)
+    layer = seq.cache.layers[0]
+    buffer = layer.keys.data_ptr()
+    sequence = list(prompt)
+    for step in range(300):
+        drafted = [(step * 7 + i) % 50 + 2 for i in range(3)]
+        backend.forward(seq, drafted)
+        keep = step % 4
+        backend.rollback(seq, len(sequence) + min(keep, 3))
+        sequence += drafted[: min(keep, 3)]
+        if step == 10:
+            assert layer.keys.data_ptr() == buffer  # still the first buffer: appended in place
+    assert layer.keys.data_ptr() != buffer  # it grew (the first buffer held 256 more than the prompt)
+    assert seq.cache.get_seq_length() == seq.length == len(sequence)
+    scores = backend.forward(seq, [30, 31])
+    expected = full_logits(tiny_model, sequence + [30, 31])[-2:]
+    torch.testing.assert_close(scores.logits, expected, rtol=1e-4, atol=1e-4)

@@ -15,7 +15,7 @@ from leapdecode.engine import StopCriteria, TorchBackend, decode
 from leapdecode.errors import ModelLoadError
 from leapdecode.models import load_model, quantize
 from leapdecode.models.gguf_blocks import read_blocks
-from leapdecode.models.quantize import GROUP, QuantizedLinear, dequantize, pack_int4, quantize_model, quantize_weight, unpack_int4
+from leapdecode.models.quantize import GROUP, RECORD, QuantizedLinear, dequantize, pack, pack_int4, quantize_model, quantize_weight, unpack, unpack_int4
 from leapdecode.models.row_exact import ATTENTION, register_attention
 from tests.conftest import GREEDY, TINY_VOCAB, ScriptedDrafter, make_tiny_model, prompts
 
@@ -65,6 +65,21 @@ def test_quantized_weights_are_within_half_a_step_and_pack_round_trips(bits) -> 
     assert ((back - w).abs() <= step / 2 * 1.0001 + 1e-7).all()
     q = torch.randint(0, 16, (5, 3, GROUP), dtype=torch.uint8)
     assert torch.equal(unpack_int4(pack_int4(q)), q)
+
+
+@settings(max_examples=30, deadline=None)
+@given(n=st.integers(1, 30), groups=st.integers(1, 4), bits=st.sampled_from([4, 8]), seed=st.integers(0, 2**16))
+def test_packed_records_round_trip_to_the_groups(n, groups, bits, seed) -> None:
+    """Any output count (padded to blocks of 8): unpack(pack(groups)) is the groups, bit for bit."""
+    g = torch.Generator().manual_seed(seed)
+    qweight, scales, mins = quantize_weight(torch.randn(n, groups * GROUP, generator=g), bits)
+    packed = pack(qweight, scales, mins, bits)
+    assert packed.shape == (-(-n // 8), groups, RECORD[bits]) and packed.dtype == torch.uint8
+    back = unpack(packed, bits, n)
+    assert torch.equal(back[0], qweight) and torch.equal(back[1], scales)
+    assert (back[2] is None) == (mins is None) and (mins is None or torch.equal(back[2], mins))
+    with pytest.raises(ValueError, match="do not fit"):
+        QuantizedLinear(packed, bits, n + 8, groups * GROUP, None)
 
 
 def test_bad_shapes_and_modes_are_refused() -> None:
@@ -128,6 +143,8 @@ def test_the_real_model_quantizes_every_layer_and_says_so(int4_lm) -> None:
     assert float_lm.fingerprint != int4_lm.fingerprint
     int8_lm = load_model("smollm2-135m", log=lambda m: None, quantize="int8")
     assert {m.bits for m in int8_lm.model.modules() if isinstance(m, QuantizedLinear)} == {8}
+    assert load_model("smollm2-135m", log=lambda m: None, quantize="auto").quantize == "int4"  # on CPU in float32
+    assert load_model("smollm2-135m", log=lambda m: None, quantize="auto", dtype="bfloat16").quantize == "none"
 
 
 def test_quantize_refuses_what_it_does_not_cover() -> None:
@@ -168,7 +185,7 @@ def test_q4_k_blocks_of_the_real_file_are_its_values() -> None:
 
 
 def dequantize_blocks(blocks) -> torch.Tensor:
-    qweight, scales, mins = blocks.packed()
+    qweight, scales, mins = blocks.groups()
     return dequantize(qweight, scales, mins, blocks.bits)
 
 

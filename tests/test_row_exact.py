@@ -37,6 +37,44 @@ def test_kernel_matches_a_float_reference_and_rows_are_bitwise_independent(kerne
         assert torch.equal(got[i], kernel.row_exact_linear(x[i : i + 1], w, b, portable)[0])
 
 
+@settings(max_examples=60, deadline=None)
+@given(rows=st.integers(1, 16), past=st.integers(0, 40), kv_heads=st.integers(1, 3), group=st.integers(1, 3),
+       dim=st.sampled_from([8, 12, 32, 64]), masked=st.booleans(), seed=st.integers(0, 2**16))
+def test_attention_kernel_matches_sdpa_and_rows_are_bitwise_independent(kernel, rows, past, kv_heads, group, dim, masked, seed) -> None:
+    """Chains (causal, no mask) and trees (any visible set): each row over exactly its keys, from
+    strided views of a longer cache, bitwise the same alone or with the others, on both paths."""
+    g = torch.Generator().manual_seed(seed)
+    heads, total = kv_heads * group, past + rows
+    query = torch.randn(1, heads, rows, dim, generator=g)
+    store = torch.randn(2, 1, kv_heads, total + 7, dim, generator=g)  # a cache with room to spare
+    key, value = store[0][:, :, :total], store[1][:, :, :total]  # [1, kv_heads, total, dim] views
+    if masked:
+        visible = torch.rand(rows, total, generator=g) < 0.6
+        visible[:, 0] = True
+    else:
+        visible = torch.arange(total)[None, :] <= past + torch.arange(rows)[:, None]  # [rows, total]
+    scale = dim**-0.5
+    got = kernel.row_exact_attention(query, key, value, visible if masked else None, scale, False)  # [1, rows, heads, dim]
+    want = torch.nn.functional.scaled_dot_product_attention(query.double(), key.double(), value.double(), attn_mask=visible,
+                                                            scale=scale, enable_gqa=True).transpose(1, 2)
+    assert torch.allclose(got.double(), want, atol=1e-5)
+    assert torch.equal(kernel.row_exact_attention(query, key, value, visible if masked else None, scale, True), got)
+    for i in range(rows):
+        if masked:
+            one = kernel.row_exact_attention(query[:, :, i : i + 1], key, value, visible[i : i + 1], scale, False)
+        else:
+            one = kernel.row_exact_attention(query[:, :, i : i + 1], key[:, :, : past + i + 1], value[:, :, : past + i + 1], None, scale, False)
+        assert torch.equal(one[0, 0], got[0, i])
+
+
+def test_attention_kernel_refuses_shapes_that_do_not_fit(kernel) -> None:
+    query, key = torch.randn(1, 4, 2, 8), torch.randn(1, 3, 5, 8)
+    with pytest.raises(RuntimeError, match="do not fit"):
+        kernel.row_exact_attention(query, key, key, None, 1.0, False)  # 4 heads over 3 kv heads
+    with pytest.raises(RuntimeError, match="visible"):
+        kernel.row_exact_attention(query, key[:, :2], key[:, :2], torch.ones(2, 4, dtype=torch.bool), 1.0, False)
+
+
 def test_fallback_without_a_kernel_is_exact_too(monkeypatch) -> None:
     layer = torch.nn.Linear(24, 10)
     exact = RowExactLinear(24, 10, device="meta")

@@ -7,6 +7,7 @@ loaded model can serve several sequences one after another.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -138,13 +139,11 @@ class TorchBackend:
 
     @torch.inference_mode()
     def prefill(self, prompt_ids: list[int]) -> tuple[Sequence, Scores]:
-        from transformers import DynamicCache
-
         # Every layer keeps every position, sliding-window layers too (their window is applied by
         # the attention mask, by the model for chains and by `AttentionLayout` for trees): a
         # window-sized cache drops entries that rollback and tree compaction must keep, as Hugging
         # Face's assisted generation also finds.
-        seq = Sequence(cache=DynamicCache(), length=0)
+        seq = Sequence(cache=new_growing_cache(), length=0)
         # Only the last position's logits are needed: skips a [prompt, vocab] matmul.
         return seq, self._run(seq, prompt_ids, logits_to_keep=1, hidden=False)
 
@@ -161,6 +160,48 @@ class TorchBackend:
     @torch.inference_mode()
     def keep(self, seq: Sequence, start: int, nodes: list[int]) -> None:
         keep_cache_entries(seq, start, nodes)
+
+
+def new_growing_cache() -> Any:
+    """A `transformers` DynamicCache whose layers append in place (`GrowingLayer`)."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache()
+    cache.layer_class_to_replicate = _growing_layer_class()
+    return cache
+
+
+@functools.cache
+def _growing_layer_class() -> type:
+    from transformers.cache_utils import DynamicLayer
+
+    class GrowingLayer(DynamicLayer):
+        """A cache layer whose keys and values are views of a longer buffer: appending writes the
+        new tokens in place (the buffer grows by half when full, so copies are amortised), and
+        cropping narrows the views. A decode step then copies its own tokens, never the context,
+        where `DynamicLayer` concatenates the whole cache every step."""
+
+        def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+            if not self.is_initialized:
+                self.lazy_initialization(key_states, value_states)
+            length = self.get_seq_length()
+            end = length + key_states.shape[-2]
+            buffers = getattr(self, "buffers", None)
+            # rebuilt when full, or when something outside replaced the views (e.g. a beam reorder)
+            if buffers is None or end > buffers[0].shape[-2] or buffers[0].data_ptr() != self.keys.data_ptr() or length == 0:
+                capacity = end + max(256, end // 2)
+                buffers = tuple(
+                    torch.cat([old[..., :length, :], new.new_zeros((*new.shape[:-2], capacity - length, new.shape[-1]))], dim=-2)
+                    if length else new.new_zeros((*new.shape[:-2], capacity, new.shape[-1]))
+                    for old, new in ((self.keys, key_states), (self.values, value_states))
+                )  # each [batch, kv_heads, capacity, head_dim]
+                self.buffers = buffers
+            buffers[0][..., length:end, :] = key_states
+            buffers[1][..., length:end, :] = value_states
+            self.keys, self.values = buffers[0][..., :end, :], buffers[1][..., :end, :]
+            return self.keys, self.values
+
+    return GrowingLayer
 
 
 def rollback_cache(seq: Sequence, length: int) -> None:

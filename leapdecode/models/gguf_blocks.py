@@ -34,8 +34,8 @@ class Blocks:
     scales: torch.Tensor
     mins: torch.Tensor | None
 
-    def packed(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """(qweight, scales, mins) in `QuantizedLinear`'s layout."""
+    def groups(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """(qweight, scales, mins) as `quantize.quantize_weight` gives them (what `QuantizedLinear.from_groups` takes)."""
         if self.bits == 4:
             return pack_int4(self.q.to(torch.uint8)), self.scales, self.mins
         return self.q.to(torch.int8).reshape(self.q.shape[0], -1).view(torch.uint8), self.scales, None

@@ -141,7 +141,7 @@ class LoadedModel:
         if self.quantize != "none":
             digest.update(self.quantize.encode())
         with torch.inference_mode():
-            quantized = [(n, b) for n, b in self.model.named_buffers() if n.endswith((".qweight", ".scales"))]
+            quantized = [(n, b) for n, b in self.model.named_buffers() if n.endswith(".packed")]
             for name, param in [*self.model.named_parameters(), *quantized]:
                 flat = param.detach().reshape(-1)
                 ends = torch.cat([flat[:8], flat[-8:]]).float().cpu()
@@ -179,7 +179,7 @@ def load_model(
     (`leapdecode.models.row_exact`), so greedy drafting is lossless by construction; None (the
     default) turns it on wherever it applies and its kernel builds. With
     `download`, a preset that is not installed yet is pulled (pip) first. `quantize` ("int8",
-    "int4"; None or "none": off) swaps the linear layers for group-quantized ones on CPU
+    "int4"; "auto": int4 where it applies, on CPU in float32; None or "none": off) swaps the linear layers for group-quantized ones on CPU
     (`leapdecode.models.quantize`); their rows are bit-exact by construction, and the attention
     too when `row_exact` is not False. Otherwise, on CPU in
     float32, `small_batch_linear` swaps the linear layers for ones that score 2-16 tokens at
@@ -192,6 +192,9 @@ def load_model(
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     target_device = torch.device(device) if device is not None else default_device()
     quantize = quantize or "none"
+    if quantize == "auto":  # the fastest path where it applies: int4 layers on CPU (torch, float32)
+        cpu_float = target_device.type == "cpu" and str(dtype).lower() in ("auto", "float32", "torch.float32")
+        quantize = "int4" if cpu_float and backend == "torch" else "none"
     if quantize not in QUANTIZE_MODES:
         raise ModelLoadError(f"unknown quantization {quantize!r}; choose one of {', '.join(QUANTIZE_MODES)}")
     if quantize != "none":
@@ -296,7 +299,7 @@ def huggingface_source(
     return _resolve(spec, cache, download=download, log=log, backend="torch").source
 
 
-QUANTIZED_FORMAT = 1  # bump when the saved layout changes
+QUANTIZED_FORMAT = 2  # bump when the saved layout changes
 # Marks a complete de-quantized folder of the current layout (v2: a tied output layer is not saved
 # twice); a folder without it is rebuilt.
 FOLDER_FORMAT = ".leapdecode-folder-v2"
@@ -318,6 +321,9 @@ def _quantize(model: Any, mode: str, gguf: Path | None, sha256: str, cache: Path
     quantize_model(model, mode, functools.partial(gguf_blocks_by_weight, gguf, log=log))
     save_quantized(model, saved)
     log(f"saved the quantized layers in {saved}")
+    for stale in saved.parent.glob(f"{sha256[:16]}-{mode}-v*.safetensors"):  # earlier layouts of the same file
+        if stale != saved:
+            stale.unlink(missing_ok=True)
 
 
 def _load_llamacpp(gguf: Path, sha256: str, cache: Path, name: str, log: Callable[[str], None]) -> LoadedModel:

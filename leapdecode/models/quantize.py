@@ -5,7 +5,9 @@ a `QuantizedLinear`: weights in groups of 32 along the input, int8 with a scale 
 (w = d·q, GGUF's Q8_0) or 4-bit with a scale and a minimum per group (w = d·q + min, q in 0..15,
 the layout of GGUF's Q4_1; Q4_0 and Q4_K fit it too). The output layer (LM head) is kept at int8
 in int4 mode, as llama.cpp's Q4_K_M keeps it at 6 bits. A model loaded from a GGUF file takes the
-file's own groups where they fit (`gguf_blocks`): the quantized model is the file's model. The kernel (`quant.cpp`) quantizes each
+file's own groups where they fit (`gguf_blocks`): the quantized model is the file's model. The
+weights are held in the kernel's packed layout (`pack`: blocks of 8 outputs, one record per block
+and group, so a layer streams from memory in one sequential read). The kernel (`quant.cpp`) quantizes each
 row's activations to int8 per group at run time, so a group's dot product is an exact integer sum,
 and it is row-exact by construction: row i of an M-row pass is bitwise a one-row pass, so greedy
 drafting on a quantized model is lossless with respect to that model's own plain decoding.
@@ -84,40 +86,93 @@ def dequantize(qweight: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor |
     return (q * scales.unsqueeze(-1) + mins.unsqueeze(-1)).reshape(qweight.shape[0], -1)
 
 
+BLOCK = 8  # outputs per packed block (quant.cpp)
+RECORD = {4: 128 + 64, 8: 256 + 32}  # bytes per (block, group) record: weights, scales(, mins)
+
+
+def pack(qweight: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor | None, bits: int) -> torch.Tensor:
+    """Groups (`quantize_weight`'s layout) → the kernel's packed records [ceil(out/8), in/32, RECORD]:
+    per block of 8 outputs and group, the weights with lane j = output j (see quant.cpp), then the
+    8 scales (and 8 minimums) as float32. Outputs past `out` are zero padding."""
+    n, groups = scales.shape
+    blocks = -(-n // BLOCK)
+    pad = blocks * BLOCK - n
+    if bits == 4:
+        q = unpack_int4(qweight)  # [out, groups, 32] in 0..15
+    else:
+        q = qweight.reshape(n, groups, GROUP)  # int8 bytes
+    q = nn.functional.pad(q, (0, 0, 0, 0, 0, pad))  # [blocks*8, groups, 32]
+    chunks = q.reshape(blocks, BLOCK, groups, 8, 4).permute(0, 2, 3, 1, 4)  # [blocks, groups, chunk, j, e]
+    if bits == 4:  # chunk k (elements 4k..4k+3) in the low nibbles, chunk k+4 in the high ones
+        weights = chunks[:, :, :4] | (chunks[:, :, 4:] << 4)  # [blocks, groups, 4, 8, 4]
+    else:
+        weights = chunks
+    parts = [weights.reshape(blocks, groups, -1)]
+    for values in (scales, mins) if bits == 4 else (scales,):
+        lanes = nn.functional.pad(values.float(), (0, 0, 0, pad)).reshape(blocks, BLOCK, groups).transpose(1, 2)  # [blocks, groups, 8]
+        parts.append(lanes.contiguous().view(torch.uint8))  # [blocks, groups, 32]
+    return torch.cat(parts, dim=-1).contiguous()
+
+
+def unpack(packed: torch.Tensor, bits: int, out_features: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """The inverse of `pack`: (qweight, scales, mins) in `quantize_weight`'s layout."""
+    blocks, groups, _ = packed.shape
+    body = 128 if bits == 4 else 256
+    raw = packed[..., :body].reshape(blocks, groups, -1, BLOCK, 4)  # [blocks, groups, 4 or 8, j, e]
+    chunks = torch.cat([raw & 0x0F, raw >> 4], dim=2) if bits == 4 else raw  # [blocks, groups, 8, j, e]
+    q = chunks.permute(0, 3, 1, 2, 4).reshape(blocks * BLOCK, groups, GROUP)[:out_features]  # [out, groups, 32]
+
+    def lanes(offset: int) -> torch.Tensor:
+        values = packed[..., offset : offset + 32].contiguous().view(torch.float32)  # [blocks, groups, 8]
+        return values.transpose(1, 2).reshape(blocks * BLOCK, groups)[:out_features].contiguous()
+
+    if bits == 4:
+        return pack_int4(q), lanes(body), lanes(body + 32)
+    return q.reshape(out_features, -1).contiguous(), lanes(body), None
+
+
 class QuantizedLinear(nn.Module):
-    """A linear layer with group-quantized weights (see the module doc); float32 in and out."""
+    """A linear layer with group-quantized weights (see the module doc); float32 in and out. The
+    weights are held only in the kernel's packed layout (`pack`); `groups()` gives them back."""
 
     portable: bool = False  # force the kernel's portable path (tests of machines without AVX2)
 
-    def __init__(self, qweight: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor | None, bits: int,
-                 bias: torch.Tensor | None) -> None:
+    def __init__(self, packed: torch.Tensor, bits: int, out_features: int, in_features: int, bias: torch.Tensor | None) -> None:
         super().__init__()
+        if bits not in RECORD or packed.shape != (-(-out_features // BLOCK), in_features // GROUP, RECORD[bits]) or in_features % GROUP:
+            raise ValueError(f"packed weights {tuple(packed.shape)} do not fit a {bits}-bit {in_features}→{out_features} layer")
         self.bits = bits
-        self.out_features = qweight.shape[0]
-        self.in_features = scales.shape[1] * GROUP
-        self.register_buffer("qweight", qweight)
-        self.register_buffer("scales", scales)
-        self.register_buffer("mins", mins if mins is not None else torch.empty(0))
+        self.out_features = out_features
+        self.in_features = in_features
+        self.register_buffer("packed", packed)
         self.bias = nn.Parameter(bias.detach().float(), requires_grad=False) if bias is not None else None
 
     @classmethod
+    def from_groups(cls, qweight: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor | None, bits: int,
+                    bias: torch.Tensor | None) -> QuantizedLinear:
+        return cls(pack(qweight, scales, mins, bits), bits, scales.shape[0], scales.shape[1] * GROUP, bias)
+
+    @classmethod
     def from_linear(cls, linear: nn.Linear, bits: int) -> QuantizedLinear:
-        qweight, scales, mins = quantize_weight(linear.weight, bits)
-        return cls(qweight, scales, mins, bits, linear.bias)
+        return cls.from_groups(*quantize_weight(linear.weight, bits), bits, linear.bias)
+
+    def groups(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """(qweight, scales, mins) as `quantize_weight` gives them."""
+        return unpack(self.packed, self.bits, self.out_features)
 
     def weight_float(self) -> torch.Tensor:
         """The de-quantized weight [out, in] (for reference checks and the no-compiler path)."""
-        return dequantize(self.qweight, self.scales, self.mins if self.bits == 4 else None, self.bits)
+        return dequantize(*self.groups(), self.bits)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        flat = x.reshape(-1, x.shape[-1]).float()  # [rows, in]
         module = kernel() if x.device.type == "cpu" else None
-        bias = self.bias if self.bias is not None else flat.new_empty(0)
         if module is None:
+            flat = x.reshape(-1, x.shape[-1]).float()  # [rows, in]
             out = nn.functional.linear(_activations_reference(flat), self.weight_float(), self.bias)
-        else:
-            out = module.quantized_linear(flat, self.qweight, self.scales, self.mins, bias, self.bits, self.portable)
-        return out.reshape(*x.shape[:-1], self.out_features).to(x.dtype)  # [..., out]
+            return out.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
+        if x.dtype != torch.float32:
+            return module.quantized_linear(x.float(), self.packed, self.bits, self.out_features, self.bias, self.portable).to(x.dtype)
+        return module.quantized_linear(x, self.packed, self.bits, self.out_features, self.bias, self.portable)  # [..., out]
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bits={self.bits}, bias={self.bias is not None}"
@@ -152,7 +207,7 @@ def quantize_model(model: nn.Module, mode: str, file_blocks: Callable[[dict[str,
             kept.append(full)
             continue
         if full in blocks:
-            layer = QuantizedLinear(*blocks[full].packed(), blocks[full].bits, child.bias)
+            layer = QuantizedLinear.from_groups(*blocks[full].groups(), blocks[full].bits, child.bias)
         else:
             wide = child is head or (file_blocks is not None and mode == "int4")
             layer = QuantizedLinear.from_linear(child, 8 if wide else BITS[mode])
@@ -170,17 +225,14 @@ def _linear_layers(model: nn.Module) -> dict[str, tuple[nn.Module, str, nn.Linea
 
 
 def save_quantized(model: nn.Module, path: Path) -> None:
-    """Write every `QuantizedLinear`'s groups to one safetensors file (what `load_quantized` reads)."""
+    """Write every `QuantizedLinear`'s packed records to one safetensors file (what `load_quantized` reads)."""
     from safetensors.torch import save_file
 
     tensors: dict[str, torch.Tensor] = {}
     for name, layer in model.named_modules():
         if isinstance(layer, QuantizedLinear):
-            tensors[f"{name}.qweight"] = layer.qweight.contiguous()
-            tensors[f"{name}.scales"] = layer.scales.contiguous()
-            tensors[f"{name}.bits"] = torch.tensor([layer.bits], dtype=torch.int32)
-            if layer.bits == 4:
-                tensors[f"{name}.mins"] = layer.mins.contiguous()
+            tensors[f"{name}.packed"] = layer.packed
+            tensors[f"{name}.shape"] = torch.tensor([layer.bits, layer.out_features, layer.in_features], dtype=torch.int64)
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_suffix(".partial")
     save_file(tensors, str(partial))
@@ -188,7 +240,7 @@ def save_quantized(model: nn.Module, path: Path) -> None:
 
 
 def load_quantized(model: nn.Module, path: Path) -> int:
-    """Swap `model`'s linear layers for the groups saved in `path` by `save_quantized`. Returns the
+    """Swap `model`'s linear layers for the records saved in `path` by `save_quantized`. Returns the
     number swapped; 0 (and the model untouched) when the file does not fit this model or is corrupt."""
     from safetensors import SafetensorError
     from safetensors.torch import load_file
@@ -200,16 +252,18 @@ def load_quantized(model: nn.Module, path: Path) -> int:
         return 0
     names = {key.rsplit(".", 1)[0] for key in saved}
     linears = _linear_layers(model)
-    if not names or not names <= linears.keys():
+    if not names or not names <= linears.keys() or any(f"{n}.packed" not in saved or f"{n}.shape" not in saved for n in names):
         return 0
     layers = {}
     for name in names:
         child = linears[name][2]
-        bits = int(saved[f"{name}.bits"][0])
-        qweight, scales = saved[f"{name}.qweight"], saved[f"{name}.scales"]
-        if bits not in (4, 8) or qweight.shape != (child.out_features, child.in_features * bits // 8):
+        bits, out_features, in_features = (int(v) for v in saved[f"{name}.shape"])
+        if (out_features, in_features) != (child.out_features, child.in_features):
             return 0
-        layers[name] = QuantizedLinear(qweight, scales, saved.get(f"{name}.mins"), bits, child.bias)
+        try:
+            layers[name] = QuantizedLinear(saved[f"{name}.packed"], bits, out_features, in_features, child.bias)
+        except ValueError:
+            return 0
     for name, layer in layers.items():
         parent, attr, _ = linears[name]
         setattr(parent, attr, layer)

@@ -10,7 +10,10 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <optional>
+#include <vector>
 
 #include "simd.h"
 
@@ -86,7 +89,122 @@ __attribute__((target("avx2,fma"))) void rows_avx2(const float* x, const float* 
 }
 #endif
 
+// Attention of one query row over the keys it may see. The dot products (8 lanes over the head
+// dimension, then `lanes_sum`, then the tail) and the weighted sum of values (one fma per element,
+// keys in cache order) run the same sequence on both paths, so the portable path gives the same
+// bits; and nothing depends on how many rows the call scores.
+inline float lanes_sum(const float* v) { return ((v[0] + v[4]) + (v[2] + v[6])) + ((v[1] + v[5]) + (v[3] + v[7])); }
+
+float dot_portable(const float* a, const float* b, int64_t D) {
+  float lane[8] = {0};
+  int64_t d = 0;
+  for (; d + 8 <= D; d += 8)
+    for (int j = 0; j < 8; ++j) lane[j] = std::fma(a[d + j], b[d + j], lane[j]);
+  float s = lanes_sum(lane);
+  for (; d < D; ++d) s = std::fma(a[d], b[d], s);
+  return s;
+}
+
+void axpy_portable(float* out, float e, const float* v, int64_t D) {
+  for (int64_t d = 0; d < D; ++d) out[d] = std::fma(e, v[d], out[d]);
+}
+
+#ifdef LEAPDECODE_X86
+__attribute__((target("avx2,fma"))) float dot_avx2(const float* a, const float* b, int64_t D) {
+  __m256 acc = _mm256_setzero_ps();
+  int64_t d = 0;
+  for (; d + 8 <= D; d += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + d), _mm256_loadu_ps(b + d), acc);
+  float s = hsum(acc);
+  for (; d < D; ++d) s = std::fma(a[d], b[d], s);
+  return s;
+}
+
+__attribute__((target("avx2,fma"))) void axpy_avx2(float* out, float e, const float* v, int64_t D) {
+  const __m256 ev = _mm256_set1_ps(e);
+  int64_t d = 0;
+  for (; d + 8 <= D; d += 8) _mm256_storeu_ps(out + d, _mm256_fmadd_ps(ev, _mm256_loadu_ps(v + d), _mm256_loadu_ps(out + d)));
+  for (; d < D; ++d) out[d] = std::fma(e, v[d], out[d]);
+}
+#endif
+
 }  // namespace
+
+// query [1, H, Q, D]; key, value [1, Hkv, T, D] (any strides but the last, e.g. views of a longer
+// cache); visible [Q, T] bool, or None: causal, the queries being the last Q positions. Returns
+// [1, Q, H, D]: softmax(scale * q.k) over each row's visible keys, times their values.
+torch::Tensor row_exact_attention(const torch::Tensor& query, const torch::Tensor& key, const torch::Tensor& value,
+                                  const std::optional<torch::Tensor>& visible, double scale, bool portable) {
+  TORCH_CHECK(query.dim() == 4 && key.dim() == 4 && value.dim() == 4 && query.size(0) == 1 && key.size(0) == 1 &&
+                  value.size(0) == 1, "row_exact_attention: [1, heads, length, dim] tensors expected");
+  TORCH_CHECK(query.scalar_type() == torch::kFloat && key.scalar_type() == torch::kFloat && value.scalar_type() == torch::kFloat,
+              "row_exact_attention: float32 only");
+  const int64_t H = query.size(1), Q = query.size(2), D = query.size(3), Hkv = key.size(1), T = key.size(2);
+  TORCH_CHECK(key.size(3) == D && value.size(1) == Hkv && value.size(2) == T && value.size(3) == D && Hkv > 0 && H % Hkv == 0,
+              "row_exact_attention: key/value shapes do not fit the query");
+  TORCH_CHECK(T >= Q, "row_exact_attention: fewer keys than queries");
+  const torch::Tensor q = query.contiguous();
+  const torch::Tensor k = key.stride(3) == 1 ? key : key.contiguous();
+  const torch::Tensor v = value.stride(3) == 1 ? value : value.contiguous();
+  torch::Tensor mask;
+  if (visible) {
+    TORCH_CHECK(visible->scalar_type() == torch::kBool && visible->dim() == 2 && visible->size(0) == Q && visible->size(1) == T,
+                "row_exact_attention: visible [queries, keys] bool expected");
+    mask = visible->contiguous();
+  }
+  auto out = torch::empty({1, Q, H, D}, q.options());
+  const float* qp = q.data_ptr<float>();
+  const float* kp = k.data_ptr<float>();
+  const float* vp = v.data_ptr<float>();
+  const bool* mp = visible ? mask.data_ptr<bool>() : nullptr;
+  float* op = out.data_ptr<float>();
+  const int64_t ks1 = k.stride(1), ks2 = k.stride(2), vs1 = v.stride(1), vs2 = v.stride(2), group = H / Hkv;
+  const float sc = static_cast<float>(scale);
+#ifdef LEAPDECODE_X86
+  const bool fast = !portable && has_avx2_fma();
+#endif
+  at::parallel_for(0, H * Q, 1, [&](int64_t t0, int64_t t1) {
+    std::vector<float> weights(T);
+    std::vector<int64_t> keys(T);
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t h = t / Q, i = t % Q, kvh = h / group;
+      const float* qr = qp + (h * Q + i) * D;
+      int64_t n = 0;
+      for (int64_t j = 0; j < T; ++j) {
+        if (mp ? !mp[i * T + j] : j > T - Q + i) continue;
+        const float* kr = kp + kvh * ks1 + j * ks2;
+#ifdef LEAPDECODE_X86
+        const float dot = fast ? dot_avx2(qr, kr, D) : dot_portable(qr, kr, D);
+#else
+        const float dot = dot_portable(qr, kr, D);
+#endif
+        weights[n] = dot * sc;
+        keys[n++] = j;
+      }
+      float* orow = op + (i * H + h) * D;
+      std::fill(orow, orow + D, 0.f);
+      if (n == 0) continue;  // a row that sees nothing (never in a decode pass): zeros, not NaN
+      const float top = *std::max_element(weights.begin(), weights.begin() + n);
+      float total = 0.f;
+      for (int64_t j = 0; j < n; ++j) {
+        weights[j] = std::exp(weights[j] - top);
+        total += weights[j];
+      }
+      for (int64_t j = 0; j < n; ++j) {
+        const float* vr = vp + kvh * vs1 + keys[j] * vs2;
+#ifdef LEAPDECODE_X86
+        if (fast) {
+          axpy_avx2(orow, weights[j], vr, D);
+          continue;
+        }
+#endif
+        axpy_portable(orow, weights[j], vr, D);
+      }
+      const float inv = 1.f / total;
+      for (int64_t d = 0; d < D; ++d) orow[d] *= inv;
+    }
+  });
+  return out;
+}
 
 // x [M, K], w [N, K], bias [N] or empty; float32, contiguous. `portable` forces the scalar path.
 torch::Tensor row_exact_linear(torch::Tensor x, torch::Tensor w, torch::Tensor bias, bool portable) {
@@ -117,5 +235,6 @@ bool fast_path_available() { return has_avx2_fma(); }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("row_exact_linear", &row_exact_linear, "row-exact linear (float32)");
+  m.def("row_exact_attention", &row_exact_attention, "attention, each query row over its visible keys, rows bit-exact");
   m.def("fast_path_available", &fast_path_available, "whether the AVX2/FMA path runs on this CPU");
 }
