@@ -170,9 +170,8 @@ class QuantizedLinear(nn.Module):
             flat = x.reshape(-1, x.shape[-1]).float()  # [rows, in]
             out = nn.functional.linear(_activations_reference(flat), self.weight_float(), self.bias)
             return out.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
-        if x.dtype != torch.float32:
-            return module.quantized_linear(x.float(), self.packed, self.bits, self.out_features, self.bias, self.portable).to(x.dtype)
-        return module.quantized_linear(x, self.packed, self.bits, self.out_features, self.bias, self.portable)  # [..., out]
+        out = module.quantized_linear(x.float(), self.packed, self.bits, self.out_features, self.bias, self.portable)  # [..., out]
+        return out if x.dtype == torch.float32 else out.to(x.dtype)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bits={self.bits}, bias={self.bias is not None}"

@@ -159,8 +159,13 @@ torch::Tensor row_exact_attention(const torch::Tensor& query, const torch::Tenso
   float* op = out.data_ptr<float>();
   const int64_t ks1 = k.stride(1), ks2 = k.stride(2), vs1 = v.stride(1), vs2 = v.stride(2), group = H / Hkv;
   const float sc = static_cast<float>(scale);
+  float (*dot)(const float*, const float*, int64_t) = dot_portable;  // chosen once: both give the same bits
+  void (*axpy)(float*, float, const float*, int64_t) = axpy_portable;
 #ifdef LEAPDECODE_X86
-  const bool fast = !portable && has_avx2_fma();
+  if (!portable && has_avx2_fma()) {
+    dot = dot_avx2;
+    axpy = axpy_avx2;
+  }
 #endif
   at::parallel_for(0, H * Q, 1, [&](int64_t t0, int64_t t1) {
     std::vector<float> weights(T);
@@ -172,12 +177,7 @@ torch::Tensor row_exact_attention(const torch::Tensor& query, const torch::Tenso
       for (int64_t j = 0; j < T; ++j) {
         if (mp ? !mp[i * T + j] : j > T - Q + i) continue;
         const float* kr = kp + kvh * ks1 + j * ks2;
-#ifdef LEAPDECODE_X86
-        const float dot = fast ? dot_avx2(qr, kr, D) : dot_portable(qr, kr, D);
-#else
-        const float dot = dot_portable(qr, kr, D);
-#endif
-        weights[n] = dot * sc;
+        weights[n] = dot(qr, kr, D) * sc;
         keys[n++] = j;
       }
       float* orow = op + (i * H + h) * D;
@@ -189,16 +189,7 @@ torch::Tensor row_exact_attention(const torch::Tensor& query, const torch::Tenso
         weights[j] = std::exp(weights[j] - top);
         total += weights[j];
       }
-      for (int64_t j = 0; j < n; ++j) {
-        const float* vr = vp + kvh * vs1 + keys[j] * vs2;
-#ifdef LEAPDECODE_X86
-        if (fast) {
-          axpy_avx2(orow, weights[j], vr, D);
-          continue;
-        }
-#endif
-        axpy_portable(orow, weights[j], vr, D);
-      }
+      for (int64_t j = 0; j < n; ++j) axpy(orow, weights[j], vp + kvh * vs1 + keys[j] * vs2, D);
       const float inv = 1.f / total;
       for (int64_t d = 0; d < D; ++d) orow[d] *= inv;
     }
