@@ -13,7 +13,7 @@ from leapdecode import wrap
 from leapdecode.engine import TorchBackend, compile_tree
 from leapdecode.errors import ModelLoadError
 from leapdecode.models import load_model, row_exact
-from leapdecode.models.row_exact import RowExactLinear
+from leapdecode.models.row_exact import RowExactLinear, RowExactRMSNorm, use_row_exact
 
 
 @pytest.fixture(scope="module")
@@ -73,6 +73,62 @@ def test_attention_kernel_refuses_shapes_that_do_not_fit(kernel) -> None:
         kernel.row_exact_attention(query, key, key, None, 1.0, False)  # 4 heads over 3 kv heads
     with pytest.raises(RuntimeError, match="visible"):
         kernel.row_exact_attention(query, key[:, :2], key[:, :2], torch.ones(2, 4, dtype=torch.bool), 1.0, False)
+
+
+@settings(max_examples=40, deadline=None)
+@given(rows=st.integers(1, 16), dim=st.integers(1, 300), eps=st.sampled_from([1e-6, 1e-5, 0.1]), seed=st.integers(0, 2**16))
+def test_rms_norm_kernel_matches_float64_and_rows_are_independent(kernel, rows, dim, eps, seed) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(1, rows, dim, generator=gen) * 5  # [1, rows, dim]
+    w = torch.randn(dim, generator=gen)
+    got = kernel.rms_norm(x, w, eps, False)
+    xd = x.double()
+    ref = w.double() * xd / torch.sqrt(xd.pow(2).mean(-1, keepdim=True) + eps)
+    assert torch.allclose(got.double(), ref, rtol=1e-5, atol=1e-5)
+    assert torch.equal(kernel.rms_norm(x, w, eps, True), got)  # the portable path: the same bits
+    for i in range(rows):
+        assert torch.equal(kernel.rms_norm(x[:, i : i + 1], w, eps, False)[0, 0], got[0, i])
+    with pytest.raises(RuntimeError, match="rms_norm"):
+        kernel.rms_norm(x, w[:-1] if dim > 1 else torch.ones(2), eps, False)
+
+
+class _GemmaStyleNorm(torch.nn.Module):
+    """x / rms * (1 + weight): an RMS norm in name only, which the swap must leave alone."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.randn(dim))
+        self.eps = 1e-6
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * (1 + self.weight)
+
+
+def test_rms_norms_are_swapped_by_behaviour_and_others_left_alone(kernel) -> None:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, max_position_embeddings=128)
+    model = LlamaForCausalLM(config).eval()
+    for module in model.modules():
+        if "RMSNorm" in type(module).__name__:
+            torch.nn.init.normal_(module.weight)  # not all ones: the check must compare real scaling
+    model.model.layers[1].post_attention_layernorm = _GemmaStyleNorm(32)
+    model.model.layers[1].input_layernorm = torch.nn.LayerNorm(32)
+    ids = torch.randint(0, 64, (1, 12))
+    with torch.inference_mode():
+        before = model(ids).logits
+    keys = set(model.state_dict())
+    use_row_exact(model)
+    norms = [name for name, m in model.named_modules() if isinstance(m, RowExactRMSNorm)]
+    assert norms == ["model.layers.0.input_layernorm", "model.layers.0.post_attention_layernorm", "model.norm"]
+    assert isinstance(model.model.layers[1].post_attention_layernorm, _GemmaStyleNorm)
+    assert isinstance(model.model.layers[1].input_layernorm, torch.nn.LayerNorm)
+    assert set(model.state_dict()) == keys  # weights shared under their own names: save_pretrained unchanged
+    with torch.inference_mode():
+        after = model(ids).logits
+    assert torch.allclose(before, after, atol=1e-4)
 
 
 def test_fallback_without_a_kernel_is_exact_too(monkeypatch) -> None:

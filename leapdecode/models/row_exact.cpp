@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <optional>
 #include <vector>
 
@@ -91,8 +92,10 @@ __attribute__((target("avx2,fma"))) void rows_avx2(const float* x, const float* 
 
 // Attention of one query row over the keys it may see. The dot products (8 lanes over the head
 // dimension, then `lanes_sum`, then the tail) and the weighted sum of values (one fma per element,
-// keys in cache order) run the same sequence on both paths, so the portable path gives the same
-// bits; and nothing depends on how many rows the call scores.
+// keys in cache order, from zero) run the same sequence on both paths, so the portable path gives
+// the same bits; and nothing depends on how many rows the call scores. The AVX2 path computes four
+// keys' dot products side by side and keeps a 64-wide slice of the output in registers across the
+// keys: independent chains for the pipelines, the same operations on every element.
 inline float lanes_sum(const float* v) { return ((v[0] + v[4]) + (v[2] + v[6])) + ((v[1] + v[5]) + (v[3] + v[7])); }
 
 float dot_portable(const float* a, const float* b, int64_t D) {
@@ -105,25 +108,165 @@ float dot_portable(const float* a, const float* b, int64_t D) {
   return s;
 }
 
-void axpy_portable(float* out, float e, const float* v, int64_t D) {
-  for (int64_t d = 0; d < D; ++d) out[d] = std::fma(e, v[d], out[d]);
+// scores[n] = scale * q . key(keys[n]) for n < count; key(j) = k + j * ks.
+void scores_portable(const float* q, const float* k, int64_t ks, const int64_t* keys, int64_t count, int64_t D, float scale,
+                     float* scores) {
+  for (int64_t n = 0; n < count; ++n) scores[n] = dot_portable(q, k + keys[n] * ks, D) * scale;
+}
+
+// out[d] = sum over n, in order, of e[n] * value(keys[n])[d]: one fma per term, from zero.
+void mix_portable(float* out, const float* e, const float* v, int64_t vs, const int64_t* keys, int64_t count, int64_t D) {
+  std::fill(out, out + D, 0.f);
+  for (int64_t n = 0; n < count; ++n)
+    for (int64_t d = 0; d < D; ++d) out[d] = std::fma(e[n], v[keys[n] * vs + d], out[d]);
+}
+
+// exp(x) for x <= 0, as both paths compute it: x = n ln2 + r (|r| <= ln2/2, ln2 in two parts),
+// exp(r) by a degree-6 polynomial (Horner, fma), times 2^n built in the exponent bits; 0 below
+// -87 (where 2^n would leave the normal range). Relative error ~2e-7.
+constexpr float kLog2e = 1.44269504088896341f, kLn2Hi = 0.693145751953125f, kLn2Lo = 1.428606765330187e-06f;
+constexpr float kExpPoly[7] = {1.f, 1.f, 0.5f, 0.166666672f, 4.16666418e-2f, 8.33336077e-3f, 1.39698642e-3f};
+constexpr float kExpFloor = -87.f;
+
+inline float exp_portable(float x) {
+  if (x < kExpFloor) return 0.f;
+  const float n = std::nearbyint(x * kLog2e);
+  const float r = std::fma(-n, kLn2Lo, std::fma(-n, kLn2Hi, x));
+  float p = kExpPoly[6];
+  for (int c = 5; c >= 0; --c) p = std::fma(p, r, kExpPoly[c]);
+  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, 4);
+  return p * scale;
+}
+
+// weights[j] = exp(weights[j] - top); returns their sum: 8 lanes (j mod 8), `lanes_sum`, then the tail.
+float softmax_weights_portable(float* weights, int64_t count, float top) {
+  float lane[8] = {0};
+  int64_t j = 0;
+  for (; j + 8 <= count; j += 8)
+    for (int l = 0; l < 8; ++l) {
+      weights[j + l] = exp_portable(weights[j + l] - top);
+      lane[l] += weights[j + l];
+    }
+  float total = lanes_sum(lane);
+  for (; j < count; ++j) {
+    weights[j] = exp_portable(weights[j] - top);
+    total += weights[j];
+  }
+  return total;
 }
 
 #ifdef LEAPDECODE_X86
-__attribute__((target("avx2,fma"))) float dot_avx2(const float* a, const float* b, int64_t D) {
-  __m256 acc = _mm256_setzero_ps();
-  int64_t d = 0;
-  for (; d + 8 <= D; d += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + d), _mm256_loadu_ps(b + d), acc);
+__attribute__((target("avx2,fma"))) inline float finish_dot(__m256 acc, const float* a, const float* b, int64_t d, int64_t D) {
   float s = hsum(acc);
   for (; d < D; ++d) s = std::fma(a[d], b[d], s);
   return s;
 }
 
-__attribute__((target("avx2,fma"))) void axpy_avx2(float* out, float e, const float* v, int64_t D) {
-  const __m256 ev = _mm256_set1_ps(e);
+__attribute__((target("avx2,fma"))) void scores_avx2(const float* q, const float* k, int64_t ks, const int64_t* keys,
+                                                     int64_t count, int64_t D, float scale, float* scores) {
+  int64_t n = 0;
+  for (; n + 4 <= count; n += 4) {  // four independent chains; each is `dot_portable`'s sequence
+    const float* k0 = k + keys[n] * ks;
+    const float* k1 = k + keys[n + 1] * ks;
+    const float* k2 = k + keys[n + 2] * ks;
+    const float* k3 = k + keys[n + 3] * ks;
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
+    int64_t d = 0;
+    for (; d + 8 <= D; d += 8) {
+      const __m256 qv = _mm256_loadu_ps(q + d);
+      a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + d), a0);
+      a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k1 + d), a1);
+      a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k2 + d), a2);
+      a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k3 + d), a3);
+    }
+    scores[n] = finish_dot(a0, q, k0, d, D) * scale;
+    scores[n + 1] = finish_dot(a1, q, k1, d, D) * scale;
+    scores[n + 2] = finish_dot(a2, q, k2, d, D) * scale;
+    scores[n + 3] = finish_dot(a3, q, k3, d, D) * scale;
+  }
+  for (; n < count; ++n) {
+    const float* kr = k + keys[n] * ks;
+    __m256 a = _mm256_setzero_ps();
+    int64_t d = 0;
+    for (; d + 8 <= D; d += 8) a = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), _mm256_loadu_ps(kr + d), a);
+    scores[n] = finish_dot(a, q, kr, d, D) * scale;
+  }
+}
+
+__attribute__((target("avx2,fma"))) float softmax_weights_avx2(float* weights, int64_t count, float top) {
+  const __m256 log2e = _mm256_set1_ps(kLog2e), ln2hi = _mm256_set1_ps(kLn2Hi), ln2lo = _mm256_set1_ps(kLn2Lo);
+  const __m256 floor = _mm256_set1_ps(kExpFloor), topv = _mm256_set1_ps(top);
+  __m256 total = _mm256_setzero_ps();
+  int64_t j = 0;
+  for (; j + 8 <= count; j += 8) {
+    const __m256 x = _mm256_sub_ps(_mm256_loadu_ps(weights + j), topv);
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, log2e), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m256 r = _mm256_fnmadd_ps(n, ln2lo, _mm256_fnmadd_ps(n, ln2hi, x));
+    __m256 p = _mm256_set1_ps(kExpPoly[6]);
+    for (int c = 5; c >= 0; --c) p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kExpPoly[c]));
+    const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    const __m256 e = _mm256_and_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(bits)), _mm256_cmp_ps(x, floor, _CMP_GE_OQ));
+    _mm256_storeu_ps(weights + j, e);
+    total = _mm256_add_ps(total, e);
+  }
+  alignas(32) float lane[8];
+  _mm256_store_ps(lane, total);
+  float sum = lanes_sum(lane);
+  for (; j < count; ++j) {
+    weights[j] = exp_portable(weights[j] - top);
+    sum += weights[j];
+  }
+  return sum;
+}
+
+// `mix_portable`'s sums with a slice of the output held in registers while the keys stream by.
+template <int W>  // vectors per slice
+__attribute__((target("avx2,fma"))) inline void mix_slice(float* out, const float* e, const float* v, int64_t vs,
+                                                          const int64_t* keys, int64_t count) {
+  __m256 acc[W];
+  for (int w = 0; w < W; ++w) acc[w] = _mm256_setzero_ps();
+  for (int64_t n = 0; n < count; ++n) {
+    const __m256 ev = _mm256_set1_ps(e[n]);
+    const float* vr = v + keys[n] * vs;
+    for (int w = 0; w < W; ++w) acc[w] = _mm256_fmadd_ps(ev, _mm256_loadu_ps(vr + 8 * w), acc[w]);
+  }
+  for (int w = 0; w < W; ++w) _mm256_storeu_ps(out + 8 * w, acc[w]);
+}
+
+__attribute__((target("avx2,fma"))) void mix_avx2(float* out, const float* e, const float* v, int64_t vs, const int64_t* keys,
+                                                  int64_t count, int64_t D) {
   int64_t d = 0;
-  for (; d + 8 <= D; d += 8) _mm256_storeu_ps(out + d, _mm256_fmadd_ps(ev, _mm256_loadu_ps(v + d), _mm256_loadu_ps(out + d)));
-  for (; d < D; ++d) out[d] = std::fma(e, v[d], out[d]);
+  for (; d + 64 <= D; d += 64) mix_slice<8>(out + d, e, v + d, vs, keys, count);
+  for (; d + 8 <= D; d += 8) mix_slice<1>(out + d, e, v + d, vs, keys, count);
+  for (; d < D; ++d) {
+    float s = 0.f;
+    for (int64_t n = 0; n < count; ++n) s = std::fma(e[n], v[keys[n] * vs + d], s);
+    out[d] = s;
+  }
+}
+#endif
+
+float sum_squares_portable(const float* x, int64_t D) {
+  float lane[8] = {0};
+  int64_t d = 0;
+  for (; d + 8 <= D; d += 8)
+    for (int j = 0; j < 8; ++j) lane[j] = std::fma(x[d + j], x[d + j], lane[j]);
+  float s = lanes_sum(lane);
+  for (; d < D; ++d) s = std::fma(x[d], x[d], s);
+  return s;
+}
+
+#ifdef LEAPDECODE_X86
+__attribute__((target("avx2,fma"))) float sum_squares_avx2(const float* x, int64_t D) {
+  __m256 acc = _mm256_setzero_ps();
+  int64_t d = 0;
+  for (; d + 8 <= D; d += 8) {
+    const __m256 v = _mm256_loadu_ps(x + d);
+    acc = _mm256_fmadd_ps(v, v, acc);
+  }
+  return finish_dot(acc, x, x, d, D);
 }
 #endif
 
@@ -159,12 +302,14 @@ torch::Tensor row_exact_attention(const torch::Tensor& query, const torch::Tenso
   float* op = out.data_ptr<float>();
   const int64_t ks1 = k.stride(1), ks2 = k.stride(2), vs1 = v.stride(1), vs2 = v.stride(2), group = H / Hkv;
   const float sc = static_cast<float>(scale);
-  float (*dot)(const float*, const float*, int64_t) = dot_portable;  // chosen once: both give the same bits
-  void (*axpy)(float*, float, const float*, int64_t) = axpy_portable;
+  auto scores = scores_portable;  // chosen once: both paths give the same bits
+  auto softmax = softmax_weights_portable;
+  auto mix = mix_portable;
 #ifdef LEAPDECODE_X86
   if (!portable && has_avx2_fma()) {
-    dot = dot_avx2;
-    axpy = axpy_avx2;
+    scores = scores_avx2;
+    softmax = softmax_weights_avx2;
+    mix = mix_avx2;
   }
 #endif
   at::parallel_for(0, H * Q, 1, [&](int64_t t0, int64_t t1) {
@@ -172,24 +317,18 @@ torch::Tensor row_exact_attention(const torch::Tensor& query, const torch::Tenso
     std::vector<int64_t> keys(T);
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t h = t / Q, i = t % Q, kvh = h / group;
-      const float* qr = qp + (h * Q + i) * D;
       int64_t n = 0;
-      for (int64_t j = 0; j < T; ++j) {
-        if (mp ? !mp[i * T + j] : j > T - Q + i) continue;
-        const float* kr = kp + kvh * ks1 + j * ks2;
-        weights[n] = dot(qr, kr, D) * sc;
-        keys[n++] = j;
-      }
+      for (int64_t j = 0; j < T; ++j)
+        if (mp ? mp[i * T + j] : j <= T - Q + i) keys[n++] = j;
       float* orow = op + (i * H + h) * D;
-      std::fill(orow, orow + D, 0.f);
-      if (n == 0) continue;  // a row that sees nothing (never in a decode pass): zeros, not NaN
-      const float top = *std::max_element(weights.begin(), weights.begin() + n);
-      float total = 0.f;
-      for (int64_t j = 0; j < n; ++j) {
-        weights[j] = std::exp(weights[j] - top);
-        total += weights[j];
+      if (n == 0) {  // a row that sees nothing (never in a decode pass): zeros, not NaN
+        std::fill(orow, orow + D, 0.f);
+        continue;
       }
-      for (int64_t j = 0; j < n; ++j) axpy(orow, weights[j], vp + kvh * vs1 + keys[j] * vs2, D);
+      scores(qp + (h * Q + i) * D, kp + kvh * ks1, ks2, keys.data(), n, D, sc, weights.data());
+      const float top = *std::max_element(weights.begin(), weights.begin() + n);
+      const float total = softmax(weights.data(), n, top);
+      mix(orow, weights.data(), vp + kvh * vs1, vs2, keys.data(), n, D);
       const float inv = 1.f / total;
       for (int64_t d = 0; d < D; ++d) orow[d] *= inv;
     }
@@ -222,10 +361,41 @@ torch::Tensor row_exact_linear(torch::Tensor x, torch::Tensor w, torch::Tensor b
   return y;
 }
 
+// RMS norm, y = w * (x * (1 / sqrt(mean(x^2) + eps))), each row on its own (8 lanes of squares,
+// `lanes_sum`, then the tail; both paths the same sequence): x [..., D], w [D], float32.
+torch::Tensor rms_norm(const torch::Tensor& x_in, const torch::Tensor& weight, double eps, bool portable) {
+  TORCH_CHECK(x_in.dim() >= 1 && x_in.scalar_type() == torch::kFloat && weight.scalar_type() == torch::kFloat &&
+                  weight.dim() == 1 && weight.size(0) == x_in.size(-1),
+              "rms_norm: x [..., D] and weight [D] float32 expected");
+  const torch::Tensor x = x_in.contiguous(), w = weight.contiguous();
+  const int64_t D = x.size(-1), M = D ? x.numel() / D : 0;
+  auto y = torch::empty_like(x);
+  const float* xp = x.data_ptr<float>();
+  const float* wp = w.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  const bool fast = !portable && has_avx2_fma();
+  const float e = static_cast<float>(eps);
+  for (int64_t m = 0; m < M; ++m) {
+    const float* xr = xp + m * D;
+    float* yr = yp + m * D;
+    float squares;
+#ifdef LEAPDECODE_X86
+    if (fast)
+      squares = sum_squares_avx2(xr, D);
+    else
+#endif
+      squares = sum_squares_portable(xr, D);
+    const float r = 1.f / std::sqrt(squares / static_cast<float>(D) + e);
+    for (int64_t d = 0; d < D; ++d) yr[d] = wp[d] * (xr[d] * r);
+  }
+  return y;
+}
+
 bool fast_path_available() { return has_avx2_fma(); }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("row_exact_linear", &row_exact_linear, "row-exact linear (float32)");
   m.def("row_exact_attention", &row_exact_attention, "attention, each query row over its visible keys, rows bit-exact");
+  m.def("rms_norm", &rms_norm, "RMS norm, rows independent");
   m.def("fast_path_available", &fast_path_available, "whether the AVX2/FMA path runs on this CPU");
 }
