@@ -248,17 +248,8 @@ __attribute__((target("avx2,fma"))) void mix_avx2(float* out, const float* e, co
 }
 #endif
 
-float sum_squares_portable(const float* x, int64_t D) {
-  float lane[8] = {0};
-  int64_t d = 0;
-  for (; d + 8 <= D; d += 8)
-    for (int j = 0; j < 8; ++j) lane[j] = std::fma(x[d + j], x[d + j], lane[j]);
-  float s = lanes_sum(lane);
-  for (; d < D; ++d) s = std::fma(x[d], x[d], s);
-  return s;
-}
-
 #ifdef LEAPDECODE_X86
+// x . x with `dot_portable`'s sequence
 __attribute__((target("avx2,fma"))) float sum_squares_avx2(const float* x, int64_t D) {
   __m256 acc = _mm256_setzero_ps();
   int64_t d = 0;
@@ -384,7 +375,7 @@ torch::Tensor rms_norm(const torch::Tensor& x_in, const torch::Tensor& weight, d
       squares = sum_squares_avx2(xr, D);
     else
 #endif
-      squares = sum_squares_portable(xr, D);
+      squares = dot_portable(xr, xr, D);
     const float r = 1.f / std::sqrt(squares / static_cast<float>(D) + e);
     for (int64_t d = 0; d < D; ++d) yr[d] = wp[d] * (xr[d] * r);
   }
