@@ -85,22 +85,19 @@ def row_exact_attention(
 
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       is_causal=is_causal, **kwargs)
+    if attention_mask is not None and attention_mask.shape[0] != 1:
+        raise ValueError("row-exact attention decodes one sequence at a time")
+    seen = None if attention_mask is None else attention_mask[0, 0]  # [q, kv]: True where a row attends
+    if seen is not None and seen.dtype != torch.bool:
+        seen = seen == 0
     compiled = kernel() if query.dtype == torch.float32 and query.device.type == "cpu" and query.shape[0] == 1 else None
     if compiled is not None:  # the C++ kernel: no per-row Python, no host copy
-        seen = None
-        if attention_mask is not None:
-            seen = attention_mask[0, 0]  # [q, kv]
-            seen = seen if seen.dtype == torch.bool else seen == 0
         scale = scaling if scaling is not None else query.shape[-1] ** -0.5
         return compiled.row_exact_attention(query, key, value, seen, scale, False), None  # [batch, q, heads, dim]
     rows: list[slice | torch.Tensor]
-    if attention_mask is None:
+    if seen is None:
         rows = [slice(0, kv_len - q_len + i + 1) for i in range(q_len)]
     else:
-        if attention_mask.shape[0] != 1:
-            raise ValueError("row-exact attention decodes one sequence at a time")
-        seen = attention_mask[0, 0]  # [q, kv]
-        seen = seen if seen.dtype == torch.bool else seen == 0
         # a row whose visible keys are a prefix (a chain) takes a view; others (a tree) gather
         counts = torch.stack([seen.sum(-1), seen.int().cumprod(-1).sum(-1)]).tolist()  # [2, q]: one host copy per layer
         rows = [slice(0, n) if n == lead else seen[i].nonzero()[:, 0] for i, (n, lead) in enumerate(zip(*counts))]
@@ -171,11 +168,11 @@ def use_row_exact(model: nn.Module) -> int:
     parameters), its RMS norms (`RowExactRMSNorm`) and its attention implementation. Returns how
     many linear layers were swapped."""
     register_attention()
-    kernel()  # build (or find cached) now, not in the first decode step
+    fused_norms = kernel() is not None  # built (or found cached) now, not in the first decode step
     swapped = 0
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
-            norm = _as_rms_norm(child) if kernel() is not None else None
+            norm = _as_rms_norm(child) if fused_norms else None
             if norm is not None:
                 norm.train(child.training)
                 setattr(parent, name, norm)
