@@ -56,6 +56,21 @@ def test_kernel_matches_a_float_reference_rows_are_independent_and_paths_agree(k
         assert torch.equal(layer(x[i : i + 1])[0], fast[i])
 
 
+@settings(max_examples=40, deadline=None)
+@given(rows=st.integers(1, 18), groups=st.integers(1, 40), seed=st.integers(0, 2**16), spread=st.sampled_from([1e-3, 1.0, 100.0]))
+def test_activation_rounding_is_the_reference_on_both_paths(kernel, rows, groups, seed, spread) -> None:
+    """The kernel's activation quantizer (vectorised, and split between threads for many groups)
+    rounds every value exactly as the torch reference does: half-way cases to even, zero groups."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, groups * GROUP, generator=g) * spread
+    x[0, :GROUP] = 0
+    x[-1, -GROUP:] = torch.arange(GROUP) - 15.5  # with a max of 127 the scale is 1: exact half-way values
+    x[-1, -1] = 127.0
+    want = quantize._activations_reference(x)
+    assert torch.equal(kernel.quantize_activations(x, False), want)
+    assert torch.equal(kernel.quantize_activations(x, True), want)
+
+
 @pytest.mark.parametrize("bits", [4, 8])
 def test_quantized_weights_are_within_half_a_step_and_pack_round_trips(bits) -> None:
     w = torch.randn(48, 4 * GROUP) * torch.logspace(-3, 1, 48).unsqueeze(1)

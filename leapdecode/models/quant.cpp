@@ -58,25 +58,69 @@ struct Rows {
   std::vector<float> s;   // [M, G] d * sum(q): the group's sum as the products see it
 };
 
-Rows quantize_rows(const float* x, int64_t M, int64_t K) {
+// One group of 32 activations: q = round-half-even(x * (1 / d)), d = max|x| / 127; returns d and
+// writes q. The AVX2 version below computes the same float operations (max is exact, the products
+// are the same single roundings, cvtps rounds half to even as nearbyint does), so it gives the same
+// bits; only the integer sum's order differs, which is exact.
+float quantize_group_portable(const float* xs, int8_t* q, int32_t& sum) {
+  float amax = 0.f;
+  for (int j = 0; j < kGroup; ++j) amax = std::max(amax, std::fabs(xs[j]));
+  const float d = amax / 127.f;
+  const float inv = d > 0.f ? 1.f / d : 0.f;
+  sum = 0;
+  for (int j = 0; j < kGroup; ++j) {
+    const int32_t v = std::clamp(static_cast<int32_t>(std::nearbyint(xs[j] * inv)), -127, 127);
+    q[j] = static_cast<int8_t>(v);
+    sum += v;
+  }
+  return d;
+}
+
+#ifdef LEAPDECODE_X86
+__attribute__((target("avx2,fma"))) float quantize_group_avx2(const float* xs, int8_t* q, int32_t& sum) {
+  const __m256 sign = _mm256_set1_ps(-0.f);
+  __m256 v[4];
+  for (int i = 0; i < 4; ++i) v[i] = _mm256_loadu_ps(xs + 8 * i);
+  const __m256 a = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v[0]), _mm256_andnot_ps(sign, v[1])),
+                                 _mm256_max_ps(_mm256_andnot_ps(sign, v[2]), _mm256_andnot_ps(sign, v[3])));
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  m = _mm_max_ss(m, _mm_movehdup_ps(m));
+  const float d = _mm_cvtss_f32(m) / 127.f;
+  const __m256 inv = _mm256_set1_ps(d > 0.f ? 1.f / d : 0.f);
+  const __m256i lo = _mm256_set1_epi32(-127), hi = _mm256_set1_epi32(127);
+  __m256i n[4];
+  for (int i = 0; i < 4; ++i) n[i] = _mm256_min_epi32(_mm256_max_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(v[i], inv)), lo), hi);
+  const __m256i total = _mm256_add_epi32(_mm256_add_epi32(n[0], n[1]), _mm256_add_epi32(n[2], n[3]));
+  __m128i t = _mm_add_epi32(_mm256_castsi256_si128(total), _mm256_extracti128_si256(total, 1));
+  t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4E));
+  t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xB1));
+  sum = _mm_cvtsi128_si32(t);
+  // the packs work within 128-bit lanes: put the 4-byte chunks back in order
+  const __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(n[0], n[1]), _mm256_packs_epi32(n[2], n[3]));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(q), _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+  return d;
+}
+#endif
+
+Rows quantize_rows(const float* x, int64_t M, int64_t K, bool fast) {
   const int64_t G = K / kGroup;
   Rows r{std::vector<int8_t>(M * K), std::vector<float>(M * G), std::vector<float>(M * G)};
-  for (int64_t m = 0; m < M; ++m)
-    for (int64_t g = 0; g < G; ++g) {
-      const float* xs = x + m * K + g * kGroup;
-      float amax = 0.f;
-      for (int j = 0; j < kGroup; ++j) amax = std::max(amax, std::fabs(xs[j]));
-      const float d = amax / 127.f;
-      const float inv = d > 0.f ? 1.f / d : 0.f;
+  // groups are independent: split them between threads (a 16-row pass has ~4500 of them)
+  at::parallel_for(0, M * G, 256, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
       int32_t sum = 0;
-      for (int j = 0; j < kGroup; ++j) {
-        const int32_t v = std::clamp(static_cast<int32_t>(std::nearbyint(xs[j] * inv)), -127, 127);
-        r.q[m * K + g * kGroup + j] = static_cast<int8_t>(v);
-        sum += v;
-      }
-      r.d[m * G + g] = d;
-      r.s[m * G + g] = d * static_cast<float>(sum);
+      float d;
+#ifdef LEAPDECODE_X86
+      if (fast)
+        d = quantize_group_avx2(x + i * kGroup, r.q.data() + i * kGroup, sum);
+      else
+#endif
+        d = quantize_group_portable(x + i * kGroup, r.q.data() + i * kGroup, sum);
+      r.d[i] = d;
+      r.s[i] = d * static_cast<float>(sum);
     }
+  });
   return r;
 }
 
@@ -222,12 +266,12 @@ torch::Tensor quantized_linear(const torch::Tensor& x_in, const torch::Tensor& p
   shape.back() = N;
   auto y = torch::empty(shape, x.options());
   if (M == 0) return y;
-  const Rows rows = quantize_rows(x.data_ptr<float>(), M, K);
+  const bool fast = !portable && has_avx2_fma();
+  const Rows rows = quantize_rows(x.data_ptr<float>(), M, K, fast);
   const uint8_t* pp = packed.data_ptr<uint8_t>();
   const torch::Tensor bias_c = bias ? bias->contiguous() : torch::Tensor();
   const float* bp = bias ? bias_c.data_ptr<float>() : nullptr;
   float* yp = y.data_ptr<float>();
-  const bool fast = !portable && has_avx2_fma();
   at::parallel_for(0, blocks, 4, [&](int64_t b0, int64_t b1) {
 #ifdef LEAPDECODE_X86
     if (fast) {
@@ -244,12 +288,12 @@ torch::Tensor quantized_linear(const torch::Tensor& x_in, const torch::Tensor& p
 }
 
 // The activations as the kernel sees them (de-quantized): for reference checks.
-torch::Tensor quantize_activations(torch::Tensor x) {
+torch::Tensor quantize_activations(torch::Tensor x, bool portable) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat && x.size(1) % kGroup == 0,
               "quantize_activations: x [M, K] float32 with K a multiple of 32");
   x = x.contiguous();
   const int64_t M = x.size(0), K = x.size(1), G = K / kGroup;
-  const Rows r = quantize_rows(x.data_ptr<float>(), M, K);
+  const Rows r = quantize_rows(x.data_ptr<float>(), M, K, !portable && has_avx2_fma());
   auto out = torch::empty_like(x);
   float* o = out.data_ptr<float>();
   for (int64_t i = 0; i < M * K; ++i) o[i] = static_cast<float>(r.q[i]) * r.d[i / kGroup % G + (i / K) * G];
