@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from leapdecode.drafters import Draft, Drafter
 from leapdecode.drafters.cost_aware import AcceptanceEstimate, CostAwareDrafter
-from leapdecode.engine.cost import ForwardCost
+from leapdecode.engine import cost as cost_module
+from leapdecode.engine.backend import Sequence as CacheSequence
+from leapdecode.engine.cost import ForwardCost, measure_forward_cost, nondecreasing_fit
 from tests.conftest import GREEDY
 
 
@@ -117,3 +121,43 @@ def test_tree_methods_cut_by_a_curve_of_tree_passes_cached_apart_from_chains(tin
     assert cached_cost(lm, backend, 3, quiet) is chain and cached_cost(lm, backend, 4, quiet, tree=True) is tree
     parse_method("hybrid").prepare(lm, backend=backend, log=quiet)  # 8 nodes + 16 chained + the root
     assert len(lm.costs[(type(backend).__name__, torch.get_num_threads(), True)].seconds) == 25
+
+
+def test_nondecreasing_fit_pools_an_outlier_instead_of_raising_every_longer_size() -> None:
+    assert nondecreasing_fit([1.0, 2.0, 2.0, 5.0]) == (1.0, 2.0, 2.0, 5.0)  # already monotone: unchanged
+    fitted = nondecreasing_fit([99.0, 107.0, 225.0, 120.0, 125.0, 130.0, 140.0, 150.0])
+    assert all(b >= a for a, b in itertools.pairwise(fitted))
+    assert fitted[-1] == 150.0 and fitted[2] < 225.0  # a running maximum would give 225 from size 3 on
+    assert fitted[2:7] == pytest.approx([(225.0 + 120.0 + 125.0 + 130.0 + 140.0) / 5] * 5)  # pooled until monotone
+    assert nondecreasing_fit([3.0, 2.0, 1.0]) == pytest.approx((2.0, 2.0, 2.0))
+
+
+class ClockedBackend:
+    """A backend whose passes take scripted time on a fake clock: n tokens cost n, and three
+    passes in a row (from the `slow`-th) are delayed by a burst of other load."""
+
+    vocab_size = 100
+
+    def __init__(self, clock: list[float], slow: int) -> None:
+        self.clock, self.slow, self.passes = clock, slow, 0
+
+    def prefill(self, prompt_ids: list[int]) -> tuple[CacheSequence, None]:
+        return CacheSequence(cache=None, length=len(prompt_ids)), None
+
+    def forward(self, seq: CacheSequence, token_ids: list[int], **kwargs: object) -> None:
+        self.passes += 1
+        self.clock[0] += len(token_ids) + (50.0 if self.slow <= self.passes < self.slow + 3 else 0.0)
+        seq.length += len(token_ids)
+
+    def rollback(self, seq: CacheSequence, length: int) -> None:
+        seq.length = length
+
+
+def test_a_burst_of_load_during_measurement_does_not_bend_the_curve(monkeypatch) -> None:
+    clock = [0.0]
+    monkeypatch.setattr(cost_module.time, "perf_counter", lambda: clock[0])
+    # the burst from any timed pass on (pass 1 is the warm-up); measuring one size at a time, it
+    # would cover all three repeats of one size and, through a running maximum, every longer size
+    for slow in range(2, 2 + 3 * 6):
+        measured = measure_forward_cost(ClockedBackend(clock, slow), 6, context=4, repeats=3)  # type: ignore[arg-type]
+        assert measured.seconds == tuple(float(n) for n in range(1, 7))

@@ -54,25 +54,39 @@ class ForwardCost:
 
 
 def measure_forward_cost(backend: Backend, max_tokens: int, *, context: int = 64, repeats: int = 3, tree: bool = False) -> ForwardCost:
-    """Time passes of 1..max_tokens tokens after a `context`-token prompt on `backend` (median
-    of `repeats`; made non-decreasing, as a longer pass never really costs less). `tree`: the
+    """Time passes of 1..max_tokens tokens after a `context`-token prompt on `backend`: `repeats`
+    rounds over every size, the median per size, fitted non-decreasing (`nondecreasing_fit`).
+    Rounds rather than one size at a time, so that a burst of other load on the machine lands on
+    one round of several sizes (the median drops it), not on every repeat of one size. `tree`: the
     drafted tokens form a breadth-first tree (a tree attention mask costs more than the causal one)."""
     vocab = backend.vocab_size
     tokens = [(1009 * i + 17) % vocab for i in range(context + max_tokens)]
     seq, _ = backend.prefill(tokens[:context])
     backend.forward(seq, tokens[context : context + 1])  # warm-up
     backend.rollback(seq, context)
-    seconds: list[float] = []
 
     def layout(n: int) -> TreeLayout | None:  # the pending token, then n-1 drafted tokens
         return compile_tree(full_tree_parents(n - 1)) if tree and n > 2 else None
 
-    for n in range(1, max_tokens + 1):
-        runs = []
-        for _ in range(repeats):
+    runs: list[list[float]] = [[] for _ in range(max_tokens)]  # runs[n-1]: seconds of each round's n-token pass
+    for _ in range(repeats):
+        for n in range(1, max_tokens + 1):
             start = time.perf_counter()
             backend.forward(seq, tokens[context : context + n], tree=layout(n))
-            runs.append(time.perf_counter() - start)
+            runs[n - 1].append(time.perf_counter() - start)
             backend.rollback(seq, context)
-        seconds.append(max(statistics.median(runs), seconds[-1] if seconds else 0.0, 1e-6))
-    return ForwardCost(tuple(seconds))
+    return ForwardCost(tuple(max(s, 1e-6) for s in nondecreasing_fit([statistics.median(r) for r in runs])))
+
+
+def nondecreasing_fit(values: Sequence[float]) -> tuple[float, ...]:
+    """The closest non-decreasing sequence in least squares (pool adjacent violators): a longer
+    pass never really costs less, and one slow measurement is averaged with its neighbours
+    instead of raising every longer size to it (what a running maximum would do)."""
+    blocks: list[tuple[float, int]] = []  # (mean, how many values it pools)
+    for value in values:
+        mean, count = value, 1
+        while blocks and blocks[-1][0] > mean:
+            before, pooled = blocks.pop()
+            mean, count = (before * pooled + mean * count) / (pooled + count), pooled + count
+        blocks.append((mean, count))
+    return tuple(mean for mean, count in blocks for _ in range(count))
