@@ -24,14 +24,18 @@ STEEP = ForwardCost((0.047, 0.070, 0.093, 0.115, 0.155, 0.195, 0.236, 0.278))
 FLAT = ForwardCost((1.0,) * 8)
 
 
-def test_graft_merges_a_chain_into_a_tree_sharing_prefixes() -> None:
+def test_graft_merges_a_chain_or_a_tree_into_a_tree_sharing_prefixes() -> None:
     tree = Draft([6, 7, 10], parents=(-1, -1, 0), evidence=(0, 8, 1))
-    merged = graft(tree, [6, 11, 12], [70, 70, 70])
+    merged = graft(tree, Draft([6, 11, 12], evidence=(70, 70, 70)))
     assert merged.tokens == [6, 7, 10, 11, 12] and merged.parents == (-1, -1, 0, 0, 3)
     assert merged.evidence == (70, 8, 1, 70, 70)  # the shared node takes the chain's evidence
     compile_tree(merged.parents)
-    assert graft(Draft(), [4, 5], [1, 2]).parents == (-1, 0)
-    assert len(graft(Draft(), [], [])) == 0
+    # a branching suffix draft: 6 -> {10, 13}, 7 -> 14; 6, 7 and 10 are shared
+    branched = graft(tree, Draft([6, 7, 10, 13, 14], parents=(-1, -1, 0, 0, 1), evidence=(71, 72, 73, 74, 75)))
+    assert branched.tokens == [6, 7, 10, 13, 14] and branched.parents == (-1, -1, 0, 0, 1)
+    assert branched.evidence == (71, 72, 73, 74, 75)
+    assert graft(Draft(), Draft([4, 5], evidence=(1, 2))).parents == (-1, 0)
+    assert len(graft(Draft(), Draft())) == 0
 
 
 class FixedTree(Drafter):

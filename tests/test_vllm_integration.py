@@ -134,6 +134,9 @@ def test_setup_names_the_proposer_and_method() -> None:
     argv = serve_command("/models/m", "pld:k=5", ["--port", "9000"])
     assert argv[1:5] == ["-m", "vllm.entrypoints.openai.api_server", "--model", "/models/m"] and argv[-2:] == ["--port", "9000"]
     assert json.loads(argv[argv.index("--speculative-config") + 1])["num_speculative_tokens"] == 5
+    suffix = vllm_method("suffix:k=12")  # vLLM verifies chains: the suffix tree's most probable path
+    assert suffix.drafts == "chain" and suffix.draft_length == 12
+    assert vllm_engine_args("suffix:k=12")["speculative_config"]["num_speculative_tokens"] == 12
 
 
 @pytest.mark.parametrize("spec", ["anpd-tree", "jacobi", "draft:model=x", "nope"])

@@ -11,7 +11,10 @@ in the number that maximises expected tokens per second under the backend's meas
 
 Dropped tokens still teach: after the pass, a dropped token whose parent was accepted would have
 been accepted exactly when it equals the target's token there (greedy), so the estimates keep
-learning while the drafter is silenced.
+learning while the drafter is silenced. The estimates belong to the decoder, not to one request
+(`cost_aware_factory` shares one among the drafters it builds): how often a kind of evidence
+holds is a property of the model and the drafter, and a request that had to learn it afresh
+would cut its first passes on the prior's guess. They hold rates per kind of evidence, no text.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from leapdecode.engine.cost import ForwardCost
 class AcceptanceEstimate:
     """Per evidence bucket, recency-weighted accepted / seen, with a Beta(1, 1) prior."""
 
-    def __init__(self, decay: float = 0.97) -> None:
+    def __init__(self, decay: float = 0.99) -> None:
         self.decay = decay
         self.counts: dict[Hashable, tuple[float, float]] = {}
 
@@ -43,12 +46,12 @@ class AcceptanceEstimate:
 class CostAwareDrafter(Drafter):
     """Cuts the inner drafter's chain or tree to the part with the best expected tokens per second."""
 
-    def __init__(self, inner: Drafter, cost: ForwardCost) -> None:
+    def __init__(self, inner: Drafter, cost: ForwardCost, estimate: AcceptanceEstimate | None = None) -> None:
         self.inner = inner
         self.cost = cost
         self.candidates = inner.candidates
         self.observes_target = inner.observes_target  # type: ignore[misc] - as the inner drafter does
-        self.estimate = AcceptanceEstimate()
+        self.estimate = estimate if estimate is not None else AcceptanceEstimate()  # shared by a decoder's requests
         self._full = Draft()
         self._parents: tuple[int, ...] = ()  # of the full draft
         self._buckets: list[Hashable] = []

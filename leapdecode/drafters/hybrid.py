@@ -1,8 +1,8 @@
 """Hybrid drafting: one tree per pass from a suffix match and from recycled candidates.
 
-Copying (`suffix`) drafts long, sure chains where the text repeats and nothing where it does
+Copying (`suffix`) drafts long, sure branches where the text repeats and nothing where it does
 not; Token Recycling (`recycle`) drafts short trees everywhere, right less often. Each pass
-merges both into one tree: the recycled tree, with the suffix match's continuation grafted on
+merges both into one tree: the recycled tree, with the suffix match's continuations grafted on
 (shared prefixes merged, so siblings stay distinct). Every token carries its evidence (the
 match's length, or the candidate's rank and depth), and cost-aware cutting keeps the part worth
 its cost: the suffix branch when its match is long, the recycled branches otherwise.
@@ -12,23 +12,26 @@ Every scored row, suffix branch included, teaches the recycling table.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 from leapdecode.drafters.base import Draft, Drafter
 from leapdecode.drafters.recycle import RecycleDrafter
 from leapdecode.drafters.suffix import SuffixDrafter
 
-SUFFIX_EVIDENCE = 64  # above every recycled token's evidence (rank * 8 + depth < 64)
+SUFFIX_EVIDENCE = 64  # added to the suffix branch's evidence: above every recycled token's (rank * 8 + depth < 64)
 
 
-def graft(draft: Draft, chain: Sequence[int], evidence: Sequence[int]) -> Draft:
-    """`draft` (a tree, or empty) with `chain` added as a path from the root; where the chain
-    follows existing tokens it takes them over (their evidence becomes the chain's)."""
+def graft(draft: Draft, branch: Draft) -> Draft:
+    """`draft` (a tree, or empty) with `branch` (a chain or a tree) added from the root; where the
+    branch follows existing tokens it takes them over (their evidence becomes the branch's)."""
     tokens, parents = list(draft.tokens), list(draft.parents or ())
     marks = list(draft.evidence or (0,) * len(tokens))
     children = {(p, t): i for i, (p, t) in enumerate(zip(parents, tokens, strict=True))}
-    node = -1
-    for token, mark in zip(chain, evidence, strict=True):
+    branch_parents = branch.parents if branch.parents is not None else range(-1, len(branch) - 1)
+    where: list[int] = []  # each branch token's index in the merged tree
+    for token, parent, mark in zip(branch.tokens, branch_parents, branch.evidence or (0,) * len(branch), strict=True):
+        node = where[parent] if parent >= 0 else -1
         found = children.get((node, token))
         if found is None:
             found = children[(node, token)] = len(tokens)
@@ -37,12 +40,12 @@ def graft(draft: Draft, chain: Sequence[int], evidence: Sequence[int]) -> Draft:
             marks.append(mark)
         else:
             marks[found] = mark
-        node = found
+        where.append(found)
     return Draft(tokens, parents=tuple(parents), evidence=tuple(marks)) if tokens else Draft()
 
 
 class HybridDrafter(Drafter):
-    """A recycled tree and a suffix match's chain in one tree (see the module doc)."""
+    """A recycled tree and a suffix match's continuations in one tree (see the module doc)."""
 
     observes_target = True
 
@@ -60,8 +63,9 @@ class HybridDrafter(Drafter):
 
     def propose(self, max_tokens: int) -> Draft:
         tree = self.recycle.propose(max_tokens)
-        chain = self.suffix.propose(max_tokens)
-        draft = graft(tree, chain.tokens, [SUFFIX_EVIDENCE + e for e in chain.evidence or ()])
+        branch = self.suffix.propose(max_tokens)
+        marks = tuple(SUFFIX_EVIDENCE + e for e in branch.evidence or (0,) * len(branch))
+        draft = graft(tree, dataclasses.replace(branch, evidence=marks))
         self.recycle.rows = [self.recycle.rows[0], *draft.tokens]  # every scored row teaches the table
         return draft
 

@@ -1,13 +1,21 @@
 """Suffix drafting (SuffixDecoding, arXiv 2411.04975; SAM-Decoding, arXiv 2411.10666): copy what
-followed the longest earlier match of the stream's suffix, in this request and, when shared, in
-earlier requests' outputs.
+followed earlier matches of the stream's suffix, in this request and, when shared, in earlier
+requests' outputs.
 
 A suffix automaton of the stream finds the longest suffix of the stream that occurred before,
 exactly and of any length, in amortised O(1) per appended token (prefix-lookup drafters try a
-few fixed n-gram lengths; this one never misses a longer match). The draft continues that
-earlier occurrence (usually the latest one); its length grows with the match length
-(`factor × match + offset`, at most `k`): a long match is strong evidence that the text is
-being copied, a one-token match is weak.
+few fixed n-gram lengths; this one never misses a longer match). The draft continues what
+followed; its length grows with the match length (`factor × match + offset`, at most `k`): a
+long match is strong evidence that the text is being copied, a one-token match is weak.
+
+The automaton also counts how often each substring occurred (a walk up the new position's
+suffix links, bounded by `COUNT_WALK`), so a match that occurred several times and went on
+differently drafts a *tree*, as SuffixDecoding does: the continuations ranked
+by estimated probability (how often each followed the match, times its parent's), best first,
+down to `min_prob`. Every suffix of the stream that occurred before is a candidate match — a
+long one seen once, a shorter one seen often — and the one whose draft has the most expected
+accepted tokens (the sum of the probabilities) wins. With `tree=False` the draft is the most
+probable path only (what vLLM, which verifies chains, gets).
 
 `SuffixIndex` holds finished requests' outputs in one automaton, shared by the requests of one
 decoder when asked (`suffix:shared=true`): then one request's drafts can copy what the model
@@ -19,12 +27,18 @@ the newer half, amortised O(1) per token).
 
 from __future__ import annotations
 
+import heapq
 import threading
 from collections import deque
 from collections.abc import Sequence
 from typing import NamedTuple
 
 from leapdecode.drafters.base import Draft, Drafter
+
+# Occurrence counts are kept up to date by walking the new position's suffix-link path, at most
+# this many states: only long runs of one repeated token make the path longer, and then the
+# shortest strings' counts lag (a draft's estimate, never its correctness, depends on them).
+COUNT_WALK = 256
 
 
 class SuffixAutomaton:
@@ -36,29 +50,23 @@ class SuffixAutomaton:
         self.next: list[dict[int, int]] = [{}]  # transitions
         self.link: list[int] = [-1]  # suffix link: the state of the longest suffix in another class
         self.length: list[int] = [0]  # the length of the state's longest string
-        # Two end positions of the state's strings: `end` the latest recorded, `before` an earlier
-        # one (-1: none known). Recorded when the state is created or cloned, or gains the new
-        # position as the new state's suffix link; other ends are not tracked (that is O(1)).
-        self.end: list[int] = [-1]
-        self.before: list[int] = [-1]
+        self.count: list[int] = [0]  # occurrences of the state's strings (ends), see COUNT_WALK
         self.last = 0  # the state of the whole stream
 
     def __len__(self) -> int:
         return len(self.tokens)
 
-    def _new_state(self, length: int, link: int, end: int, before: int, nxt: dict[int, int]) -> int:
+    def _new_state(self, length: int, link: int, nxt: dict[int, int], count: int) -> int:
         self.next.append(nxt)
         self.link.append(link)
         self.length.append(length)
-        self.end.append(end)
-        self.before.append(before)
+        self.count.append(count)
         return len(self.length) - 1
 
     def append(self, token: int) -> None:
-        position = len(self.tokens)
         self.tokens.append(token)
         nxt, link, length = self.next, self.link, self.length
-        cur = self._new_state(length[self.last] + 1, 0, position, -1, {})
+        cur = self._new_state(length[self.last] + 1, 0, {}, 1)
         p = self.last
         while p != -1 and token not in nxt[p]:
             nxt[p][token] = cur
@@ -67,13 +75,19 @@ class SuffixAutomaton:
             q = nxt[p][token]
             if length[p] + 1 == length[q]:
                 link[cur] = q
-                self.before[q], self.end[q] = self.end[q], position
             else:
-                clone = self._new_state(length[p] + 1, link[q], position, self.end[q], dict(nxt[q]))
+                clone = self._new_state(length[p] + 1, link[q], dict(nxt[q]), self.count[q])
                 while p != -1 and nxt[p].get(token) == q:
                     nxt[p][token] = clone
                     p = link[p]
                 link[q] = link[cur] = clone
+        # the new end position is an occurrence of every suffix that occurred before
+        count, state = self.count, link[cur]
+        for _ in range(COUNT_WALK):
+            if state <= 0:
+                break
+            count[state] += 1
+            state = link[state]
         self.last = cur
 
     def extend(self, tokens: Sequence[int]) -> None:
@@ -81,12 +95,10 @@ class SuffixAutomaton:
             self.append(token)
 
     def repeat(self) -> tuple[int, int]:
-        """The longest suffix of the stream that also ends earlier: (its length, an earlier end
-        position); (0, -1) when even the last token is new."""
-        state = self.link[self.last] if self.last else -1
-        if state <= 0:
-            return 0, -1
-        return self.length[state], self.before[state]
+        """The longest suffix of the stream that also ends earlier: (its state, its length);
+        (0, 0) when even the last token is new."""
+        state = self.link[self.last] if self.last else 0
+        return (state, self.length[state]) if state > 0 else (0, 0)
 
     def step(self, state: int, matched: int, token: int) -> tuple[int, int]:
         """Matching another stream against this one: from (state, matched length) of the other's
@@ -99,25 +111,83 @@ class SuffixAutomaton:
             return nxt[state][token], matched + 1
         return 0, 0
 
-    def continuation(self, end: int, count: int) -> list[int]:
-        """Up to `count` tokens after position `end`, stopping at a separator (a negative id); past
-        the stream's end the copy repeats itself (a match that overlaps its own continuation)."""
-        out: list[int] = []
-        tokens, size = self.tokens, len(self.tokens)
-        for i in range(count):
-            pos = end + 1 + i
-            token = tokens[pos] if pos < size else out[pos - size]
-            if token < 0:
+    def draft_tree(self, state: int, open_end: bool, limit: int, min_prob: float, tree: bool) -> Speculation:
+        """The continuations of `state`'s strings, best first by estimated probability, at most
+        `limit` tokens, none below `min_prob`; `tree=False`: only the most probable path.
+        `open_end`: the state's strings end the stream too, an occurrence with no continuation
+        yet (not counted); past the stream's end such a match repeats itself (the copy overlaps
+        its own continuation)."""
+        nxt, count = self.next, self.count
+        tokens: list[int] = []
+        parents: list[int] = []
+        probs: list[float] = []
+        ratios: list[float] = []
+        depth: list[int] = []
+        # (-probability, order, token, state, parent index, ratio to the parent, period)
+        heap: list[tuple[float, int, int, int, int, float, int]] = []
+        order = 0
+
+        def push(node: int, prob: float, parent: int, total: int) -> None:
+            nonlocal order
+            options = [(count[child], token, child) for token, child in nxt[node].items() if token >= 0]
+            if not tree and options:
+                options = [max(options)]
+            for seen, token, child in options:
+                ratio = min(seen / total, 1.0)
+                if prob * ratio >= min_prob:
+                    heapq.heappush(heap, (-prob * ratio, order, token, child, parent, ratio, 0))
+                    order += 1
+
+        push(state, 1.0, -1, max(count[state] - open_end, 1))
+        while heap and len(tokens) < limit:
+            neg, _, token, node, parent, ratio, period = heapq.heappop(heap)
+            index = len(tokens)
+            tokens.append(token)
+            parents.append(parent)
+            probs.append(-neg)
+            ratios.append(ratio)
+            depth.append(depth[parent] + 1 if parent >= 0 else 1)
+            if open_end and node == self.last:  # the stream's end: the copy repeats its own path
+                period = period or depth[index]
+                source = index
+                for _ in range(period - 1):
+                    source = parents[source]
+                heapq.heappush(heap, (neg, order, tokens[source], node, index, 1.0, period))
+                order += 1
+            else:
+                push(node, -neg, index, count[node])
+        return Speculation(tokens, parents, probs, ratios)
+
+    def speculate(self, state: int, matched: int, open_end: bool, limit: int, factor: float, offset: float,
+                  min_match: int, min_prob: float, tree: bool) -> tuple[int, Speculation]:
+        """SuffixDecoding's choice of match: for every suffix of the stream found here (`state`
+        holds the longest, `matched` tokens long; shorter ones are its suffix links), its draft of
+        at most `factor × length + offset` tokens (and `limit`); the one with the highest score wins (the longer
+        match on a tie). Returns (the match's length, its draft)."""
+        best, best_length = Speculation([], [], [], []), 0
+        length = matched
+        while state > 0 and length >= min_match:
+            size = min(limit, int(factor * length + offset + 1e-6))
+            if size <= best.score:  # a shorter match drafts no more: it cannot win
                 break
-            out.append(token)
-        return out
+            draft = self.draft_tree(state, open_end, size, min_prob, tree)
+            if draft.score > best.score:
+                best, best_length = draft, length
+            state = self.link[state]
+            length = self.length[state]
+        return best_length, best
 
 
-class Match(NamedTuple):
-    length: int  # tokens of the stream's suffix matched
-    end: int  # where the earlier occurrence ends, in the automaton's stream
-    shared: bool  # found in the shared index of earlier requests
-    source: SuffixAutomaton  # the automaton it was found in
+class Speculation(NamedTuple):
+    tokens: list[int]
+    parents: list[int]  # -1: follows the stream
+    probs: list[float]  # estimated probability that the token is accepted (its path's)
+    ratios: list[float]  # the same, given its parent was
+
+    @property
+    def score(self) -> float:
+        """The expected number of accepted tokens."""
+        return sum(self.probs)
 
 
 class SuffixIndex:
@@ -159,14 +229,23 @@ class SuffixIndex:
         self._separator -= 1
 
 
+def match_evidence(length: int, ratio: float, shared: bool) -> int:
+    """Cost-aware cutting's evidence for a drafted token: the match's length, where it was found,
+    and how often the token followed its parent there (all of the time, most, or less)."""
+    share = 2 if ratio > 0.99 else 1 if ratio >= 0.5 else 0
+    return (min(length, 16) * 2 + shared) * 3 + share
+
+
 class SuffixDrafter(Drafter):
-    """Drafts the continuation of the longest earlier match of the stream's suffix (module doc)."""
+    """Drafts the most probable continuations of an earlier match of the stream's suffix, in this
+    request or in the shared index of earlier outputs (module doc)."""
 
     def __init__(
         self, k: int = 16, factor: float = 1.0, offset: float = 0.0, min_match: int = 1,
-        index: SuffixIndex | None = None, window: int = 64,
+        index: SuffixIndex | None = None, window: int = 64, min_prob: float = 0.1, tree: bool = True,
     ) -> None:
         self.k, self.factor, self.offset, self.min_match = k, factor, offset, min_match
+        self.min_prob, self.tree = min_prob, tree
         self.index = index  # shared by the requests of one decoder; None: this request only
         self.window = window  # tokens re-matched against the index when it changed
         self.local = SuffixAutomaton()
@@ -190,31 +269,39 @@ class SuffixDrafter(Drafter):
                 state, matched = automaton.step(state, matched, token)
             self._shared = (automaton, version, state, matched)
 
-    def match(self) -> Match | None:
-        """The longer of this request's own match and the shared index's (this request's wins a tie)."""
-        length, end = self.local.repeat()
-        best = Match(length, end, False, self.local) if length else None
-        if self.index is not None:
-            automaton, version, state, matched = self._shared
-            if automaton is not self.index.automaton or version != self.index.version:
-                automaton, version = self.index.automaton, self.index.version  # a change in between: re-matched next time
-                state, matched = 0, 0
-                for token in self.local.tokens[-self.window :]:
-                    state, matched = automaton.step(state, matched, token)
-                self._shared = (automaton, version, state, matched)
-            if matched > length:
-                best = Match(matched, automaton.end[state], True, automaton)
-        return best if best is not None and best.length >= self.min_match else None
+    def shared_match(self) -> tuple[SuffixAutomaton, int, int] | None:
+        """(the index's automaton, the state of the stream's longest suffix found there, its
+        length), or None without an index."""
+        if self.index is None:
+            return None
+        automaton, version, state, matched = self._shared
+        if automaton is not self.index.automaton or version != self.index.version:
+            automaton, version = self.index.automaton, self.index.version  # a change in between: re-match
+            state, matched = 0, 0
+            for token in self.local.tokens[-self.window :]:
+                state, matched = automaton.step(state, matched, token)
+            self._shared = (automaton, version, state, matched)
+        return automaton, state, matched
 
     def propose(self, max_tokens: int) -> Draft:
-        found = self.match()
-        if found is None:
+        limit = min(self.k, max_tokens)
+        if limit <= 0:
             return Draft()
-        count = min(self.k, max_tokens, int(self.factor * found.length + self.offset))
-        tokens = found.source.continuation(found.end, count)
-        # evidence for cost-aware cutting: how long the match is, and where it was found
-        evidence = min(found.length, 16) * 2 + found.shared
-        return Draft(tokens, evidence=(evidence,) * len(tokens))
+        options = (limit, self.factor, self.offset, self.min_match, self.min_prob, self.tree)
+        length, best = self.local.speculate(*self.local.repeat(), True, *options)
+        shared = False
+        found = self.shared_match()
+        if found is not None:
+            automaton, state, matched = found
+            other_length, other = automaton.speculate(state, matched, False, *options)
+            if other.score > best.score:  # this request's own match wins a tie
+                length, best, shared = other_length, other, True
+        if not best.tokens:
+            return Draft()
+        evidence = tuple(match_evidence(length, ratio, shared) for ratio in best.ratios)
+        if not self.tree:
+            return Draft(best.tokens, evidence=evidence)
+        return Draft(best.tokens, parents=tuple(best.parents), evidence=evidence)
 
     def finish(self) -> None:
         if self.index is not None:

@@ -39,6 +39,8 @@ def vllm_method(spec: str | Method) -> Method:
         )
     if getattr(method, "cost_aware", False):  # our engine's cost curve says nothing of vLLM's steps
         method = dataclasses.replace(method, cost_aware=False)
+    if getattr(method, "tree", False):  # vLLM verifies chains: the most probable path
+        method = dataclasses.replace(method, tree=False)
     return method
 
 

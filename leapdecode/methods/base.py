@@ -146,7 +146,9 @@ def measure_cost(backend: Backend, max_tokens: int, log: Log, *, tree: bool = Fa
 
 def cost_aware_factory(factory: DrafterFactory, cost: ForwardCost) -> DrafterFactory:
     """Wrap every drafter `factory` builds in a `CostAwareDrafter` over `cost`: each step keeps
-    only the part of a draft worth its cost (past the measured sizes, the curve's last slope goes on)."""
-    from leapdecode.drafters.cost_aware import CostAwareDrafter
+    only the part of a draft worth its cost (past the measured sizes, the curve's last slope goes
+    on). The drafters share one acceptance estimate: each request starts from what earlier ones learned."""
+    from leapdecode.drafters.cost_aware import AcceptanceEstimate, CostAwareDrafter
 
-    return lambda sampling, generator: CostAwareDrafter(factory(sampling, generator), cost)
+    estimate = AcceptanceEstimate()
+    return lambda sampling, generator: CostAwareDrafter(factory(sampling, generator), cost, estimate)

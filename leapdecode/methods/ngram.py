@@ -69,21 +69,23 @@ def check_suffix_fields(method: Suffix | Hybrid) -> None:
     """The suffix drafter's fields, shared by `suffix` and `hybrid`."""
     method._require(0.0 < method.factor <= 64.0, f"factor must be in (0, 64], got {method.factor}")
     method._require(1 <= method.min_match <= 1024, f"min_match must be between 1 and 1024, got {method.min_match}")
+    method._require(0.0 <= method.min_prob <= 1.0, f"min_prob must be between 0 and 1, got {method.min_prob}")
     method._require(1024 <= method.index_tokens <= 1 << 24, f"index_tokens must be between 1024 and {1 << 24}, got {method.index_tokens}")
 
 
 @dataclass(frozen=True)
 class Suffix(Method):
-    """SuffixDecoding-style drafting: the longest earlier match of the suffix, from a suffix automaton."""
+    """SuffixDecoding-style drafting: what followed earlier matches of the suffix, from a suffix automaton."""
 
     name: ClassVar[str] = "suffix"
-    summary: ClassVar[str] = "suffix automaton: copy after the longest earlier match (any length), optionally across requests"
-    drafts: ClassVar[str] = "chain"
+    summary: ClassVar[str] = "suffix automaton: a tree of what most often followed an earlier match (any length), optionally across requests"
     length_field: ClassVar[str] = "k"
-    k: int = 16
+    k: int = 16  # most tokens drafted per pass (the tree's nodes)
     factor: float = 1.0  # draft at most factor × match length + offset tokens
     offset: float = 0.0
     min_match: int = 1
+    min_prob: float = 0.1  # no drafted token whose estimated probability is lower
+    tree: bool = True  # False: the most probable path only, a chain
     # One index of finished requests' outputs for every request of this decoder: drafts may copy
     # one user's output into another's request (README, "Sharing drafts across requests").
     shared: bool = False
@@ -95,8 +97,18 @@ class Suffix(Method):
         self._require(0.0 <= self.offset <= MAX_DRAFT, f"offset must be between 0 and {MAX_DRAFT}, got {self.offset}")
         check_suffix_fields(self)
 
+    @property
+    def drafts(self) -> str:  # type: ignore[override]  # a chain or a tree, as asked
+        return "tree" if self.tree else "chain"
+
+    @property
+    def pass_size(self) -> int:
+        return self.k + 1
+
     def drafter_factory(self, target: LoadedModel, *, draft_model: LoadedModel | None, log: Log) -> DrafterFactory:
         from leapdecode.drafters.suffix import SuffixDrafter, SuffixIndex
 
         index = SuffixIndex(self.index_tokens) if self.shared else None  # one per decoder, or none
-        return lambda sampling, generator: SuffixDrafter(self.k, self.factor, self.offset, self.min_match, index)
+        return lambda sampling, generator: SuffixDrafter(
+            self.k, self.factor, self.offset, self.min_match, index, min_prob=self.min_prob, tree=self.tree,
+        )

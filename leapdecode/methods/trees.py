@@ -129,13 +129,14 @@ class Recycle(_TreeMethod):
 
 @dataclass(frozen=True)
 class Hybrid(Recycle):
-    """A recycled tree and the longest suffix match's continuation merged into one tree per pass."""
+    """A recycled tree and a suffix match's continuations merged into one tree per pass."""
 
     name: ClassVar[str] = "hybrid"
     summary: ClassVar[str] = "suffix match + Token Recycling in one tree, cut to what is worth its cost"
-    suffix_k: int = 16  # longest suffix chain grafted on
-    factor: float = 1.0  # the chain: at most factor × match length tokens
+    suffix_k: int = 16  # most suffix tokens grafted on
+    factor: float = 1.0  # the suffix branches: at most factor × match length tokens
     min_match: int = 1
+    min_prob: float = 0.1  # no suffix branch token whose estimated probability is lower
     index_tokens: int = 1 << 16  # shared=true: the suffix index of earlier outputs keeps this many tokens
 
     def __post_init__(self) -> None:
@@ -156,7 +157,7 @@ class Hybrid(Recycle):
         table = RecycleTable(self.k) if self.shared else None
         index = SuffixIndex(self.index_tokens) if self.shared else None
         return lambda sampling, generator: HybridDrafter(
-            SuffixDrafter(self.suffix_k, self.factor, 0.0, self.min_match, index),
+            SuffixDrafter(self.suffix_k, self.factor, 0.0, self.min_match, index, min_prob=self.min_prob),
             RecycleDrafter(self.k, self.nodes, self.depth, self.width, table),
         )
 
