@@ -1,7 +1,8 @@
 """Group-quantized linear layers (int8, int4): the kernel against a float reference on random
-shapes, rows bitwise independent of how many are scored together, the portable path bitwise the
-AVX2 path, and greedy drafting on quantized tiny models equal to their plain decoding. (On the
-real model, every row of every layer and greedy drafting: `test_row_exact.py`, int4 case.)"""
+shapes, rows bitwise independent of how many are scored together, every path this CPU runs
+(portable, AVX2, AVX512-VNNI) bitwise the same, and greedy drafting on quantized tiny models
+equal to their plain decoding. (On the real model, every row of every layer and greedy drafting:
+`test_row_exact.py`, int4 case.)"""
 
 from __future__ import annotations
 
@@ -49,11 +50,11 @@ def test_kernel_matches_a_float_reference_rows_are_independent_and_paths_agree(k
     want = reference(layer, x)
     scale = want.abs().max().item() + 1e-6
     assert torch.allclose(fast.double(), want, atol=1e-5 * scale, rtol=1e-5)
-    layer.portable = True
-    assert torch.equal(layer(x), fast)  # the portable path gives the AVX2 path's bits
-    layer.portable = False
-    for i in range(rows):
-        assert torch.equal(layer(x[i : i + 1])[0], fast[i])
+    for isa in range(kernel.best_isa() + 1):  # portable, AVX2, AVX512-VNNI: the same bits
+        layer.isa = isa
+        assert torch.equal(layer(x), fast)
+        for i in range(rows):
+            assert torch.equal(layer(x[i : i + 1])[0], fast[i])
 
 
 @settings(max_examples=40, deadline=None)

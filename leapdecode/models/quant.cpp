@@ -15,6 +15,11 @@
 // instructions for eight outputs, the group's scales multiply as one vector, and no horizontal
 // sum is needed.
 //
+// Three paths, chosen at run time (`isa`): portable scalar code, AVX2 (`maddubs`), and
+// AVX512-VNNI (`vpdpbusd` on the same 256-bit layout: one instruction where AVX2 needs two or three,
+// and twice the registers). The integer dot products are exact on every path, so all three give
+// the same integers and, with the float sequence below, the same bits.
+//
 // Row-exact by construction: every (output, row) value is the same sequence of float operations
 // whatever the number of rows M (per group, in order: acc = fma(float(dot), d_w * d_x, acc), then
 // for int4 acc = fma(min, d_x * sum(q_x), acc)); the unpacked weights are only shared between
@@ -43,10 +48,17 @@
 namespace {
 
 using leapdecode::has_avx2_fma;
+using leapdecode::has_avx512_vnni;
+
+// The instruction-set paths (`isa` argument; kBest: the fastest this CPU runs).
+constexpr int64_t kBest = -1, kPortable = 0, kAvx2 = 1, kAvx512Vnni = 2;
+
+int64_t best_isa() { return has_avx512_vnni() ? kAvx512Vnni : has_avx2_fma() ? kAvx2 : kPortable; }
 
 constexpr int64_t kGroup = 32;  // weights (and activations) per group along k
 constexpr int64_t kBlock = 8;   // outputs per packed block (one float per lane of an AVX2 vector)
 constexpr int kRowBlock = 4;    // rows sharing one unpacking of a block's group
+constexpr int kRowBlockVnni = 8;  // the same with AVX512's 32 registers
 constexpr int64_t kPrefetch = 1024;  // how far ahead of the record in use to prefetch
 
 constexpr int64_t record_bytes(int bits) { return bits == 4 ? 128 + 64 : 256 + 32; }
@@ -244,14 +256,99 @@ __attribute__((target("avx2,fma"))) void blocks_avx2(const Rows& r, const uint8_
     }
   }
 }
+
+#define LEAPDECODE_VNNI "avx512f,avx512vl,avx512bw,avx512vnni,avx2,fma"
+
+inline __attribute__((target(LEAPDECODE_VNNI))) void pin_v(__m256i& v) { asm("" : "+v"(v)); }
+
+// block_avx2 with `vpdpbusd`: the same integers (each lane's four products summed exactly, no
+// saturation: they fit int32), the same float sequence. Two integer chains per row (low and high
+// nibbles, or even and odd weight chunks) so that the instruction's latency overlaps.
+template <int MB, int BITS>
+__attribute__((target(LEAPDECODE_VNNI))) void block_vnni(const Rows& r, int64_t m0, const uint8_t* rec, const float* bias,
+                                                         float* y, int64_t N, int64_t K, int64_t b) {
+  const int64_t G = K / kGroup;
+  const __m256i nibble = _mm256_set1_epi8(0x0F);
+  __m256 acc[MB];
+  for (int i = 0; i < MB; ++i) acc[i] = _mm256_setzero_ps();
+  for (int64_t g = 0; g < G; ++g, rec += record_bytes(BITS)) {
+    for (int64_t line = 0; line < record_bytes(BITS); line += 64) _mm_prefetch(reinterpret_cast<const char*>(rec + kPrefetch + line), _MM_HINT_T0);
+    __m256i even[MB], odd[MB];
+    for (int i = 0; i < MB; ++i) even[i] = odd[i] = _mm256_setzero_si256();
+    if constexpr (BITS == 4) {
+      for (int k = 0; k < 4; ++k) {
+        const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + 32 * k));
+        const __m256i lo = _mm256_and_si256(raw, nibble);
+        const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), nibble);
+        for (int i = 0; i < MB; ++i) {
+          const int8_t* xq = r.q.data() + (m0 + i) * K + g * kGroup;
+          even[i] = _mm256_dpbusd_epi32(even[i], lo, broadcast4(xq + 4 * k));
+          odd[i] = _mm256_dpbusd_epi32(odd[i], hi, broadcast4(xq + 16 + 4 * k));
+          pin_v(even[i]);
+          pin_v(odd[i]);
+        }
+      }
+    } else {
+      for (int c = 0; c < 8; ++c) {
+        const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + 32 * c));
+        const __m256i magnitude = _mm256_sign_epi8(w, w);  // |q| as unsigned (q = -128 gives 128)
+        for (int i = 0; i < MB; ++i) {
+          const int8_t* xq = r.q.data() + (m0 + i) * K + g * kGroup;
+          const __m256i xs = _mm256_sign_epi8(broadcast4(xq + 4 * c), w);  // x with q's sign
+          __m256i& chain = c % 2 ? odd[i] : even[i];
+          chain = _mm256_dpbusd_epi32(chain, magnitude, xs);
+          pin_v(chain);
+        }
+      }
+    }
+    const __m256 dw = _mm256_loadu_ps(record_floats(rec, BITS, 0));
+    for (int i = 0; i < MB; ++i) {
+      const __m256 scale = _mm256_mul_ps(dw, _mm256_set1_ps(r.d[(m0 + i) * G + g]));
+      acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(even[i], odd[i])), scale, acc[i]);
+    }
+    if constexpr (BITS == 4) {
+      const __m256 mins = _mm256_loadu_ps(record_floats(rec, BITS, 1));
+      for (int i = 0; i < MB; ++i) acc[i] = _mm256_fmadd_ps(mins, _mm256_set1_ps(r.s[(m0 + i) * G + g]), acc[i]);
+    }
+  }
+  const int64_t n0 = b * kBlock, valid = std::min<int64_t>(kBlock, N - n0);
+  for (int i = 0; i < MB; ++i) {
+    alignas(32) float out[kBlock];
+    _mm256_store_ps(out, acc[i]);
+    float* dst = y + (m0 + i) * N + n0;
+    for (int j = 0; j < valid; ++j) dst[j] = bias ? out[j] + bias[n0 + j] : out[j];
+  }
+}
+
+template <int BITS>
+__attribute__((target(LEAPDECODE_VNNI))) void blocks_vnni(const Rows& r, const uint8_t* packed, const float* bias, float* y,
+                                                          int64_t M, int64_t N, int64_t K, int64_t b0, int64_t b1) {
+  const int64_t G = K / kGroup;
+  for (int64_t b = b0; b < b1; ++b) {
+    const uint8_t* rec = packed + b * G * record_bytes(BITS);
+    for (int64_t m0 = 0; m0 < M; m0 += kRowBlockVnni) {
+      switch (std::min<int64_t>(kRowBlockVnni, M - m0)) {
+        case 1: block_vnni<1, BITS>(r, m0, rec, bias, y, N, K, b); break;
+        case 2: block_vnni<2, BITS>(r, m0, rec, bias, y, N, K, b); break;
+        case 3: block_vnni<3, BITS>(r, m0, rec, bias, y, N, K, b); break;
+        case 4: block_vnni<4, BITS>(r, m0, rec, bias, y, N, K, b); break;
+        case 5: block_vnni<5, BITS>(r, m0, rec, bias, y, N, K, b); break;
+        case 6: block_vnni<6, BITS>(r, m0, rec, bias, y, N, K, b); break;
+        case 7: block_vnni<7, BITS>(r, m0, rec, bias, y, N, K, b); break;
+        default: block_vnni<8, BITS>(r, m0, rec, bias, y, N, K, b); break;
+      }
+    }
+  }
+}
 #endif
 
 }  // namespace
 
 // x [..., K] float32; packed uint8 [ceil(N/8), K/32, record bytes] (see the top of this file);
-// bias [N] or None. Returns [..., N]. `portable` forces the portable path.
+// bias [N] or None. Returns [..., N]. `isa`: the path (kBest, kPortable, kAvx2, kAvx512Vnni); one this
+// CPU cannot run is an error.
 torch::Tensor quantized_linear(const torch::Tensor& x_in, const torch::Tensor& packed, int64_t bits, int64_t N,
-                               const std::optional<torch::Tensor>& bias, bool portable) {
+                               const std::optional<torch::Tensor>& bias, int64_t isa) {
   TORCH_CHECK(bits == 4 || bits == 8, "quantized_linear: bits must be 4 or 8");
   TORCH_CHECK(x_in.dim() >= 1 && x_in.scalar_type() == torch::kFloat, "quantized_linear: x [..., K] float32 expected");
   const int64_t K = x_in.size(-1), G = K / kGroup, blocks = (N + kBlock - 1) / kBlock;
@@ -260,21 +357,29 @@ torch::Tensor quantized_linear(const torch::Tensor& x_in, const torch::Tensor& p
                   packed.size(0) == blocks && packed.size(1) == G && packed.size(2) == record_bytes(bits),
               "quantized_linear: packed [ceil(N/8), K/32, ", record_bytes(bits), "] uint8 expected");
   TORCH_CHECK(!bias || (bias->scalar_type() == torch::kFloat && bias->numel() == N), "quantized_linear: bias [N] float32");
+  if (isa == kBest) isa = best_isa();
+  TORCH_CHECK(isa >= kPortable && isa <= best_isa(), "quantized_linear: path ", isa, " is not available on this CPU (best: ", best_isa(), ")");
   const torch::Tensor x = x_in.contiguous();
   const int64_t M = x.numel() / K;
   std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
   shape.back() = N;
   auto y = torch::empty(shape, x.options());
   if (M == 0) return y;
-  const bool fast = !portable && has_avx2_fma();
-  const Rows rows = quantize_rows(x.data_ptr<float>(), M, K, fast);
+  const Rows rows = quantize_rows(x.data_ptr<float>(), M, K, isa >= kAvx2);
   const uint8_t* pp = packed.data_ptr<uint8_t>();
   const torch::Tensor bias_c = bias ? bias->contiguous() : torch::Tensor();
   const float* bp = bias ? bias_c.data_ptr<float>() : nullptr;
   float* yp = y.data_ptr<float>();
   at::parallel_for(0, blocks, 4, [&](int64_t b0, int64_t b1) {
 #ifdef LEAPDECODE_X86
-    if (fast) {
+    if (isa == kAvx512Vnni) {
+      if (bits == 4)
+        blocks_vnni<4>(rows, pp, bp, yp, M, N, K, b0, b1);
+      else
+        blocks_vnni<8>(rows, pp, bp, yp, M, N, K, b0, b1);
+      return;
+    }
+    if (isa == kAvx2) {
       if (bits == 4)
         blocks_avx2<4>(rows, pp, bp, yp, M, N, K, b0, b1);
       else
@@ -306,4 +411,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("quantized_linear", &quantized_linear, "group-quantized linear layer on packed blocks, rows bit-exact");
   m.def("quantize_activations", &quantize_activations, "activations as the quantized kernel sees them");
   m.def("fast_path_available", &fast_path_available, "whether the AVX2/FMA path runs on this CPU");
+  m.def("best_isa", &best_isa, "the fastest path this CPU runs: 0 portable, 1 AVX2, 2 AVX512-VNNI");
 }

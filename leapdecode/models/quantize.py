@@ -13,12 +13,13 @@ and it is row-exact by construction: row i of an M-row pass is bitwise a one-row
 drafting on a quantized model is lossless with respect to that model's own plain decoding.
 
 Without a C++ compiler the layers run the same arithmetic through torch (de-quantized weights;
-correct, slow, not bitwise the kernel's); a CPU without AVX2 runs the kernel's portable path, which
-gives the same bits as the AVX2 path.
+correct, slow, not bitwise the kernel's). The kernel picks its path at run time: AVX512-VNNI where
+the CPU has it, else AVX2, else portable scalar code; all three give the same bits.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -34,13 +35,18 @@ logger = logging.getLogger("leapdecode")
 GROUP = 32  # weights per group along the input dimension
 QUANTIZE_MODES = ("none", "int8", "int4")
 BITS = {"int8": 8, "int4": 4}
+# The kernel's instruction-set paths (`QuantizedLinear.isa`); BEST: the fastest this CPU runs.
+BEST, PORTABLE, AVX2, AVX512_VNNI = -1, 0, 1, 2
 
 
+@functools.cache
 def kernel() -> Any | None:
     """The compiled quantized-linear extension, or None (logged) where it cannot be built."""
     module = build("quant", "quant.cpp")
     if module is None:
         logger.warning("quantized layers fall back to de-quantized torch products (slow)")
+    else:
+        logger.info("quantized kernel: the %s path", ("portable", "AVX2", "AVX512-VNNI")[module.best_isa()])
     return module
 
 
@@ -135,7 +141,7 @@ class QuantizedLinear(nn.Module):
     """A linear layer with group-quantized weights (see the module doc); float32 in and out. The
     weights are held only in the kernel's packed layout (`pack`); `groups()` gives them back."""
 
-    portable: bool = False  # force the kernel's portable path (tests of machines without AVX2)
+    isa: int = BEST  # another path (PORTABLE, AVX2, AVX512_VNNI): for tests of other machines
 
     def __init__(self, packed: torch.Tensor, bits: int, out_features: int, in_features: int, bias: torch.Tensor | None) -> None:
         super().__init__()
@@ -170,7 +176,7 @@ class QuantizedLinear(nn.Module):
             flat = x.reshape(-1, x.shape[-1]).float()  # [rows, in]
             out = nn.functional.linear(_activations_reference(flat), self.weight_float(), self.bias)
             return out.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
-        out = module.quantized_linear(x.float(), self.packed, self.bits, self.out_features, self.bias, self.portable)  # [..., out]
+        out = module.quantized_linear(x.float(), self.packed, self.bits, self.out_features, self.bias, self.isa)  # [..., out]
         return out if x.dtype == torch.float32 else out.to(x.dtype)
 
     def extra_repr(self) -> str:

@@ -17,6 +17,17 @@ inline bool has_avx2_fma() {
 #endif
 }
 
+// AVX512-VNNI on 256-bit vectors (`vpdpbusd ymm`: four u8 x s8 products summed into each int32
+// lane in one instruction), with the AVX512 registers 16-31.
+inline bool has_avx512_vnni() {
+#ifdef LEAPDECODE_X86
+  return has_avx2_fma() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+         __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni");
+#else
+  return false;
+#endif
+}
+
 #ifdef LEAPDECODE_X86
 // The sum of eight lanes as ((v0+v4)+(v2+v6)) + ((v1+v5)+(v3+v7)).
 __attribute__((target("avx2,fma"))) inline float hsum(__m256 v) {
