@@ -150,9 +150,9 @@ def test_every_registered_method_is_complete(cls: type[Method]) -> None:
     """What would have caught `pld` reporting K = 0: every chain method's draft length is its
     length parameter, the canonical string round-trips, and `leapdecode methods` lists it."""
     example = parse_method(f"{cls.name}:{REQUIRED[cls.name]}" if cls.name in REQUIRED else cls.name)
-    assert type(example) is cls and cls.summary and cls.drafts in DRAFT_SHAPES
+    assert type(example) is cls and cls.summary and example.drafts in DRAFT_SHAPES
     assert parse_method(str(example)) == example
-    if cls.drafts == "chain":
+    if example.drafts == "chain":
         field = {f.name: f for f in dataclasses.fields(cls)}[cls.length_field]
         assert field.type in (int, "int")
         assert example.draft_length == getattr(example, cls.length_field) >= 1

@@ -80,26 +80,29 @@ def test_cost_aware_drafter_stops_drafting_when_drafts_fail_and_learns_from_drop
     assert inner.updates[-1] == ([5], 0)  # the inner drafter hears every update
 
 
-def test_a_decoders_requests_share_what_cutting_learned() -> None:
+def test_a_decoders_greedy_requests_share_what_cutting_learned() -> None:
+    from leapdecode.engine.sampling import SamplingParams
     from leapdecode.methods.base import cost_aware_factory
 
     cost = ForwardCost((0.047, 0.070, 0.093, 0.115, 0.155))
+    greedy, sampled = SamplingParams(), SamplingParams(temperature=0.8)
     factory = cost_aware_factory(lambda sampling, generator: FixedDrafter([5, 6, 7, 8], evidence=(9, 9, 9, 9)), cost)
-    first = factory(None, None)
+    first = factory(greedy, None)
     first.reset([1, 2])
     first.propose(10)
     assert first.kept_lengths[-1] > 0  # the prior is worth a token or two
     for _ in range(20):  # the target never agrees
         first.update([99], 0)
         first.propose(10)
-    second = factory(None, None)  # the next request of the same decoder
+    second = factory(greedy, None)  # the next request of the same decoder
     second.reset([3, 4])
     second.propose(10)
     assert second.estimate is first.estimate and second.kept_lengths == [0]
-    other = cost_aware_factory(lambda sampling, generator: FixedDrafter([5, 6, 7, 8], evidence=(9, 9, 9, 9)), cost)(None, None)
-    other.reset([3, 4])
-    other.propose(10)
-    assert other.kept_lengths[-1] > 0  # another decoder starts afresh
+    # a sampled request starts afresh: its drafts, so its draws, depend on its prompt and seed only
+    for fresh in (factory(sampled, None), cost_aware_factory(lambda sampling, generator: FixedDrafter([5, 6]), cost)(greedy, None)):
+        fresh.reset([3, 4])
+        fresh.propose(10)
+        assert fresh.estimate is not first.estimate and fresh.kept_lengths[-1] > 0
 
 
 @pytest.mark.parametrize("curve", [(1.0,) * 8, (0.047, 0.070, 0.093, 0.115, 0.155, 0.195, 0.236, 0.278)], ids=["flat", "steep"])

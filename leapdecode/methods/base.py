@@ -43,7 +43,7 @@ DRAFT_SHAPES = ("none", "chain", "tree")
 class Method:
     name: ClassVar[str]
     summary: ClassVar[str]
-    drafts: ClassVar[str] = "none"  # what one pass verifies: nothing, a chain or a tree (one of DRAFT_SHAPES)
+    drafts: ClassVar[str] = "none"  # what one pass verifies: nothing, a chain or a tree (one of DRAFT_SHAPES); a method may decide per instance (a property)
     length_field: ClassVar[str] = ""  # chains: the parameter that bounds the draft length (K)
     lossless: ClassVar[bool] = True
     peer: ClassVar[bool] = False  # runs another library's generate instead of the engine
@@ -147,8 +147,15 @@ def measure_cost(backend: Backend, max_tokens: int, log: Log, *, tree: bool = Fa
 def cost_aware_factory(factory: DrafterFactory, cost: ForwardCost) -> DrafterFactory:
     """Wrap every drafter `factory` builds in a `CostAwareDrafter` over `cost`: each step keeps
     only the part of a draft worth its cost (past the measured sizes, the curve's last slope goes
-    on). The drafters share one acceptance estimate: each request starts from what earlier ones learned."""
+    on). Greedy requests share one acceptance estimate: each starts from what earlier ones learned
+    (their output does not depend on the drafts). A sampled request keeps its own, so that its
+    drafts, and with them its draws, depend only on its prompt and seed: a seed reproduces it."""
     from leapdecode.drafters.cost_aware import AcceptanceEstimate, CostAwareDrafter
 
-    estimate = AcceptanceEstimate()
-    return lambda sampling, generator: CostAwareDrafter(factory(sampling, generator), cost, estimate)
+    shared = AcceptanceEstimate()
+
+    def build(sampling: SamplingParams, generator: torch.Generator | None) -> Drafter:
+        estimate = shared if sampling.greedy else AcceptanceEstimate()
+        return CostAwareDrafter(factory(sampling, generator), cost, estimate)
+
+    return build
