@@ -12,7 +12,7 @@ in the number that maximises expected tokens per second under the backend's meas
 Dropped tokens still teach: after the pass, a dropped token whose parent was accepted would have
 been accepted exactly when it equals the target's token there (greedy), so the estimates keep
 learning while the drafter is silenced. The estimates belong to the decoder, not to one request
-(`cost_aware_factory` shares one among the drafters it builds): how often a kind of evidence
+(`cost_aware_factory` shares one among a decoder's greedy requests): how often a kind of evidence
 holds is a property of the model and the drafter, and a request that had to learn it afresh
 would cut its first passes on the prior's guess. They hold rates per kind of evidence, no text.
 """
