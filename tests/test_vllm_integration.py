@@ -139,6 +139,17 @@ def test_setup_names_the_proposer_and_method() -> None:
     assert vllm_engine_args("suffix:k=12")["speculative_config"]["num_speculative_tokens"] == 12
 
 
+def test_vllm_bench_names_what_a_vllm_suffix_run_needs_before_running(monkeypatch: pytest.MonkeyPatch) -> None:
+    from leapdecode.bench import vllm_bench
+
+    entries = vllm_bench.parse_vllm_entries("vllm-ngram:k=5,n=2,suffix:k=9")
+    assert entries[0].label == "none" and entries[1].speculative_config["num_speculative_tokens"] == 5
+    assert entries[2].method == "suffix:k=9"
+    monkeypatch.setattr(vllm_bench.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(MethodError, match="arctic-inference"):
+        vllm_bench.parse_vllm_entries("none,vllm-suffix:k=16")
+
+
 @pytest.mark.parametrize("spec", ["anpd-tree", "jacobi", "draft:model=x", "nope"])
 def test_methods_that_cannot_run_in_vllm_are_refused(spec: str) -> None:
     with pytest.raises(MethodError):

@@ -10,6 +10,7 @@ n-gram) and `vllm-suffix[:k=K]` (SuffixDecoding, needs `arctic-inference` in vLL
 
 from __future__ import annotations
 
+import importlib.util
 import statistics
 from collections import defaultdict
 from collections.abc import Callable, Sequence
@@ -59,6 +60,11 @@ def _entry(item: str) -> VllmEntry:
         if name == "vllm-ngram":
             config = {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": n, "prompt_lookup_min": 1}
         else:
+            if importlib.util.find_spec("arctic_inference") is None:  # say so now, not after the other runs
+                raise MethodError(
+                    "vllm-suffix needs Snowflake's arctic-inference in vLLM's environment: "
+                    "`make peers VENV=.venv-vllm` builds it there (PyPI has only its source)"
+                )
             config = {"method": "suffix", "num_speculative_tokens": k}
         return VllmEntry(item, speculative_config=config)
     return VllmEntry(str(vllm_method(item)), method=item)
