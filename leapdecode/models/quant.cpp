@@ -34,6 +34,7 @@
 #include <cstdint>
 #include <cstring>
 #include <optional>
+#include <type_traits>
 #include <vector>
 
 #include "simd.h"
@@ -180,6 +181,49 @@ inline __attribute__((target("avx2,fma"))) __m256i broadcast4(const int8_t* p) {
   return _mm256_set1_epi32(v);
 }
 
+// Calls block(rows, m0) on runs of up to ROWS rows, `rows` a compile-time constant (the kernels
+// keep one accumulator per row in registers, so the row count is a template argument).
+template <int ROWS, typename Block>
+inline void with_rows(int64_t n, int64_t m0, Block& block) {
+  if constexpr (ROWS > 1) {
+    if (n < ROWS) return with_rows<ROWS - 1>(n, m0, block);
+  }
+  block(std::integral_constant<int, ROWS>{}, m0);
+}
+
+template <int ROWS, typename Block>
+inline void row_blocks(int64_t M, Block&& block) {
+  for (int64_t m0 = 0; m0 < M; m0 += ROWS) with_rows<ROWS>(std::min<int64_t>(ROWS, M - m0), m0, block);
+}
+
+// One group's float step for MB rows, the same on every vector path (the row-exact sequence at the
+// top of this file): acc = fma(float(dot), d_w * d_x, acc), then for int4 acc = fma(min, d_x * sum(q_x), acc).
+template <int MB, int BITS>
+inline __attribute__((target("avx2,fma"))) void scale_group(const Rows& r, int64_t m0, int64_t g, int64_t G, const uint8_t* rec,
+                                                            const __m256i* dot, __m256* acc) {
+  const __m256 dw = _mm256_loadu_ps(record_floats(rec, BITS, 0));
+  for (int i = 0; i < MB; ++i) {
+    const __m256 scale = _mm256_mul_ps(dw, _mm256_set1_ps(r.d[(m0 + i) * G + g]));
+    acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[i]), scale, acc[i]);
+  }
+  if constexpr (BITS == 4) {
+    const __m256 mins = _mm256_loadu_ps(record_floats(rec, BITS, 1));
+    for (int i = 0; i < MB; ++i) acc[i] = _mm256_fmadd_ps(mins, _mm256_set1_ps(r.s[(m0 + i) * G + g]), acc[i]);
+  }
+}
+
+// The MB rows' sums of one output block into y (+ bias), the last block cut at N.
+template <int MB>
+inline __attribute__((target("avx2,fma"))) void store_rows(const __m256* acc, const float* bias, float* y, int64_t m0, int64_t N, int64_t b) {
+  const int64_t n0 = b * kBlock, valid = std::min<int64_t>(kBlock, N - n0);
+  for (int i = 0; i < MB; ++i) {
+    alignas(32) float out[kBlock];
+    _mm256_store_ps(out, acc[i]);
+    float* dst = y + (m0 + i) * N + n0;
+    for (int j = 0; j < valid; ++j) dst[j] = bias ? out[j] + bias[n0 + j] : out[j];
+  }
+}
+
 // One output block against MB rows starting at m0, all groups; the MB accumulators stay in
 // registers. int4: per group, the 8 int16 partial sums of a row fit (8 x 2 x 15 x 127 < 2^15).
 template <int MB, int BITS>
@@ -221,23 +265,9 @@ __attribute__((target("avx2,fma"))) void block_avx2(const Rows& r, int64_t m0, c
         }
       }
     }
-    const __m256 dw = _mm256_loadu_ps(record_floats(rec, BITS, 0));
-    for (int i = 0; i < MB; ++i) {
-      const __m256 scale = _mm256_mul_ps(dw, _mm256_set1_ps(r.d[(m0 + i) * G + g]));
-      acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[i]), scale, acc[i]);
-    }
-    if constexpr (BITS == 4) {
-      const __m256 mins = _mm256_loadu_ps(record_floats(rec, BITS, 1));
-      for (int i = 0; i < MB; ++i) acc[i] = _mm256_fmadd_ps(mins, _mm256_set1_ps(r.s[(m0 + i) * G + g]), acc[i]);
-    }
+    scale_group<MB, BITS>(r, m0, g, G, rec, dot, acc);
   }
-  const int64_t n0 = b * kBlock, valid = std::min<int64_t>(kBlock, N - n0);
-  for (int i = 0; i < MB; ++i) {
-    alignas(32) float out[kBlock];
-    _mm256_store_ps(out, acc[i]);
-    float* dst = y + (m0 + i) * N + n0;
-    for (int j = 0; j < valid; ++j) dst[j] = bias ? out[j] + bias[n0 + j] : out[j];
-  }
+  store_rows<MB>(acc, bias, y, m0, N, b);
 }
 
 template <int BITS>
@@ -246,14 +276,8 @@ __attribute__((target("avx2,fma"))) void blocks_avx2(const Rows& r, const uint8_
   const int64_t G = K / kGroup;
   for (int64_t b = b0; b < b1; ++b) {
     const uint8_t* rec = packed + b * G * record_bytes(BITS);
-    for (int64_t m0 = 0; m0 < M; m0 += kRowBlock) {  // the block's records stay in cache for the next rows
-      switch (std::min<int64_t>(kRowBlock, M - m0)) {
-        case 1: block_avx2<1, BITS>(r, m0, rec, bias, y, N, K, b); break;
-        case 2: block_avx2<2, BITS>(r, m0, rec, bias, y, N, K, b); break;
-        case 3: block_avx2<3, BITS>(r, m0, rec, bias, y, N, K, b); break;
-        default: block_avx2<4, BITS>(r, m0, rec, bias, y, N, K, b); break;
-      }
-    }
+    // the block's records stay in cache for the next rows
+    row_blocks<kRowBlock>(M, [&](auto rows, int64_t m0) { block_avx2<decltype(rows)::value, BITS>(r, m0, rec, bias, y, N, K, b); });
   }
 }
 
@@ -301,23 +325,11 @@ __attribute__((target(LEAPDECODE_VNNI))) void block_vnni(const Rows& r, int64_t 
         }
       }
     }
-    const __m256 dw = _mm256_loadu_ps(record_floats(rec, BITS, 0));
-    for (int i = 0; i < MB; ++i) {
-      const __m256 scale = _mm256_mul_ps(dw, _mm256_set1_ps(r.d[(m0 + i) * G + g]));
-      acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(even[i], odd[i])), scale, acc[i]);
-    }
-    if constexpr (BITS == 4) {
-      const __m256 mins = _mm256_loadu_ps(record_floats(rec, BITS, 1));
-      for (int i = 0; i < MB; ++i) acc[i] = _mm256_fmadd_ps(mins, _mm256_set1_ps(r.s[(m0 + i) * G + g]), acc[i]);
-    }
+    __m256i dot[MB];
+    for (int i = 0; i < MB; ++i) dot[i] = _mm256_add_epi32(even[i], odd[i]);
+    scale_group<MB, BITS>(r, m0, g, G, rec, dot, acc);
   }
-  const int64_t n0 = b * kBlock, valid = std::min<int64_t>(kBlock, N - n0);
-  for (int i = 0; i < MB; ++i) {
-    alignas(32) float out[kBlock];
-    _mm256_store_ps(out, acc[i]);
-    float* dst = y + (m0 + i) * N + n0;
-    for (int j = 0; j < valid; ++j) dst[j] = bias ? out[j] + bias[n0 + j] : out[j];
-  }
+  store_rows<MB>(acc, bias, y, m0, N, b);
 }
 
 template <int BITS>
@@ -326,18 +338,7 @@ __attribute__((target(LEAPDECODE_VNNI))) void blocks_vnni(const Rows& r, const u
   const int64_t G = K / kGroup;
   for (int64_t b = b0; b < b1; ++b) {
     const uint8_t* rec = packed + b * G * record_bytes(BITS);
-    for (int64_t m0 = 0; m0 < M; m0 += kRowBlockVnni) {
-      switch (std::min<int64_t>(kRowBlockVnni, M - m0)) {
-        case 1: block_vnni<1, BITS>(r, m0, rec, bias, y, N, K, b); break;
-        case 2: block_vnni<2, BITS>(r, m0, rec, bias, y, N, K, b); break;
-        case 3: block_vnni<3, BITS>(r, m0, rec, bias, y, N, K, b); break;
-        case 4: block_vnni<4, BITS>(r, m0, rec, bias, y, N, K, b); break;
-        case 5: block_vnni<5, BITS>(r, m0, rec, bias, y, N, K, b); break;
-        case 6: block_vnni<6, BITS>(r, m0, rec, bias, y, N, K, b); break;
-        case 7: block_vnni<7, BITS>(r, m0, rec, bias, y, N, K, b); break;
-        default: block_vnni<8, BITS>(r, m0, rec, bias, y, N, K, b); break;
-      }
-    }
+    row_blocks<kRowBlockVnni>(M, [&](auto rows, int64_t m0) { block_vnni<decltype(rows)::value, BITS>(r, m0, rec, bias, y, N, K, b); });
   }
 }
 #endif
