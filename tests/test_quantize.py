@@ -1,6 +1,7 @@
-"""Group-quantized linear layers (int8, int4): the kernel against a float reference on random
-shapes, rows bitwise independent of how many are scored together, every path this CPU runs
-(portable, AVX2, AVX512-VNNI) bitwise the same, and greedy drafting on quantized tiny models
+"""Group-quantized linear layers (int8, int4; scales per group or in super-blocks): the kernel
+against a float reference on random shapes, rows bitwise independent of how many are scored
+together, every path this CPU runs (portable, AVX2, AVX512-VNNI) bitwise the same, the packed
+layouts round-trip, a GGUF's Q4_K is the super-block form exactly, and greedy drafting on quantized tiny models
 equal to their plain decoding. (On the real model, every row of every layer and greedy drafting:
 `test_row_exact.py`, int4 case.)"""
 
@@ -16,7 +17,23 @@ from leapdecode.engine import StopCriteria, TorchBackend, decode
 from leapdecode.errors import ModelLoadError
 from leapdecode.models import load_model, quantize
 from leapdecode.models.gguf_blocks import read_blocks
-from leapdecode.models.quantize import GROUP, RECORD, QuantizedLinear, dequantize, pack, pack_int4, quantize_model, quantize_weight, unpack, unpack_int4
+from leapdecode.models.quantize import (
+    GROUP,
+    RECORD,
+    QuantizedLinear,
+    SuperScales,
+    dequantize,
+    pack,
+    pack_int4,
+    pack_super,
+    packed_shape,
+    quantize_model,
+    quantize_weight,
+    quantize_weight_super,
+    unpack,
+    unpack_int4,
+    unpack_super,
+)
 from leapdecode.models.row_exact import ATTENTION, register_attention
 from tests.conftest import GREEDY, TINY_VOCAB, ScriptedDrafter, make_tiny_model, prompts
 
@@ -35,15 +52,20 @@ def reference(layer: QuantizedLinear, x: torch.Tensor) -> torch.Tensor:
 
 
 @settings(max_examples=60, deadline=None)
-@given(rows=st.integers(1, 20), groups=st.integers(1, 12), n=st.integers(1, 40), bits=st.sampled_from([4, 8]),
-       bias=st.booleans(), seed=st.integers(0, 2**16), spread=st.sampled_from([0.01, 1.0, 30.0]))
-def test_kernel_matches_a_float_reference_rows_are_independent_and_paths_agree(kernel, rows, groups, n, bits, bias, seed, spread) -> None:
+@given(rows=st.integers(1, 20), groups=st.integers(1, 20), n=st.integers(1, 40), bits=st.sampled_from([4, 8]),
+       super_blocks=st.booleans(), bias=st.booleans(), seed=st.integers(0, 2**16), spread=st.sampled_from([0.01, 1.0, 30.0]))
+def test_kernel_matches_a_float_reference_rows_are_independent_and_paths_agree(kernel, rows, groups, n, bits, super_blocks, bias, seed,
+                                                                               spread) -> None:
     g = torch.Generator().manual_seed(seed)
     k = groups * GROUP
     linear = torch.nn.Linear(k, n, bias=bias)
     with torch.no_grad():
         linear.weight.copy_(torch.randn(n, k, generator=g) * spread)
-    layer = QuantizedLinear.from_linear(linear, bits)
+    if super_blocks:  # groups up to 20: full super-blocks of 8 and a shorter last one
+        layer = QuantizedLinear.from_linear(linear, bits)
+    else:
+        layer = QuantizedLinear.from_groups(*quantize_weight(linear.weight, bits), bits, linear.bias)
+    assert layer.super_blocks == super_blocks
     x = torch.randn(rows, k, generator=g) * spread
     x[0, :GROUP] = 0  # a group of zeros: scale 0, no division by it
     fast = layer(x)  # [rows, n]
@@ -81,6 +103,42 @@ def test_quantized_weights_are_within_half_a_step_and_pack_round_trips(bits) -> 
     assert ((back - w).abs() <= step / 2 * 1.0001 + 1e-7).all()
     q = torch.randint(0, 16, (5, 3, GROUP), dtype=torch.uint8)
     assert torch.equal(unpack_int4(pack_int4(q)), q)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_super_block_rounding_is_within_half_a_step_of_its_own_scales(bits) -> None:
+    """The factors first, then the weights against the scales as the kernel computes them: every
+    weight within half a step, and no group's range cut off (minimums rounded down, scales up)."""
+    w = torch.randn(48, 20 * GROUP) * torch.logspace(-3, 1, 48).unsqueeze(1)
+    w[:, :GROUP] += 5.0  # a group far from zero: its minimum is positive
+    qweight, factors = quantize_weight_super(w, bits)
+    scales, mins = factors.scales(), factors.mins()
+    assert factors.d.shape == (48, 3) and factors.sc.dtype == torch.uint8 and (mins is None) == (bits == 8)
+    back = dequantize(qweight, scales, mins, bits)
+    step = scales.repeat_interleave(GROUP, dim=1)  # [48, k]
+    assert ((back - w).abs() <= step / 2 * 1.0001 + 1e-7).all()
+    plain = dequantize(*quantize_weight(w, bits), bits)  # per-group float scales: finer, not by much
+    assert (back - w).abs().mean() < 1.5 * (plain - w).abs().mean()
+
+
+@settings(max_examples=30, deadline=None)
+@given(n=st.integers(1, 30), groups=st.integers(1, 20), bits=st.sampled_from([4, 8]), seed=st.integers(0, 2**16))
+def test_super_block_records_round_trip_to_the_factors(n, groups, bits, seed) -> None:
+    """Any output and group count (a shorter last super-block): unpack_super(pack_super(...)) is
+    the weights and factors, bit for bit, and the layer gives the same groups."""
+    g = torch.Generator().manual_seed(seed)
+    qweight, factors = quantize_weight_super(torch.randn(n, groups * GROUP, generator=g), bits)
+    packed = pack_super(qweight, factors, bits)
+    assert packed.shape == packed_shape(bits, n, groups * GROUP, True) and packed.dtype == torch.uint8
+    back, again = unpack_super(packed, bits, n, groups)
+    assert torch.equal(back, qweight)
+    for name in ("d", "sc", "dmin", "m"):
+        want, got = getattr(factors, name), getattr(again, name)
+        assert (want is None) == (got is None) and (want is None or torch.equal(want, got)), name
+    layer = QuantizedLinear(packed, bits, n, groups * GROUP, None, super_blocks=True)
+    assert all(torch.equal(a, b) for a, b in zip(layer.groups()[:2], (qweight, factors.scales())))
+    with pytest.raises(ValueError, match="do not fit"):
+        QuantizedLinear(packed, bits, n, groups * GROUP, None)  # the per-group form's shape differs
 
 
 @settings(max_examples=30, deadline=None)
@@ -187,6 +245,8 @@ def test_gguf_blocks_are_the_files_values(kind) -> None:
 
 
 def test_q4_k_blocks_of_the_real_file_are_its_values() -> None:
+    """The file's Q4_K groups, and the super-block form of their scales bit for bit the file's
+    products (so a layer of them is the file's model, in 25 % fewer bytes than per-group floats)."""
     from gguf import GGUFReader, dequantize
 
     from leapdecode.models.loading import default_cache_dir
@@ -198,6 +258,11 @@ def test_q4_k_blocks_of_the_real_file_are_its_values() -> None:
     blocks = read_blocks(tensor.data, "Q4_K", rows, cols)
     want = torch.from_numpy(dequantize(tensor.data, tensor.tensor_type).reshape(rows, cols))
     assert torch.allclose(dequantize_blocks(blocks), want, rtol=1e-6, atol=1e-6)
+    assert isinstance(blocks.factors, SuperScales)
+    assert torch.equal(blocks.factors.scales(), blocks.scales) and torch.equal(blocks.factors.mins(), blocks.mins)
+    layer = blocks.layer(None)
+    assert layer.super_blocks and torch.equal(layer.weight_float(), dequantize_blocks(blocks))
+    assert layer.packed.numel() < 0.8 * QuantizedLinear.from_groups(*blocks.groups(), 4, None).packed.numel()
 
 
 def dequantize_blocks(blocks) -> torch.Tensor:

@@ -6,6 +6,8 @@ fits ours, take the file's integers and scales themselves:
 - Q4_0 (w = d·(q − 8)), Q4_1 (w = d·q + m) and Q4_K (w = d·sc·q − dmin·m per group of 32 inside
   a block of 256) → int4 groups with a scale and a minimum;
 - Q8_0 (w = d·q) → int8 groups.
+Q4_K's scales and minimums keep their own form, 6-bit multiples of a float per 256 weights (the
+layers' super-block form, `quantize.SuperScales`): the same float32 values, in fewer bytes.
 The file's tensors are matched to the model's linear layers by value, not by name (names differ
 per architecture, and `transformers` permutes the rows of some): each row of the de-quantized
 tensor is looked up among the layer's rows, so a permutation is found and applied.
@@ -21,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from leapdecode.models.quantize import GROUP, pack_int4
+from leapdecode.models.quantize import GROUP, QuantizedLinear, SuperScales, pack_int4
 
 
 @dataclass(frozen=True)
@@ -33,12 +35,23 @@ class Blocks:
     q: torch.Tensor
     scales: torch.Tensor
     mins: torch.Tensor | None
+    factors: SuperScales | None = None  # the scales' super-block form, where the file has it (Q4_K)
 
     def groups(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """(qweight, scales, mins) as `quantize.quantize_weight` gives them (what `QuantizedLinear.from_groups` takes)."""
         if self.bits == 4:
             return pack_int4(self.q.to(torch.uint8)), self.scales, self.mins
         return self.q.to(torch.int8).reshape(self.q.shape[0], -1).view(torch.uint8), self.scales, None
+
+    def layer(self, bias: torch.Tensor | None) -> QuantizedLinear:
+        """A quantized layer of these groups (the super-block form where the file's scales have it)."""
+        qweight, scales, mins = self.groups()
+        return QuantizedLinear.from_groups(qweight, self.factors if self.factors is not None else scales, mins, self.bits, bias)
+
+    def rows(self, index: torch.Tensor) -> Blocks:
+        """The groups of the outputs `index` (a permutation)."""
+        return Blocks(self.bits, self.q[index], self.scales[index], None if self.mins is None else self.mins[index],
+                      None if self.factors is None else self.factors.rows(index))
 
 
 def _f16(raw: np.ndarray) -> np.ndarray:
@@ -73,7 +86,10 @@ def read_blocks(data: np.ndarray, kind: str, rows: int, cols: int) -> Blocks | N
         q = (qs & 0x0F).reshape(rows, -1, GROUP)  # sub-block 2i: low nibbles of 32 bytes, 2i+1: high
         scales = (d * sc.astype(np.float32)).reshape(rows, -1)
         mins = -(dmin * mn.astype(np.float32)).reshape(rows, -1)
-        return Blocks(4, torch.from_numpy(np.ascontiguousarray(q)), torch.from_numpy(scales), torch.from_numpy(mins))
+        # the same values as d·sc and (−dmin)·m, one float32 product each: the super-block form exactly
+        factors = SuperScales(torch.from_numpy(np.ascontiguousarray(d[..., 0])), torch.from_numpy(sc.reshape(rows, -1).copy()),
+                              torch.from_numpy(np.ascontiguousarray(-dmin[..., 0])), torch.from_numpy(mn.reshape(rows, -1).astype(np.int8)))
+        return Blocks(4, torch.from_numpy(np.ascontiguousarray(q)), torch.from_numpy(scales), torch.from_numpy(mins), factors)
     return None
 
 
@@ -111,7 +127,7 @@ def gguf_blocks_by_weight(path: Path, weights: dict[str, torch.Tensor], log: Cal
             if -1 in order:
                 continue
             index = torch.tensor(order)
-            found[name] = Blocks(blocks.bits, blocks.q[index], blocks.scales[index], None if blocks.mins is None else blocks.mins[index])
+            found[name] = blocks.rows(index)
             break
     log(f"took {len(found)} of {len(weights)} linear weights from the GGUF's own blocks")
     return found

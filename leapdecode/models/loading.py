@@ -299,7 +299,7 @@ def huggingface_source(
     return _resolve(spec, cache, download=download, log=log, backend="torch").source
 
 
-QUANTIZED_FORMAT = 2  # bump when the saved layout changes
+QUANTIZED_FORMAT = 3  # bump when the saved layout changes
 # Marks a complete de-quantized folder of the current layout (v2: a tied output layer is not saved
 # twice); a folder without it is rebuilt.
 FOLDER_FORMAT = ".leapdecode-folder-v2"

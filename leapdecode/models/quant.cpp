@@ -6,10 +6,21 @@
 // int8 with their own scale (as llama.cpp does), so each group's dot product is an exact integer.
 //
 // Packed layout (built once at load, `quantize.pack`): outputs in blocks of 8, and for each block
-// and group one contiguous record, so a block streams from memory in one sequential read:
-//   int4 (192 bytes): 4 x 32 bytes of nibbles, then the 8 scales, then the 8 minimums (float32).
-//        In the k-th 32 bytes, byte 4j+e holds q[j][4k+e] (low nibble) and q[j][16+4k+e] (high).
-//   int8 (288 bytes): 8 x 32 bytes, the c-th holding q[j][4c+e] at byte 4j+e; then the 8 scales.
+// and group one contiguous record, so a block streams from memory in one sequential read. A
+// record's weights (its body):
+//   int4 (128 bytes): 4 x 32 bytes of nibbles. In the k-th 32 bytes, byte 4j+e holds q[j][4k+e]
+//        (low nibble) and q[j][16+4k+e] (high).
+//   int8 (256 bytes): 8 x 32 bytes, the c-th holding q[j][4c+e] + 128 at byte 4j+e (offset binary:
+//        `vpdpbusd` multiplies unsigned by signed bytes, and the 128 x sum(x) it adds comes off as
+//        one integer per row and group; the AVX2 path flips the top bit back).
+// The scales come in one of two forms:
+//   per group: the body is followed by the 8 scales (and for int4 the 8 minimums) as float32
+//        (192 / 288 bytes a record); any scales fit (GGUF's Q4_0, Q4_1, Q8_0 take this form);
+//   super-blocks: each run of 8 groups (the last may be shorter) starts with a header of 8 float32
+//        factors d (int4: then 8 factors dmin), and each record holds its 8 scales as uint8 sc
+//        (int4: then its 8 minimums as int8 m): scale = d * sc, minimum = dmin * m, one float32
+//        product each (GGUF's Q4_K is this form exactly; 144 / 264 bytes a record plus the header,
+//        a quarter fewer bytes to read per int4 weight than per group).
 // Lane j of a vector is output j of the block: one `maddubs` multiplies four weights of each of
 // the eight outputs by the same four activations (broadcast), so a group costs a few vector
 // instructions for eight outputs, the group's scales multiply as one vector, and no horizontal
@@ -22,7 +33,8 @@
 //
 // Row-exact by construction: every (output, row) value is the same sequence of float operations
 // whatever the number of rows M (per group, in order: acc = fma(float(dot), d_w * d_x, acc), then
-// for int4 acc = fma(min, d_x * sum(q_x), acc)); the unpacked weights are only shared between
+// for int4 acc = fma(min, d_x * sum(q_x), acc), with d_w and min the stored floats or the
+// super-block products); the unpacked weights are only shared between
 // rows. So row i of an M-row call is bit-identical to a 1-row call on that row, and the portable
 // path, which computes the same sequence in scalar code, gives the same bits. Threads split the
 // output blocks, never the reduction.
@@ -62,13 +74,38 @@ constexpr int kRowBlock = 4;    // rows sharing one unpacking of a block's group
 constexpr int kRowBlockVnni = 8;  // the same with AVX512's 32 registers
 constexpr int64_t kPrefetch = 1024;  // how far ahead of the record in use to prefetch
 
-constexpr int64_t record_bytes(int bits) { return bits == 4 ? 128 + 64 : 256 + 32; }
+constexpr int64_t kSuper = 8;   // groups per super-block (one header of factors)
+
+// Bytes of the packed layout: a record's weights, a record, a super-block's header, an output block.
+constexpr int64_t body_bytes(int bits) { return bits == 4 ? 128 : 256; }
+constexpr int64_t record_bytes(int bits, bool super) { return body_bytes(bits) + (super ? 8 : 32) * (bits == 4 ? 2 : 1); }
+constexpr int64_t header_bytes(int bits, bool super) { return super ? 32 * (bits == 4 ? 2 : 1) : 0; }
+constexpr int64_t block_bytes(int bits, bool super, int64_t G) {
+  return G * record_bytes(bits, super) + (G + kSuper - 1) / kSuper * header_bytes(bits, super);
+}
+
+// Walks one output block's records in order; `head` is the current super-block's header.
+template <int BITS, bool SUPER>
+struct Records {
+  const uint8_t* rec;
+  const uint8_t* head = nullptr;
+  // moves to group g (called for g = 0, 1, 2... in order) and returns its record
+  inline const uint8_t* at(int64_t g) {
+    if (g > 0) rec += record_bytes(BITS, SUPER);
+    if (SUPER && g % kSuper == 0) {
+      head = rec;
+      rec += header_bytes(BITS, SUPER);
+    }
+    return rec;
+  }
+};
 
 // M rows of activations quantized per group: q = round(x / d), d = max|x| / 127.
 struct Rows {
   std::vector<int8_t> q;  // [M, K]
   std::vector<float> d;   // [M, G]
   std::vector<float> s;   // [M, G] d * sum(q): the group's sum as the products see it
+  std::vector<int32_t> n;  // [M, G] sum(q)
 };
 
 // One group of 32 activations: q = round-half-even(x * (1 / d)), d = max|x| / 127; returns d and
@@ -118,7 +155,7 @@ __attribute__((target("avx2,fma"))) float quantize_group_avx2(const float* xs, i
 
 Rows quantize_rows(const float* x, int64_t M, int64_t K, bool fast) {
   const int64_t G = K / kGroup;
-  Rows r{std::vector<int8_t>(M * K), std::vector<float>(M * G), std::vector<float>(M * G)};
+  Rows r{std::vector<int8_t>(M * K), std::vector<float>(M * G), std::vector<float>(M * G), std::vector<int32_t>(M * G)};
   // groups are independent: split them between threads (a 16-row pass has ~4500 of them)
   at::parallel_for(0, M * G, 256, [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) {
@@ -132,6 +169,7 @@ Rows quantize_rows(const float* x, int64_t M, int64_t K, bool fast) {
         d = quantize_group_portable(x + i * kGroup, r.q.data() + i * kGroup, sum);
       r.d[i] = d;
       r.s[i] = d * static_cast<float>(sum);
+      r.n[i] = sum;
     }
   });
   return r;
@@ -139,32 +177,39 @@ Rows quantize_rows(const float* x, int64_t M, int64_t K, bool fast) {
 
 // Weight e (0..31) of output j (0..7) in a packed record.
 inline int32_t packed_weight(const uint8_t* rec, int bits, int j, int e) {
-  if (bits == 8) return static_cast<int8_t>(rec[32 * (e / 4) + 4 * j + e % 4]);
+  if (bits == 8) return static_cast<int32_t>(rec[32 * (e / 4) + 4 * j + e % 4]) - 128;
   const int c = e % 16;
   const uint8_t b = rec[32 * (c / 4) + 4 * j + c % 4];
   return e < 16 ? (b & 0x0F) : (b >> 4);
 }
 
-inline const float* record_floats(const uint8_t* rec, int bits, int which) {
-  return reinterpret_cast<const float*>(rec + (bits == 4 ? 128 : 256) + 32 * which);
+inline const float* floats_at(const uint8_t* p) { return reinterpret_cast<const float*>(p); }
+
+// Output j's scale (which 0) or minimum (which 1) for the record `rec` of super-block header `head`.
+inline float weight_factor(const uint8_t* head, const uint8_t* rec, int bits, bool super, int which, int j) {
+  const uint8_t* tail = rec + body_bytes(bits);
+  if (!super) return floats_at(tail + 32 * which)[j];
+  const float d = floats_at(head + 32 * which)[j];
+  return which == 0 ? d * static_cast<float>(tail[j]) : d * static_cast<float>(static_cast<int8_t>(tail[8 + j]));
 }
 
 // Portable path: the fast path's float sequence, one (output, row) at a time.
-void blocks_portable(const Rows& r, const uint8_t* packed, int bits, const float* bias, float* y, int64_t M, int64_t N,
-                     int64_t K, int64_t b0, int64_t b1) {
-  const int64_t G = K / kGroup, rb = record_bytes(bits);
+void blocks_portable(const Rows& r, const uint8_t* packed, int bits, bool super, const float* bias, float* y, int64_t M,
+                     int64_t N, int64_t K, int64_t b0, int64_t b1) {
+  const int64_t G = K / kGroup, rb = record_bytes(bits, super), hb = header_bytes(bits, super);
   for (int64_t b = b0; b < b1; ++b)
     for (int j = 0; j < kBlock && b * kBlock + j < N; ++j)
       for (int64_t m = 0; m < M; ++m) {
         float acc = 0.f;
         for (int64_t g = 0; g < G; ++g) {
-          const uint8_t* rec = packed + (b * G + g) * rb;
+          const uint8_t* head = packed + b * block_bytes(bits, super, G) + g / kSuper * (hb + kSuper * rb);
+          const uint8_t* rec = head + hb + g % kSuper * rb;
           const int8_t* xq = r.q.data() + m * K + g * kGroup;
           int32_t dot = 0;
           for (int e = 0; e < kGroup; ++e) dot += packed_weight(rec, bits, j, e) * xq[e];
-          const float scale = record_floats(rec, bits, 0)[j] * r.d[m * G + g];
+          const float scale = weight_factor(head, rec, bits, super, 0, j) * r.d[m * G + g];
           acc = std::fma(static_cast<float>(dot), scale, acc);
-          if (bits == 4) acc = std::fma(record_floats(rec, bits, 1)[j], r.s[m * G + g], acc);
+          if (bits == 4) acc = std::fma(weight_factor(head, rec, bits, super, 1, j), r.s[m * G + g], acc);
         }
         const int64_t n = b * kBlock + j;
         y[m * N + n] = bias ? acc + bias[n] : acc;
@@ -198,16 +243,26 @@ inline void row_blocks(int64_t M, Block&& block) {
 
 // One group's float step for MB rows, the same on every vector path (the row-exact sequence at the
 // top of this file): acc = fma(float(dot), d_w * d_x, acc), then for int4 acc = fma(min, d_x * sum(q_x), acc).
-template <int MB, int BITS>
-inline __attribute__((target("avx2,fma"))) void scale_group(const Rows& r, int64_t m0, int64_t g, int64_t G, const uint8_t* rec,
+// The 8 outputs' scales (which 0) or minimums (which 1) of a record, as weight_factor computes them.
+template <int BITS, bool SUPER>
+inline __attribute__((target("avx2,fma"))) __m256 weight_factors(const uint8_t* head, const uint8_t* rec, int which) {
+  const uint8_t* tail = rec + body_bytes(BITS);
+  if constexpr (!SUPER) return _mm256_loadu_ps(floats_at(tail + 32 * which));
+  const __m128i subs = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(tail + 8 * which));  // 8 bytes
+  const __m256i ints = which == 0 ? _mm256_cvtepu8_epi32(subs) : _mm256_cvtepi8_epi32(subs);
+  return _mm256_mul_ps(_mm256_loadu_ps(floats_at(head + 32 * which)), _mm256_cvtepi32_ps(ints));
+}
+
+template <int MB, int BITS, bool SUPER>
+inline __attribute__((target("avx2,fma"))) void scale_group(const Rows& r, int64_t m0, int64_t g, int64_t G, const Records<BITS, SUPER>& at,
                                                             const __m256i* dot, __m256* acc) {
-  const __m256 dw = _mm256_loadu_ps(record_floats(rec, BITS, 0));
+  const __m256 dw = weight_factors<BITS, SUPER>(at.head, at.rec, 0);
   for (int i = 0; i < MB; ++i) {
     const __m256 scale = _mm256_mul_ps(dw, _mm256_set1_ps(r.d[(m0 + i) * G + g]));
     acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[i]), scale, acc[i]);
   }
   if constexpr (BITS == 4) {
-    const __m256 mins = _mm256_loadu_ps(record_floats(rec, BITS, 1));
+    const __m256 mins = weight_factors<BITS, SUPER>(at.head, at.rec, 1);
     for (int i = 0; i < MB; ++i) acc[i] = _mm256_fmadd_ps(mins, _mm256_set1_ps(r.s[(m0 + i) * G + g]), acc[i]);
   }
 }
@@ -226,17 +281,19 @@ inline __attribute__((target("avx2,fma"))) void store_rows(const __m256* acc, co
 
 // One output block against MB rows starting at m0, all groups; the MB accumulators stay in
 // registers. int4: per group, the 8 int16 partial sums of a row fit (8 x 2 x 15 x 127 < 2^15).
-template <int MB, int BITS>
-__attribute__((target("avx2,fma"))) void block_avx2(const Rows& r, int64_t m0, const uint8_t* rec, const float* bias,
+template <int MB, int BITS, bool SUPER>
+__attribute__((target("avx2,fma"))) void block_avx2(const Rows& r, int64_t m0, const uint8_t* records, const float* bias,
                                                     float* y, int64_t N, int64_t K, int64_t b) {
   const int64_t G = K / kGroup;
   const __m256i ones = _mm256_set1_epi16(1);
   const __m256i nibble = _mm256_set1_epi8(0x0F);
   __m256 acc[MB];
   for (int i = 0; i < MB; ++i) acc[i] = _mm256_setzero_ps();
-  for (int64_t g = 0; g < G; ++g, rec += record_bytes(BITS)) {
+  Records<BITS, SUPER> at{records};
+  for (int64_t g = 0; g < G; ++g) {
+    const uint8_t* rec = at.at(g);
     // the hardware prefetcher alone leaves half the bandwidth unused here: ask for records ahead
-    for (int64_t line = 0; line < record_bytes(BITS); line += 64) _mm_prefetch(reinterpret_cast<const char*>(rec + kPrefetch + line), _MM_HINT_T0);
+    for (int64_t line = 0; line < record_bytes(BITS, SUPER); line += 64) _mm_prefetch(reinterpret_cast<const char*>(rec + kPrefetch + line), _MM_HINT_T0);
     __m256i dot[MB];
     if constexpr (BITS == 4) {
       __m256i s16[MB];
@@ -254,9 +311,10 @@ __attribute__((target("avx2,fma"))) void block_avx2(const Rows& r, int64_t m0, c
       }
       for (int i = 0; i < MB; ++i) dot[i] = _mm256_madd_epi16(s16[i], ones);
     } else {
+      const __m256i offset = _mm256_set1_epi8(static_cast<char>(0x80));
       for (int i = 0; i < MB; ++i) dot[i] = _mm256_setzero_si256();
       for (int c = 0; c < 8; ++c) {
-        const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + 32 * c));
+        const __m256i w = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + 32 * c)), offset);  // q
         const __m256i magnitude = _mm256_sign_epi8(w, w);  // |q| as unsigned (q = -128 gives 128)
         for (int i = 0; i < MB; ++i) {
           const int8_t* xq = r.q.data() + (m0 + i) * K + g * kGroup;
@@ -265,19 +323,19 @@ __attribute__((target("avx2,fma"))) void block_avx2(const Rows& r, int64_t m0, c
         }
       }
     }
-    scale_group<MB, BITS>(r, m0, g, G, rec, dot, acc);
+    scale_group<MB, BITS, SUPER>(r, m0, g, G, at, dot, acc);
   }
   store_rows<MB>(acc, bias, y, m0, N, b);
 }
 
-template <int BITS>
+template <int BITS, bool SUPER>
 __attribute__((target("avx2,fma"))) void blocks_avx2(const Rows& r, const uint8_t* packed, const float* bias, float* y,
                                                      int64_t M, int64_t N, int64_t K, int64_t b0, int64_t b1) {
   const int64_t G = K / kGroup;
   for (int64_t b = b0; b < b1; ++b) {
-    const uint8_t* rec = packed + b * G * record_bytes(BITS);
+    const uint8_t* rec = packed + b * block_bytes(BITS, SUPER, G);
     // the block's records stay in cache for the next rows
-    row_blocks<kRowBlock>(M, [&](auto rows, int64_t m0) { block_avx2<decltype(rows)::value, BITS>(r, m0, rec, bias, y, N, K, b); });
+    row_blocks<kRowBlock>(M, [&](auto rows, int64_t m0) { block_avx2<decltype(rows)::value, BITS, SUPER>(r, m0, rec, bias, y, N, K, b); });
   }
 }
 
@@ -288,15 +346,17 @@ inline __attribute__((target(LEAPDECODE_VNNI))) void pin_v(__m256i& v) { asm("" 
 // block_avx2 with `vpdpbusd`: the same integers (each lane's four products summed exactly, no
 // saturation: they fit int32), the same float sequence. Two integer chains per row (low and high
 // nibbles, or even and odd weight chunks) so that the instruction's latency overlaps.
-template <int MB, int BITS>
-__attribute__((target(LEAPDECODE_VNNI))) void block_vnni(const Rows& r, int64_t m0, const uint8_t* rec, const float* bias,
+template <int MB, int BITS, bool SUPER>
+__attribute__((target(LEAPDECODE_VNNI))) void block_vnni(const Rows& r, int64_t m0, const uint8_t* records, const float* bias,
                                                          float* y, int64_t N, int64_t K, int64_t b) {
   const int64_t G = K / kGroup;
   const __m256i nibble = _mm256_set1_epi8(0x0F);
   __m256 acc[MB];
   for (int i = 0; i < MB; ++i) acc[i] = _mm256_setzero_ps();
-  for (int64_t g = 0; g < G; ++g, rec += record_bytes(BITS)) {
-    for (int64_t line = 0; line < record_bytes(BITS); line += 64) _mm_prefetch(reinterpret_cast<const char*>(rec + kPrefetch + line), _MM_HINT_T0);
+  Records<BITS, SUPER> at{records};
+  for (int64_t g = 0; g < G; ++g) {
+    const uint8_t* rec = at.at(g);
+    for (int64_t line = 0; line < record_bytes(BITS, SUPER); line += 64) _mm_prefetch(reinterpret_cast<const char*>(rec + kPrefetch + line), _MM_HINT_T0);
     __m256i even[MB], odd[MB];
     for (int i = 0; i < MB; ++i) even[i] = odd[i] = _mm256_setzero_si256();
     if constexpr (BITS == 4) {
@@ -313,50 +373,62 @@ __attribute__((target(LEAPDECODE_VNNI))) void block_vnni(const Rows& r, int64_t 
         }
       }
     } else {
-      for (int c = 0; c < 8; ++c) {
-        const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + 32 * c));
-        const __m256i magnitude = _mm256_sign_epi8(w, w);  // |q| as unsigned (q = -128 gives 128)
+      for (int c = 0; c < 8; c += 2) {  // chunks c and c + 1 on the two chains
+        const __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + 32 * c));  // q + 128
+        const __m256i w1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + 32 * c + 32));
         for (int i = 0; i < MB; ++i) {
           const int8_t* xq = r.q.data() + (m0 + i) * K + g * kGroup;
-          const __m256i xs = _mm256_sign_epi8(broadcast4(xq + 4 * c), w);  // x with q's sign
-          __m256i& chain = c % 2 ? odd[i] : even[i];
-          chain = _mm256_dpbusd_epi32(chain, magnitude, xs);
-          pin_v(chain);
+          even[i] = _mm256_dpbusd_epi32(even[i], w0, broadcast4(xq + 4 * c));
+          odd[i] = _mm256_dpbusd_epi32(odd[i], w1, broadcast4(xq + 4 * c + 4));
+          pin_v(even[i]);
+          pin_v(odd[i]);
         }
       }
     }
     __m256i dot[MB];
     for (int i = 0; i < MB; ++i) dot[i] = _mm256_add_epi32(even[i], odd[i]);
-    scale_group<MB, BITS>(r, m0, g, G, rec, dot, acc);
+    if constexpr (BITS == 8)
+      for (int i = 0; i < MB; ++i) dot[i] = _mm256_sub_epi32(dot[i], _mm256_set1_epi32(128 * r.n[(m0 + i) * G + g]));
+    scale_group<MB, BITS, SUPER>(r, m0, g, G, at, dot, acc);
   }
   store_rows<MB>(acc, bias, y, m0, N, b);
 }
 
-template <int BITS>
+template <int BITS, bool SUPER>
 __attribute__((target(LEAPDECODE_VNNI))) void blocks_vnni(const Rows& r, const uint8_t* packed, const float* bias, float* y,
                                                           int64_t M, int64_t N, int64_t K, int64_t b0, int64_t b1) {
   const int64_t G = K / kGroup;
   for (int64_t b = b0; b < b1; ++b) {
-    const uint8_t* rec = packed + b * G * record_bytes(BITS);
-    row_blocks<kRowBlockVnni>(M, [&](auto rows, int64_t m0) { block_vnni<decltype(rows)::value, BITS>(r, m0, rec, bias, y, N, K, b); });
+    const uint8_t* rec = packed + b * block_bytes(BITS, SUPER, G);
+    row_blocks<kRowBlockVnni>(M, [&](auto rows, int64_t m0) { block_vnni<decltype(rows)::value, BITS, SUPER>(r, m0, rec, bias, y, N, K, b); });
   }
 }
 #endif
 
 }  // namespace
 
-// x [..., K] float32; packed uint8 [ceil(N/8), K/32, record bytes] (see the top of this file);
-// bias [N] or None. Returns [..., N]. `isa`: the path (kBest, kPortable, kAvx2, kAvx512Vnni); one this
-// CPU cannot run is an error.
-torch::Tensor quantized_linear(const torch::Tensor& x_in, const torch::Tensor& packed, int64_t bits, int64_t N,
+// Calls run(bits, super) with both as compile-time constants.
+template <typename Run>
+void with_layout(int64_t bits, bool super, Run&& run) {
+  if (bits == 4)
+    super ? run(std::integral_constant<int, 4>{}, std::true_type{}) : run(std::integral_constant<int, 4>{}, std::false_type{});
+  else
+    super ? run(std::integral_constant<int, 8>{}, std::true_type{}) : run(std::integral_constant<int, 8>{}, std::false_type{});
+}
+
+// x [..., K] float32; packed uint8 [ceil(N/8), ...] holding each output block's records in
+// block_bytes (see the top of this file; `super`: the super-block form of the scales); bias [N] or
+// None. Returns [..., N]. `isa`: the path (kBest, kPortable, kAvx2, kAvx512Vnni); one this CPU
+// cannot run is an error.
+torch::Tensor quantized_linear(const torch::Tensor& x_in, const torch::Tensor& packed, int64_t bits, bool super, int64_t N,
                                const std::optional<torch::Tensor>& bias, int64_t isa) {
   TORCH_CHECK(bits == 4 || bits == 8, "quantized_linear: bits must be 4 or 8");
   TORCH_CHECK(x_in.dim() >= 1 && x_in.scalar_type() == torch::kFloat, "quantized_linear: x [..., K] float32 expected");
   const int64_t K = x_in.size(-1), G = K / kGroup, blocks = (N + kBlock - 1) / kBlock;
   TORCH_CHECK(K % kGroup == 0, "quantized_linear: in_features must be a multiple of 32");
-  TORCH_CHECK(packed.scalar_type() == torch::kByte && packed.is_contiguous() && packed.dim() == 3 &&
-                  packed.size(0) == blocks && packed.size(1) == G && packed.size(2) == record_bytes(bits),
-              "quantized_linear: packed [ceil(N/8), K/32, ", record_bytes(bits), "] uint8 expected");
+  TORCH_CHECK(packed.scalar_type() == torch::kByte && packed.is_contiguous() && packed.dim() >= 2 && packed.size(0) == blocks &&
+                  packed.numel() == blocks * block_bytes(bits, super, G),
+              "quantized_linear: packed uint8 [ceil(N/8), ...] with ", block_bytes(bits, super, G), " bytes per block expected");
   TORCH_CHECK(!bias || (bias->scalar_type() == torch::kFloat && bias->numel() == N), "quantized_linear: bias [N] float32");
   if (isa == kBest) isa = best_isa();
   TORCH_CHECK(isa >= kPortable && isa <= best_isa(), "quantized_linear: path ", isa, " is not available on this CPU (best: ", best_isa(), ")");
@@ -372,23 +444,15 @@ torch::Tensor quantized_linear(const torch::Tensor& x_in, const torch::Tensor& p
   const float* bp = bias ? bias_c.data_ptr<float>() : nullptr;
   float* yp = y.data_ptr<float>();
   at::parallel_for(0, blocks, 4, [&](int64_t b0, int64_t b1) {
+    with_layout(bits, super, [&](auto b, auto s) {
+      constexpr int BITS = decltype(b)::value;
+      constexpr bool SUPER = decltype(s)::value;
 #ifdef LEAPDECODE_X86
-    if (isa == kAvx512Vnni) {
-      if (bits == 4)
-        blocks_vnni<4>(rows, pp, bp, yp, M, N, K, b0, b1);
-      else
-        blocks_vnni<8>(rows, pp, bp, yp, M, N, K, b0, b1);
-      return;
-    }
-    if (isa == kAvx2) {
-      if (bits == 4)
-        blocks_avx2<4>(rows, pp, bp, yp, M, N, K, b0, b1);
-      else
-        blocks_avx2<8>(rows, pp, bp, yp, M, N, K, b0, b1);
-      return;
-    }
+      if (isa == kAvx512Vnni) return blocks_vnni<BITS, SUPER>(rows, pp, bp, yp, M, N, K, b0, b1);
+      if (isa == kAvx2) return blocks_avx2<BITS, SUPER>(rows, pp, bp, yp, M, N, K, b0, b1);
 #endif
-    blocks_portable(rows, pp, static_cast<int>(bits), bp, yp, M, N, K, b0, b1);
+      blocks_portable(rows, pp, BITS, SUPER, bp, yp, M, N, K, b0, b1);
+    });
   });
   return y;
 }
