@@ -45,6 +45,15 @@ def kernel():
     return module
 
 
+def magnitude(layer: QuantizedLinear, x: torch.Tensor) -> torch.Tensor:
+    """The sum of the absolute terms the kernel adds for each output (scale·q and the minimum
+    apart): float32's rounding is relative to it, not to the result, which they may cancel to ~0."""
+    qweight, scales, mins = layer.groups()
+    weight = dequantize(qweight, scales.abs(), mins.abs(), 4) if mins is not None else layer.weight_float().abs()
+    out = quantize._activations_reference(x).abs().double() @ weight.double().T
+    return out + layer.bias.abs().double() if layer.bias is not None else out
+
+
 def reference(layer: QuantizedLinear, x: torch.Tensor) -> torch.Tensor:
     """The same product in float64: activations rounded as the kernel rounds them, weights de-quantized."""
     out = quantize._activations_reference(x).double() @ layer.weight_float().double().T
@@ -68,15 +77,41 @@ def test_kernel_matches_a_float_reference_rows_are_independent_and_paths_agree(k
     assert layer.super_blocks == super_blocks
     x = torch.randn(rows, k, generator=g) * spread
     x[0, :GROUP] = 0  # a group of zeros: scale 0, no division by it
+    check_against_reference_and_paths(kernel, layer, x)
+
+
+def check_against_reference_and_paths(kernel, layer: QuantizedLinear, x: torch.Tensor) -> None:
+    """The kernel's product against the float64 reference, then every path this CPU runs bitwise
+    the same, and every row alone bitwise the same as in the whole call."""
     fast = layer(x)  # [rows, n]
     want = reference(layer, x)
-    scale = want.abs().max().item() + 1e-6
-    assert torch.allclose(fast.double(), want, atol=1e-5 * scale, rtol=1e-5)
+    assert ((fast.double() - want).abs() <= 1e-5 * magnitude(layer, x) + 1e-30).all()
     for isa in range(kernel.best_isa() + 1):  # portable, AVX2, AVX512-VNNI: the same bits
         layer.isa = isa
         assert torch.equal(layer(x), fast)
-        for i in range(rows):
+        for i in range(x.shape[0]):
             assert torch.equal(layer(x[i : i + 1])[0], fast[i])
+    layer.isa = quantize.BEST
+
+
+@settings(max_examples=30, deadline=None)
+@given(rows=st.integers(1, 20), groups=st.integers(1, 20), n=st.integers(1, 40), bias=st.booleans(), seed=st.integers(0, 2**16))
+def test_six_bit_layers_match_a_float_reference_round_trip_and_paths_agree(kernel, rows, groups, n, bias, seed) -> None:
+    """GGUF's Q6_K form (w = d·sc·(q − 32), an int8 sc per 16 weights) at any size, with the
+    extreme weights and scales: the same checks, and the packed records give back q and factors."""
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randint(0, 64, (n, groups * GROUP), generator=g).to(torch.uint8)
+    q[0, :GROUP], q[-1, -GROUP:] = 0, 63
+    sc = torch.randint(-128, 128, (n, 2 * groups), generator=g).to(torch.int8)
+    sc[0, 0], sc[-1, -1] = -128, 127
+    factors = SuperScales(torch.rand(n, -(-groups // 8), generator=g) * 0.01, sc, per_group=2)
+    layer = QuantizedLinear.from_groups(q, factors, None, 6, torch.randn(n, generator=g) if bias else None)
+    assert layer.super_blocks and layer.packed.shape == packed_shape(6, n, groups * GROUP, True)
+    back, again = unpack_super(layer.packed, 6, n, groups)
+    assert torch.equal(back, q) and torch.equal(again.d, factors.d) and torch.equal(again.sc, sc) and again.per_group == 2
+    x = torch.randn(rows, groups * GROUP, generator=g) * 3
+    x[-1, -GROUP:] = 127.0  # activations at their largest: the integer sums at their largest
+    check_against_reference_and_paths(kernel, layer, x)
 
 
 @settings(max_examples=40, deadline=None)
@@ -241,7 +276,7 @@ def test_gguf_blocks_are_the_files_values(kind) -> None:
     mine = dequantize_blocks(blocks)
     want = torch.from_numpy(dequantize(raw, GGMLQuantizationType[kind]).reshape(6, -1))
     assert torch.allclose(mine, want, rtol=1e-6, atol=1e-6)
-    assert read_blocks(raw, "Q6_K", 6, 4 * GROUP) is None  # a layout that does not fit
+    assert read_blocks(raw, "Q5_K", 6, 4 * GROUP) is None  # a layout that does not fit
 
 
 def test_q4_k_blocks_of_the_real_file_are_its_values() -> None:
@@ -263,6 +298,26 @@ def test_q4_k_blocks_of_the_real_file_are_its_values() -> None:
     layer = blocks.layer(None)
     assert layer.super_blocks and torch.equal(layer.weight_float(), dequantize_blocks(blocks))
     assert layer.packed.numel() < 0.8 * QuantizedLinear.from_groups(*blocks.groups(), 4, None).packed.numel()
+
+
+def test_q6_k_blocks_of_the_real_file_are_its_values_bit_for_bit(kernel) -> None:
+    """The 1.5B's Q6_K tensors (a value projection here; its output layer, half its down
+    projections) become 6-bit layers whose weights are the file's, bit for bit."""
+    from gguf import GGUFReader, dequantize
+
+    from leapdecode.models.loading import default_cache_dir
+    from leapdecode.models.presets import locate
+
+    reader = GGUFReader(str(locate("qwen2.5-coder-1.5b", default_cache_dir(), download=True)))
+    tensor = next(t for t in reader.tensors if t.tensor_type.name == "Q6_K" and len(t.shape) == 2 and t.shape[1] <= 2048)
+    cols, rows = (int(n) for n in tensor.shape)
+    blocks = read_blocks(tensor.data, "Q6_K", rows, cols)
+    want = torch.from_numpy(dequantize(tensor.data, tensor.tensor_type).reshape(rows, cols))
+    assert blocks.bits == 6 and torch.equal(dequantize_blocks(blocks), want)
+    layer = blocks.layer(None)
+    assert layer.bits == 6 and torch.equal(layer.weight_float(), want)
+    x = torch.randn(3, cols)
+    check_against_reference_and_paths(kernel, layer, x)
 
 
 def dequantize_blocks(blocks) -> torch.Tensor:

@@ -5,8 +5,9 @@ those floats again would make a second model. Instead, for every weight stored i
 fits ours, take the file's integers and scales themselves:
 - Q4_0 (w = d·(q − 8)), Q4_1 (w = d·q + m) and Q4_K (w = d·sc·q − dmin·m per group of 32 inside
   a block of 256) → int4 groups with a scale and a minimum;
-- Q8_0 (w = d·q) → int8 groups.
-Q4_K's scales and minimums keep their own form, 6-bit multiples of a float per 256 weights (the
+- Q8_0 (w = d·q) → int8 groups;
+- Q6_K (w = d·sc·(q − 32), an int8 sc per 16 weights) → 6-bit groups.
+Q4_K's and Q6_K's scales keep their own form, small integers times a float per 256 weights (the
 layers' super-block form, `quantize.SuperScales`): the same float32 values, in fewer bytes.
 The file's tensors are matched to the model's linear layers by value, not by name (names differ
 per architecture, and `transformers` permutes the rows of some): each row of the de-quantized
@@ -28,8 +29,8 @@ from leapdecode.models.quantize import GROUP, QuantizedLinear, SuperScales, pack
 
 @dataclass(frozen=True)
 class Blocks:
-    """One weight's groups: q [rows, groups, 32] (int4: 0..15; int8: −127..127), scales and mins
-    [rows, groups] (mins None for int8)."""
+    """One weight's groups: q [rows, groups, 32] (int4: 0..15; 6 bits: 0..63; int8: −127..127), scales
+    and mins [rows, groups] (mins None for int8 and 6 bits; 6 bits: scales per 16 weights, [rows, 2·groups])."""
 
     bits: int
     q: torch.Tensor
@@ -41,6 +42,8 @@ class Blocks:
         """(qweight, scales, mins) as `quantize.quantize_weight` gives them (what `QuantizedLinear.from_groups` takes)."""
         if self.bits == 4:
             return pack_int4(self.q.to(torch.uint8)), self.scales, self.mins
+        if self.bits == 6:
+            return self.q.to(torch.uint8).reshape(self.q.shape[0], -1), self.scales, None
         return self.q.to(torch.int8).reshape(self.q.shape[0], -1).view(torch.uint8), self.scales, None
 
     def layer(self, bias: torch.Tensor | None) -> QuantizedLinear:
@@ -60,7 +63,7 @@ def _f16(raw: np.ndarray) -> np.ndarray:
 
 def read_blocks(data: np.ndarray, kind: str, rows: int, cols: int) -> Blocks | None:
     """The groups of one tensor's raw blocks ([rows, bytes per row] uint8), or None for a type
-    that does not fit (Q5, Q6_K, floats...)."""
+    that does not fit (Q5, Q2_K, floats...)."""
     if cols % GROUP:
         return None
     raw = np.asarray(data, dtype=np.uint8).reshape(rows, -1)
@@ -90,6 +93,15 @@ def read_blocks(data: np.ndarray, kind: str, rows: int, cols: int) -> Blocks | N
         factors = SuperScales(torch.from_numpy(np.ascontiguousarray(d[..., 0])), torch.from_numpy(sc.reshape(rows, -1).copy()),
                               torch.from_numpy(np.ascontiguousarray(-dmin[..., 0])), torch.from_numpy(mn.reshape(rows, -1).astype(np.int8)))
         return Blocks(4, torch.from_numpy(np.ascontiguousarray(q)), torch.from_numpy(scales), torch.from_numpy(mins), factors)
+    if kind == "Q6_K":  # 210 bytes per 256: 128 bytes of low nibbles, 64 of high pairs, 16 int8 scales, d (f16)
+        b = raw.reshape(rows, -1, 210)
+        low = (b[..., :128].reshape(rows, -1, 2, 1, 64) >> np.array([0, 4], dtype=np.uint8).reshape(1, 1, 1, 2, 1)) & 0x0F
+        high = (b[..., 128:192].reshape(rows, -1, 2, 1, 32) >> np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 1, 1, 4, 1)) & 0x03
+        q = (low.reshape(rows, -1, GROUP) | (high.reshape(rows, -1, GROUP) << 4)).astype(np.uint8)  # [rows, groups, 32], 0..63
+        sc = b[..., 192:208].copy().view(np.int8).reshape(rows, -1)  # [rows, groups · 2]: one per 16 weights
+        d = _f16(b[..., 208:210])[..., 0]  # [rows, blocks]
+        factors = SuperScales(torch.from_numpy(np.ascontiguousarray(d)), torch.from_numpy(sc), per_group=2)
+        return Blocks(6, torch.from_numpy(np.ascontiguousarray(q)), factors.scales(), None, factors)
     return None
 
 

@@ -1,8 +1,9 @@
 // Group-quantized linear layers: y[m, n] = sum_k x[m, k] * w[n, k] (+ bias[n]).
 //
 // Weights come in groups of 32 along k (GGUF's block size): int8 with a scale per group
-// (w = d * q, GGUF's Q8_0), or 4-bit with a scale and a minimum per group (w = d * q + min, q in
-// 0..15; Q4_0, Q4_1 and Q4_K all fit). Activations are quantized at run time, per row and group, to
+// (w = d * q, GGUF's Q8_0), 4-bit with a scale and a minimum per group (w = d * q + min, q in
+// 0..15; Q4_0, Q4_1 and Q4_K all fit), or 6-bit with a scale per 16 weights
+// (w = d * sc * (q - 32), q in 0..63, sc int8: GGUF's Q6_K exactly). Activations are quantized at run time, per row and group, to
 // int8 with their own scale (as llama.cpp does), so each group's dot product is an exact integer.
 //
 // Packed layout (built once at load, `quantize.pack`): outputs in blocks of 8, and for each block
@@ -13,6 +14,8 @@
 //   int8 (256 bytes): 8 x 32 bytes, the c-th holding q[j][4c+e] + 128 at byte 4j+e (offset binary:
 //        `vpdpbusd` multiplies unsigned by signed bytes, and the 128 x sum(x) it adds comes off as
 //        one integer per row and group; the AVX2 path flips the top bit back).
+//   6-bit (192 bytes): the low 4 bits as int4's 128 bytes, then 2 x 32 bytes of high bit pairs:
+//        in the h-th, bits 2k..2k+1 of byte 4j+e are the top two bits of q[j][16h+4k+e].
 // The scales come in one of two forms:
 //   per group: the body is followed by the 8 scales (and for int4 the 8 minimums) as float32
 //        (192 / 288 bytes a record); any scales fit (GGUF's Q4_0, Q4_1, Q8_0 take this form);
@@ -20,7 +23,9 @@
 //        factors d (int4: then 8 factors dmin), and each record holds its 8 scales as uint8 sc
 //        (int4: then its 8 minimums as int8 m): scale = d * sc, minimum = dmin * m, one float32
 //        product each (GGUF's Q4_K is this form exactly; 144 / 264 bytes a record plus the header,
-//        a quarter fewer bytes to read per int4 weight than per group).
+//        a quarter fewer bytes to read per int4 weight than per group). 6-bit records hold the 8
+//        outputs' int8 sc of the group's first 16 weights, then of its last 16 (208 bytes): those
+//        multiply the two halves' integer sums, and d the group's (the only form for 6 bits).
 // Lane j of a vector is output j of the block: one `maddubs` multiplies four weights of each of
 // the eight outputs by the same four activations (broadcast), so a group costs a few vector
 // instructions for eight outputs, the group's scales multiply as one vector, and no horizontal
@@ -34,7 +39,8 @@
 // Row-exact by construction: every (output, row) value is the same sequence of float operations
 // whatever the number of rows M (per group, in order: acc = fma(float(dot), d_w * d_x, acc), then
 // for int4 acc = fma(min, d_x * sum(q_x), acc), with d_w and min the stored floats or the
-// super-block products); the unpacked weights are only shared between
+// super-block products, for 6 bits d_w = d and dot = sc_a * dot_a + sc_b * dot_b over the halves,
+// exact integers); the unpacked weights are only shared between
 // rows. So row i of an M-row call is bit-identical to a 1-row call on that row, and the portable
 // path, which computes the same sequence in scalar code, gives the same bits. Threads split the
 // output blocks, never the reduction.
@@ -45,6 +51,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <numeric>
 #include <optional>
 #include <type_traits>
 #include <vector>
@@ -77,8 +84,10 @@ constexpr int64_t kPrefetch = 1024;  // how far ahead of the record in use to pr
 constexpr int64_t kSuper = 8;   // groups per super-block (one header of factors)
 
 // Bytes of the packed layout: a record's weights, a record, a super-block's header, an output block.
-constexpr int64_t body_bytes(int bits) { return bits == 4 ? 128 : 256; }
-constexpr int64_t record_bytes(int bits, bool super) { return body_bytes(bits) + (super ? 8 : 32) * (bits == 4 ? 2 : 1); }
+constexpr int64_t body_bytes(int bits) { return bits == 4 ? 128 : bits == 6 ? 192 : 256; }
+constexpr int64_t record_bytes(int bits, bool super) {
+  return body_bytes(bits) + (bits == 6 ? 16 : (super ? 8 : 32) * (bits == 4 ? 2 : 1));
+}
 constexpr int64_t header_bytes(int bits, bool super) { return super ? 32 * (bits == 4 ? 2 : 1) : 0; }
 constexpr int64_t block_bytes(int bits, bool super, int64_t G) {
   return G * record_bytes(bits, super) + (G + kSuper - 1) / kSuper * header_bytes(bits, super);
@@ -106,6 +115,7 @@ struct Rows {
   std::vector<float> d;   // [M, G]
   std::vector<float> s;   // [M, G] d * sum(q): the group's sum as the products see it
   std::vector<int32_t> n;  // [M, G] sum(q)
+  std::vector<int32_t> h;  // [M, G] sum(q) over the group's first 16
 };
 
 // One group of 32 activations: q = round-half-even(x * (1 / d)), d = max|x| / 127; returns d and
@@ -155,7 +165,8 @@ __attribute__((target("avx2,fma"))) float quantize_group_avx2(const float* xs, i
 
 Rows quantize_rows(const float* x, int64_t M, int64_t K, bool fast) {
   const int64_t G = K / kGroup;
-  Rows r{std::vector<int8_t>(M * K), std::vector<float>(M * G), std::vector<float>(M * G), std::vector<int32_t>(M * G)};
+  Rows r{std::vector<int8_t>(M * K), std::vector<float>(M * G), std::vector<float>(M * G), std::vector<int32_t>(M * G),
+         std::vector<int32_t>(M * G)};
   // groups are independent: split them between threads (a 16-row pass has ~4500 of them)
   at::parallel_for(0, M * G, 256, [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) {
@@ -170,17 +181,30 @@ Rows quantize_rows(const float* x, int64_t M, int64_t K, bool fast) {
       r.d[i] = d;
       r.s[i] = d * static_cast<float>(sum);
       r.n[i] = sum;
+      const int8_t* q = r.q.data() + i * kGroup;
+      r.h[i] = std::accumulate(q, q + kGroup / 2, 0);
     }
   });
   return r;
 }
 
-// Weight e (0..31) of output j (0..7) in a packed record.
+// Weight e (0..31) of output j (0..7) in a packed record (6 bits: q - 32).
 inline int32_t packed_weight(const uint8_t* rec, int bits, int j, int e) {
   if (bits == 8) return static_cast<int32_t>(rec[32 * (e / 4) + 4 * j + e % 4]) - 128;
   const int c = e % 16;
   const uint8_t b = rec[32 * (c / 4) + 4 * j + c % 4];
-  return e < 16 ? (b & 0x0F) : (b >> 4);
+  const int32_t low = e < 16 ? (b & 0x0F) : (b >> 4);
+  if (bits == 4) return low;
+  const uint8_t pairs = rec[128 + 32 * (e / 16) + 4 * j + c % 4];
+  return (low | ((pairs >> (2 * (c / 4))) & 3) << 4) - 32;
+}
+
+// A 6-bit record's integer dot for output j: each half's sum times its int8 scale.
+inline int32_t six_bit_dot(const uint8_t* rec, int j, const int8_t* xq) {
+  int32_t half[2] = {0, 0};
+  for (int e = 0; e < kGroup; ++e) half[e / 16] += packed_weight(rec, 6, j, e) * xq[e];
+  const int8_t* sc = reinterpret_cast<const int8_t*>(rec + body_bytes(6));
+  return half[0] * sc[j] + half[1] * sc[8 + j];
 }
 
 inline const float* floats_at(const uint8_t* p) { return reinterpret_cast<const float*>(p); }
@@ -188,6 +212,7 @@ inline const float* floats_at(const uint8_t* p) { return reinterpret_cast<const 
 // Output j's scale (which 0) or minimum (which 1) for the record `rec` of super-block header `head`.
 inline float weight_factor(const uint8_t* head, const uint8_t* rec, int bits, bool super, int which, int j) {
   const uint8_t* tail = rec + body_bytes(bits);
+  if (bits == 6) return floats_at(head)[j];  // the sub-scales went into the integer dot
   if (!super) return floats_at(tail + 32 * which)[j];
   const float d = floats_at(head + 32 * which)[j];
   return which == 0 ? d * static_cast<float>(tail[j]) : d * static_cast<float>(static_cast<int8_t>(tail[8 + j]));
@@ -206,7 +231,10 @@ void blocks_portable(const Rows& r, const uint8_t* packed, int bits, bool super,
           const uint8_t* rec = head + hb + g % kSuper * rb;
           const int8_t* xq = r.q.data() + m * K + g * kGroup;
           int32_t dot = 0;
-          for (int e = 0; e < kGroup; ++e) dot += packed_weight(rec, bits, j, e) * xq[e];
+          if (bits == 6)
+            dot = six_bit_dot(rec, j, xq);
+          else
+            for (int e = 0; e < kGroup; ++e) dot += packed_weight(rec, bits, j, e) * xq[e];
           const float scale = weight_factor(head, rec, bits, super, 0, j) * r.d[m * G + g];
           acc = std::fma(static_cast<float>(dot), scale, acc);
           if (bits == 4) acc = std::fma(weight_factor(head, rec, bits, super, 1, j), r.s[m * G + g], acc);
@@ -243,10 +271,35 @@ inline void row_blocks(int64_t M, Block&& block) {
 
 // One group's float step for MB rows, the same on every vector path (the row-exact sequence at the
 // top of this file): acc = fma(float(dot), d_w * d_x, acc), then for int4 acc = fma(min, d_x * sum(q_x), acc).
+// 6 bits: chunk k's weights (k = 0..3 of a record's first half, or with the second half's high
+// pairs and the high nibbles, of its second) as unsigned bytes, q = low | pair << 4.
+inline __attribute__((target("avx2,fma"))) __m256i six_bit_chunk(__m256i low, __m256i pairs, int k) {
+  const __m256i top = _mm256_set1_epi8(0x30);
+  // 16-bit shifts move bits across bytes, but the mask keeps only each byte's own pair
+  const __m256i high = k == 0 ? _mm256_slli_epi16(pairs, 4) : k == 1 ? _mm256_slli_epi16(pairs, 2) : k == 2 ? pairs : _mm256_srli_epi16(pairs, 2);
+  return _mm256_or_si256(low, _mm256_and_si256(high, top));
+}
+
+// 6 bits: the halves' sums of unsigned q times x (`first`, `second`, per output) → the record's
+// exact dot: sc_a * (first - 32 sum(x_a)) + sc_b * (second - 32 sum(x_b)).
+template <int MB>
+inline __attribute__((target("avx2,fma"))) void six_bit_dots(const Rows& r, int64_t m0, int64_t g, int64_t G, const uint8_t* rec,
+                                                             const __m256i* first, const __m256i* second, __m256i* dot) {
+  const __m256i sa = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(rec + body_bytes(6))));
+  const __m256i sb = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(rec + body_bytes(6) + 8)));
+  for (int i = 0; i < MB; ++i) {
+    const int64_t at = (m0 + i) * G + g;
+    const __m256i a = _mm256_sub_epi32(first[i], _mm256_set1_epi32(32 * r.h[at]));
+    const __m256i b = _mm256_sub_epi32(second[i], _mm256_set1_epi32(32 * (r.n[at] - r.h[at])));
+    dot[i] = _mm256_add_epi32(_mm256_mullo_epi32(a, sa), _mm256_mullo_epi32(b, sb));
+  }
+}
+
 // The 8 outputs' scales (which 0) or minimums (which 1) of a record, as weight_factor computes them.
 template <int BITS, bool SUPER>
 inline __attribute__((target("avx2,fma"))) __m256 weight_factors(const uint8_t* head, const uint8_t* rec, int which) {
   const uint8_t* tail = rec + body_bytes(BITS);
+  if constexpr (BITS == 6) return _mm256_loadu_ps(floats_at(head));
   if constexpr (!SUPER) return _mm256_loadu_ps(floats_at(tail + 32 * which));
   const __m128i subs = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(tail + 8 * which));  // 8 bytes
   const __m256i ints = which == 0 ? _mm256_cvtepu8_epi32(subs) : _mm256_cvtepi8_epi32(subs);
@@ -310,6 +363,22 @@ __attribute__((target("avx2,fma"))) void block_avx2(const Rows& r, int64_t m0, c
         }
       }
       for (int i = 0; i < MB; ++i) dot[i] = _mm256_madd_epi16(s16[i], ones);
+    } else if constexpr (BITS == 6) {  // int16 pairs fit (2 x 63 x 127), four chunks would not: int32 sums
+      const __m256i pairs_a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + 128));
+      const __m256i pairs_b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + 160));
+      __m256i first[MB], second[MB];
+      for (int i = 0; i < MB; ++i) first[i] = second[i] = _mm256_setzero_si256();
+      for (int k = 0; k < 4; ++k) {
+        const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + 32 * k));
+        const __m256i lo = six_bit_chunk(_mm256_and_si256(raw, nibble), pairs_a, k);
+        const __m256i hi = six_bit_chunk(_mm256_and_si256(_mm256_srli_epi16(raw, 4), nibble), pairs_b, k);
+        for (int i = 0; i < MB; ++i) {
+          const int8_t* xq = r.q.data() + (m0 + i) * K + g * kGroup;
+          first[i] = _mm256_add_epi32(first[i], _mm256_madd_epi16(_mm256_maddubs_epi16(lo, broadcast4(xq + 4 * k)), ones));
+          second[i] = _mm256_add_epi32(second[i], _mm256_madd_epi16(_mm256_maddubs_epi16(hi, broadcast4(xq + 16 + 4 * k)), ones));
+        }
+      }
+      six_bit_dots<MB>(r, m0, g, G, rec, first, second, dot);
     } else {
       const __m256i offset = _mm256_set1_epi8(static_cast<char>(0x80));
       for (int i = 0; i < MB; ++i) dot[i] = _mm256_setzero_si256();
@@ -359,11 +428,20 @@ __attribute__((target(LEAPDECODE_VNNI))) void block_vnni(const Rows& r, int64_t 
     for (int64_t line = 0; line < record_bytes(BITS, SUPER); line += 64) _mm_prefetch(reinterpret_cast<const char*>(rec + kPrefetch + line), _MM_HINT_T0);
     __m256i even[MB], odd[MB];
     for (int i = 0; i < MB; ++i) even[i] = odd[i] = _mm256_setzero_si256();
-    if constexpr (BITS == 4) {
+    if constexpr (BITS == 4 || BITS == 6) {  // even: the group's first 16 weights, odd: its last 16
+      __m256i pairs_a = _mm256_setzero_si256(), pairs_b = _mm256_setzero_si256();
+      if constexpr (BITS == 6) {
+        pairs_a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + 128));
+        pairs_b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + 160));
+      }
       for (int k = 0; k < 4; ++k) {
         const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + 32 * k));
-        const __m256i lo = _mm256_and_si256(raw, nibble);
-        const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), nibble);
+        __m256i lo = _mm256_and_si256(raw, nibble);
+        __m256i hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), nibble);
+        if constexpr (BITS == 6) {
+          lo = six_bit_chunk(lo, pairs_a, k);
+          hi = six_bit_chunk(hi, pairs_b, k);
+        }
         for (int i = 0; i < MB; ++i) {
           const int8_t* xq = r.q.data() + (m0 + i) * K + g * kGroup;
           even[i] = _mm256_dpbusd_epi32(even[i], lo, broadcast4(xq + 4 * k));
@@ -386,9 +464,13 @@ __attribute__((target(LEAPDECODE_VNNI))) void block_vnni(const Rows& r, int64_t 
       }
     }
     __m256i dot[MB];
-    for (int i = 0; i < MB; ++i) dot[i] = _mm256_add_epi32(even[i], odd[i]);
-    if constexpr (BITS == 8)
-      for (int i = 0; i < MB; ++i) dot[i] = _mm256_sub_epi32(dot[i], _mm256_set1_epi32(128 * r.n[(m0 + i) * G + g]));
+    if constexpr (BITS == 6) {
+      six_bit_dots<MB>(r, m0, g, G, rec, even, odd, dot);
+    } else {
+      for (int i = 0; i < MB; ++i) dot[i] = _mm256_add_epi32(even[i], odd[i]);
+      if constexpr (BITS == 8)
+        for (int i = 0; i < MB; ++i) dot[i] = _mm256_sub_epi32(dot[i], _mm256_set1_epi32(128 * r.n[(m0 + i) * G + g]));
+    }
     scale_group<MB, BITS, SUPER>(r, m0, g, G, at, dot, acc);
   }
   store_rows<MB>(acc, bias, y, m0, N, b);
@@ -412,6 +494,8 @@ template <typename Run>
 void with_layout(int64_t bits, bool super, Run&& run) {
   if (bits == 4)
     super ? run(std::integral_constant<int, 4>{}, std::true_type{}) : run(std::integral_constant<int, 4>{}, std::false_type{});
+  else if (bits == 6)
+    run(std::integral_constant<int, 6>{}, std::true_type{});
   else
     super ? run(std::integral_constant<int, 8>{}, std::true_type{}) : run(std::integral_constant<int, 8>{}, std::false_type{});
 }
@@ -422,7 +506,7 @@ void with_layout(int64_t bits, bool super, Run&& run) {
 // cannot run is an error.
 torch::Tensor quantized_linear(const torch::Tensor& x_in, const torch::Tensor& packed, int64_t bits, bool super, int64_t N,
                                const std::optional<torch::Tensor>& bias, int64_t isa) {
-  TORCH_CHECK(bits == 4 || bits == 8, "quantized_linear: bits must be 4 or 8");
+  TORCH_CHECK(bits == 4 || bits == 8 || (bits == 6 && super), "quantized_linear: bits must be 4 or 8, or 6 with super-block scales");
   TORCH_CHECK(x_in.dim() >= 1 && x_in.scalar_type() == torch::kFloat, "quantized_linear: x [..., K] float32 expected");
   const int64_t K = x_in.size(-1), G = K / kGroup, blocks = (N + kBlock - 1) / kBlock;
   TORCH_CHECK(K % kGroup == 0, "quantized_linear: in_features must be a multiple of 32");

@@ -7,7 +7,8 @@ the layout of GGUF's Q4_1; Q4_0 and Q4_K fit it too). The scales are stored per 
 (any scales: GGUF's Q4_0, Q4_1, Q8_0) or, in the super-block form (`SuperScales`, GGUF's Q4_K
 exactly, and what this module's own rounding produces), as 8-bit multiples of one float32 factor
 per output and run of 8 groups: a quarter fewer bytes per int4 weight, and a one-token pass reads
-every weight once, so it is that much faster. The output layer (LM head) is kept at int8
+every weight once, so it is that much faster. A GGUF's Q6_K weights (w = d·sc·(q − 32), an int8 sc
+per 16 weights) keep their 6 bits in that form too (`bits` 6). The output layer (LM head) is kept at int8
 in int4 mode, as llama.cpp's Q4_K_M keeps it at 6 bits. A model loaded from a GGUF file takes the
 file's own groups where they fit (`gguf_blocks`): the quantized model is the file's model. The
 weights are held in the kernel's packed layout (`pack`: blocks of 8 outputs, one record per block
@@ -78,19 +79,25 @@ class SuperScales:
     """Group scales (and int4 minimums) as 8-bit multiples of one float32 factor per output and
     super-block of `SUPER` groups (the last may be shorter): scale[n, g] = d[n, g // 8] · sc[n, g],
     minimum[n, g] = dmin[n, g // 8] · m[n, g], each one float32 product (as the kernel computes it).
-    GGUF's Q4_K is this form with 6-bit sc and m (its minimum's sign folded into dmin)."""
+    GGUF's Q4_K is this form with 6-bit sc and m (its minimum's sign folded into dmin); its Q6_K
+    has an int8 sc per half group (`per_group` 2: sc [out, 2·groups], scale per 16 weights)."""
 
     d: torch.Tensor  # [out, supers] float32
-    sc: torch.Tensor  # [out, groups] uint8
+    sc: torch.Tensor  # [out, groups · per_group] uint8 (int8 for 6 bits)
     dmin: torch.Tensor | None = None  # [out, supers] float32 (int4)
     m: torch.Tensor | None = None  # [out, groups] int8 (int4)
+    per_group: int = 1
+
+    @property
+    def groups(self) -> int:
+        return self.sc.shape[1] // self.per_group
 
     def scales(self) -> torch.Tensor:
-        """[out, groups] float32."""
-        return _per_group(self.d, self.sc.shape[1]) * self.sc.float()
+        """[out, groups · per_group] float32."""
+        return _per_group(self.d, self.sc.shape[1], SUPER * self.per_group) * self.sc.float()
 
     def mins(self) -> torch.Tensor | None:
-        """[out, groups] float32, or None (int8)."""
+        """[out, groups] float32, or None (int8, 6 bits)."""
         if self.dmin is None or self.m is None:
             return None
         return _per_group(self.dmin, self.m.shape[1]) * self.m.float()
@@ -98,11 +105,11 @@ class SuperScales:
     def rows(self, index: torch.Tensor) -> SuperScales:
         """The factors of the outputs `index` (a permutation, for a GGUF's reordered rows)."""
         return SuperScales(self.d[index], self.sc[index], None if self.dmin is None else self.dmin[index],
-                           None if self.m is None else self.m[index])
+                           None if self.m is None else self.m[index], self.per_group)
 
 
-def _per_group(factors: torch.Tensor, groups: int) -> torch.Tensor:
-    return factors.float().repeat_interleave(SUPER, dim=1)[:, :groups]  # [out, groups]
+def _per_group(factors: torch.Tensor, columns: int, repeat: int = SUPER) -> torch.Tensor:
+    return factors.float().repeat_interleave(repeat, dim=1)[:, :columns]  # [out, columns]
 
 
 def _by_super(values: torch.Tensor) -> torch.Tensor:
@@ -172,7 +179,10 @@ def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
 
 
 def dequantize(qweight: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor | None, bits: int) -> torch.Tensor:
-    """The float32 weight [out, in] that the quantized one stands for."""
+    """The float32 weight [out, in] that the quantized one stands for (6 bits: qweight uint8 q in
+    0..63 [out, in], scales per 16 weights [out, in/16], w = scale · (q − 32))."""
+    if bits == 6:
+        return scales.repeat_interleave(GROUP // 2, dim=1) * (qweight.float() - 32)
     if bits == 8:
         q = qweight.view(torch.int8).reshape(qweight.shape[0], -1, GROUP).float()
         return (q * scales.unsqueeze(-1)).reshape(qweight.shape[0], -1)
@@ -182,10 +192,10 @@ def dequantize(qweight: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor |
 
 
 BLOCK = 8  # outputs per packed block (quant.cpp)
-BODY = {4: 128, 8: 256}  # bytes of a (block, group) record's weights
+BODY = {4: 128, 6: 192, 8: 256}  # bytes of a (block, group) record's weights
 RECORD = {4: 128 + 64, 8: 256 + 32}  # bytes per record with per-group scales: weights, scales(, mins)
-SUPER_RECORD = {4: 128 + 16, 8: 256 + 8}  # the same in the super-block form: weights, sc(, m)
-SUPER_HEADER = {4: 64, 8: 32}  # bytes per (block, super-block) header: 8 d(, 8 dmin) as float32
+SUPER_RECORD = {4: 128 + 16, 6: 192 + 16, 8: 256 + 8}  # the same in the super-block form: weights, sc(, m)
+SUPER_HEADER = {4: 64, 6: 32, 8: 32}  # bytes per (block, super-block) header: 8 d(, 8 dmin) as float32
 
 
 def block_bytes(bits: int, groups: int, super_blocks: bool) -> int:
@@ -196,6 +206,8 @@ def block_bytes(bits: int, groups: int, super_blocks: bool) -> int:
 
 
 def packed_shape(bits: int, out_features: int, in_features: int, super_blocks: bool) -> tuple[int, ...]:
+    if bits not in BODY or (bits == 6 and not super_blocks):
+        raise ValueError(f"no packed layout for {bits} bits{'' if super_blocks else ' with per-group scales'}")
     blocks, groups = -(-out_features // BLOCK), in_features // GROUP
     return (blocks, block_bytes(bits, groups, True)) if super_blocks else (blocks, groups, RECORD[bits])
 
@@ -215,11 +227,16 @@ def pack_super(qweight: torch.Tensor, factors: SuperScales, bits: int) -> torch.
     [ceil(out/8), block_bytes]: per block of 8 outputs and run of 8 groups, a header (the 8
     outputs' d, then for int4 their dmin, as float32), then per group the weights as in `pack` and
     the 8 sc (and 8 m) bytes."""
-    n, groups = factors.sc.shape
+    n, groups = factors.sc.shape[0], factors.groups
     blocks = -(-n // BLOCK)
-    if (bits == 4) != (factors.dmin is not None and factors.m is not None):
-        raise ValueError(f"{bits}-bit super-block factors need {'d, sc, dmin and m' if bits == 4 else 'd and sc alone'}")
-    subs = [factors.sc] + ([factors.m.view(torch.uint8)] if factors.m is not None else [])
+    if (bits == 4) != (factors.dmin is not None and factors.m is not None) or factors.per_group != (2 if bits == 6 else 1):
+        raise ValueError(f"{bits}-bit super-block factors need {'d, sc, dmin and m' if bits == 4 else 'd and sc alone'}"
+                         f"{', sc per half group' if bits == 6 else ''}")
+    if bits == 6:  # the halves' scales: all 8 outputs' first, then all 8 outputs' second
+        halves = factors.sc.view(torch.uint8).reshape(n, groups, 2)
+        subs = [halves[..., 0], halves[..., 1]]
+    else:
+        subs = [factors.sc] + ([factors.m.view(torch.uint8)] if factors.m is not None else [])
     records = torch.cat([_bodies(qweight, bits, n, groups), *(_lanes(v, blocks) for v in subs)], dim=-1)  # [blocks, groups, SUPER_RECORD]
     records = nn.functional.pad(records, (0, 0, 0, -groups % SUPER)).reshape(blocks, -1, SUPER * SUPER_RECORD[bits])
     heads = [factors.d] + ([factors.dmin] if factors.dmin is not None else [])
@@ -231,21 +248,32 @@ def pack_super(qweight: torch.Tensor, factors: SuperScales, bits: int) -> torch.
 def _bodies(qweight: torch.Tensor, bits: int, n: int, groups: int) -> torch.Tensor:
     """qweight (`quantize_weight`'s layout) → the records' weights [ceil(n/8), groups, BODY]."""
     blocks = -(-n // BLOCK)
-    q = unpack_int4(qweight) if bits == 4 else qweight.reshape(n, groups, GROUP)  # [out, groups, 32]: 0..15 or int8 bytes
+    q = unpack_int4(qweight) if bits == 4 else qweight.reshape(n, groups, GROUP)  # [out, groups, 32]: 0..15, 0..63 or int8 bytes
     q = nn.functional.pad(q, (0, 0, 0, 0, 0, blocks * BLOCK - n))  # [blocks*8, groups, 32]
     chunks = q.reshape(blocks, BLOCK, groups, 8, 4).permute(0, 2, 3, 1, 4)  # [blocks, groups, chunk, j, e]
-    if bits == 4:  # chunk k (elements 4k..4k+3) in the low nibbles, chunk k+4 in the high ones
-        chunks = chunks[:, :, :4] | (chunks[:, :, 4:] << 4)  # [blocks, groups, 4, 8, 4]
-    else:  # offset binary, q + 128 (see quant.cpp)
-        chunks = chunks ^ 0x80
-    return chunks.reshape(blocks, groups, -1)
+    if bits == 8:  # offset binary, q + 128 (see quant.cpp)
+        return (chunks ^ 0x80).reshape(blocks, groups, -1)
+    low = chunks & 0x0F  # chunk k (elements 4k..4k+3) in the low nibbles, chunk k+4 in the high ones
+    nibbles = (low[:, :, :4] | (low[:, :, 4:] << 4)).reshape(blocks, groups, -1)  # [blocks, groups, 128]
+    if bits == 4:
+        return nibbles
+    high = chunks >> 4  # 6 bits: the top pairs, chunk 4h+k at bits 2k..2k+1 of the h-th 32 bytes
+    pairs = sum(high[:, :, k::4] << (2 * k) for k in range(4))  # [blocks, groups, 2, 8, 4]
+    return torch.cat([nibbles, pairs.reshape(blocks, groups, -1)], dim=-1)
 
 
 def _q_of_bodies(bodies: torch.Tensor, bits: int, out_features: int) -> torch.Tensor:
     """The inverse of `_bodies`: [blocks, groups, BODY] → qweight in `quantize_weight`'s layout."""
     blocks, groups, _ = bodies.shape
-    raw = bodies.reshape(blocks, groups, -1, BLOCK, 4)  # [blocks, groups, 4 or 8, j, e]
-    chunks = torch.cat([raw & 0x0F, raw >> 4], dim=2) if bits == 4 else raw ^ 0x80  # [blocks, groups, 8, j, e]
+    if bits == 8:
+        chunks = bodies.reshape(blocks, groups, 8, BLOCK, 4) ^ 0x80  # [blocks, groups, chunk, j, e]
+    else:
+        raw = bodies[..., :128].reshape(blocks, groups, 4, BLOCK, 4)
+        chunks = torch.cat([raw & 0x0F, raw >> 4], dim=2)  # [blocks, groups, 8, j, e]
+        if bits == 6:
+            pairs = bodies[..., 128:].reshape(blocks, groups, 2, 1, BLOCK, 4)
+            shifts = torch.arange(0, 8, 2, dtype=torch.uint8).reshape(1, 1, 1, 4, 1, 1)
+            chunks = chunks | (((pairs >> shifts) & 3) << 4).reshape(blocks, groups, 8, BLOCK, 4)
     q = chunks.permute(0, 3, 1, 2, 4).reshape(blocks * BLOCK, groups, GROUP)[:out_features]  # [out, groups, 32]
     return pack_int4(q) if bits == 4 else q.reshape(out_features, -1).contiguous()
 
@@ -287,6 +315,8 @@ def unpack_super(packed: torch.Tensor, bits: int, out_features: int, groups: int
 
     if bits == 4:
         factors = SuperScales(factor(0), subs(0), factor(1), subs(1).view(torch.int8))
+    elif bits == 6:
+        factors = SuperScales(factor(0), torch.stack([subs(0), subs(1)], dim=-1).reshape(out_features, -1).view(torch.int8), per_group=2)
     else:
         factors = SuperScales(factor(0), subs(0))
     return _q_of_bodies(records[..., :body], bits, out_features), factors
@@ -302,7 +332,8 @@ class QuantizedLinear(nn.Module):
     def __init__(self, packed: torch.Tensor, bits: int, out_features: int, in_features: int, bias: torch.Tensor | None,
                  super_blocks: bool = False) -> None:
         super().__init__()
-        if bits not in RECORD or in_features % GROUP or packed.dtype != torch.uint8 or packed.shape != packed_shape(bits, out_features, in_features, super_blocks):
+        if (bits not in BODY or (bits == 6 and not super_blocks) or in_features % GROUP or packed.dtype != torch.uint8
+                or packed.shape != packed_shape(bits, out_features, in_features, super_blocks)):
             raise ValueError(f"packed weights {tuple(packed.shape)} do not fit a {bits}-bit {in_features}→{out_features} layer"
                              f"{' with super-block scales' if super_blocks else ''}")
         self.bits = bits
@@ -318,8 +349,7 @@ class QuantizedLinear(nn.Module):
         """From `quantize_weight`'s groups, or with `scales` a `SuperScales` (mins then None) from
         `quantize_weight_super`'s."""
         if isinstance(scales, SuperScales):
-            out_features, groups = scales.sc.shape
-            return cls(pack_super(qweight, scales, bits), bits, out_features, groups * GROUP, bias, super_blocks=True)
+            return cls(pack_super(qweight, scales, bits), bits, scales.sc.shape[0], scales.groups * GROUP, bias, super_blocks=True)
         return cls(pack(qweight, scales, mins, bits), bits, scales.shape[0], scales.shape[1] * GROUP, bias)
 
     @classmethod
