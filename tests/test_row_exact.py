@@ -38,11 +38,12 @@ def test_kernel_matches_a_float_reference_and_rows_are_bitwise_independent(kerne
 
 
 @settings(max_examples=60, deadline=None)
-@given(rows=st.integers(1, 16), past=st.integers(0, 40), kv_heads=st.integers(1, 3), group=st.integers(1, 3),
+@given(rows=st.integers(1, 16), past=st.integers(0, 80), kv_heads=st.integers(1, 3), group=st.integers(1, 3),
        dim=st.sampled_from([8, 12, 32, 64]), masked=st.booleans(), seed=st.integers(0, 2**16))
 def test_attention_kernel_matches_sdpa_and_rows_are_bitwise_independent(kernel, rows, past, kv_heads, group, dim, masked, seed) -> None:
     """Chains (causal, no mask) and trees (any visible set): each row over exactly its keys, from
-    strided views of a longer cache, bitwise the same alone or with the others, on both paths."""
+    strided views of a longer cache (in chunks of 32 keys), bitwise the same alone or with the
+    others, on both paths, however many threads split the heads."""
     g = torch.Generator().manual_seed(seed)
     heads, total = kv_heads * group, past + rows
     query = torch.randn(1, heads, rows, dim, generator=g)
@@ -59,6 +60,13 @@ def test_attention_kernel_matches_sdpa_and_rows_are_bitwise_independent(kernel, 
                                                             scale=scale, enable_gqa=True).transpose(1, 2)
     assert torch.allclose(got.double(), want, atol=1e-5)
     assert torch.equal(kernel.row_exact_attention(query, key, value, visible if masked else None, scale, True), got)
+    threads = torch.get_num_threads()
+    try:
+        for n in (1, 3):  # other splits of the heads between tasks
+            torch.set_num_threads(n)
+            assert torch.equal(kernel.row_exact_attention(query, key, value, visible if masked else None, scale, False), got)
+    finally:
+        torch.set_num_threads(threads)
     for i in range(rows):
         if masked:
             one = kernel.row_exact_attention(query[:, :, i : i + 1], key, value, visible[i : i + 1], scale, False)

@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <optional>
 #include <vector>
 
@@ -26,6 +27,7 @@ using leapdecode::hsum;
 #endif
 
 constexpr int kRowBlock = 8;  // rows sharing one load of each weight chunk: 8 independent FMA chains
+constexpr int64_t kChunk = 32;  // cached keys per attention chunk: 16 KB of keys or values (head size 128)
 
 // Portable path: the same structure in scalar code (16 partial sums per row, fixed order).
 void rows_portable(const float* x, const float* w, const float* bias, float* y, int64_t M, int64_t N, int64_t K,
@@ -93,7 +95,7 @@ __attribute__((target("avx2,fma"))) void rows_avx2(const float* x, const float* 
 // Attention of one query row over the keys it may see. The dot products (8 lanes over the head
 // dimension, then `lanes_sum`, then the tail) and the weighted sum of values (one fma per element,
 // keys in cache order, from zero) run the same sequence on both paths, so the portable path gives
-// the same bits; and nothing depends on how many rows the call scores. The AVX2 path computes four
+// the same bits; and nothing depends on how many rows the call scores. The AVX2 path computes eight
 // keys' dot products side by side and keeps a 64-wide slice of the output in registers across the
 // keys: independent chains for the pipelines, the same operations on every element.
 inline float lanes_sum(const float* v) { return ((v[0] + v[4]) + (v[2] + v[6])) + ((v[1] + v[5]) + (v[3] + v[7])); }
@@ -114,9 +116,9 @@ void scores_portable(const float* q, const float* k, int64_t ks, const int64_t* 
   for (int64_t n = 0; n < count; ++n) scores[n] = dot_portable(q, k + keys[n] * ks, D) * scale;
 }
 
-// out[d] = sum over n, in order, of e[n] * value(keys[n])[d]: one fma per term, from zero.
+// out[d] += sum over n, in order, of e[n] * value(keys[n])[d]: one fma per term (the caller starts
+// `out` at zero and feeds the keys in cache order, in as many calls as it likes).
 void mix_portable(float* out, const float* e, const float* v, int64_t vs, const int64_t* keys, int64_t count, int64_t D) {
-  std::fill(out, out + D, 0.f);
   for (int64_t n = 0; n < count; ++n)
     for (int64_t d = 0; d < D; ++d) out[d] = std::fma(e[n], v[keys[n] * vs + d], out[d]);
 }
@@ -164,35 +166,32 @@ __attribute__((target("avx2,fma"))) inline float finish_dot(__m256 acc, const fl
   return s;
 }
 
+// KB keys' dot products side by side: KB independent chains, each `dot_portable`'s sequence.
+template <int KB>
+__attribute__((target("avx2,fma"))) inline void scores_block(const float* q, const float* k, int64_t ks, const int64_t* keys,
+                                                             int64_t D, float scale, float* scores) {
+  const float* kr[KB];
+  __m256 acc[KB];
+  for (int b = 0; b < KB; ++b) {
+    kr[b] = k + keys[b] * ks;
+    acc[b] = _mm256_setzero_ps();
+  }
+  int64_t d = 0;
+  for (; d + 8 <= D; d += 8) {
+    const __m256 qv = _mm256_loadu_ps(q + d);
+    for (int b = 0; b < KB; ++b) acc[b] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kr[b] + d), acc[b]);
+  }
+  for (int b = 0; b < KB; ++b) scores[b] = finish_dot(acc[b], q, kr[b], d, D) * scale;
+}
+
+// Eight keys at a time: an fma's latency is four cycles and two issue per cycle, so eight chains
+// keep the pipelines full where four left them half idle.
 __attribute__((target("avx2,fma"))) void scores_avx2(const float* q, const float* k, int64_t ks, const int64_t* keys,
                                                      int64_t count, int64_t D, float scale, float* scores) {
   int64_t n = 0;
-  for (; n + 4 <= count; n += 4) {  // four independent chains; each is `dot_portable`'s sequence
-    const float* k0 = k + keys[n] * ks;
-    const float* k1 = k + keys[n + 1] * ks;
-    const float* k2 = k + keys[n + 2] * ks;
-    const float* k3 = k + keys[n + 3] * ks;
-    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
-    int64_t d = 0;
-    for (; d + 8 <= D; d += 8) {
-      const __m256 qv = _mm256_loadu_ps(q + d);
-      a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + d), a0);
-      a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k1 + d), a1);
-      a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k2 + d), a2);
-      a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k3 + d), a3);
-    }
-    scores[n] = finish_dot(a0, q, k0, d, D) * scale;
-    scores[n + 1] = finish_dot(a1, q, k1, d, D) * scale;
-    scores[n + 2] = finish_dot(a2, q, k2, d, D) * scale;
-    scores[n + 3] = finish_dot(a3, q, k3, d, D) * scale;
-  }
-  for (; n < count; ++n) {
-    const float* kr = k + keys[n] * ks;
-    __m256 a = _mm256_setzero_ps();
-    int64_t d = 0;
-    for (; d + 8 <= D; d += 8) a = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), _mm256_loadu_ps(kr + d), a);
-    scores[n] = finish_dot(a, q, kr, d, D) * scale;
-  }
+  for (; n + 8 <= count; n += 8) scores_block<8>(q, k, ks, keys + n, D, scale, scores + n);
+  for (; n + 4 <= count; n += 4) scores_block<4>(q, k, ks, keys + n, D, scale, scores + n);
+  for (; n < count; ++n) scores_block<1>(q, k, ks, keys + n, D, scale, scores + n);
 }
 
 __attribute__((target("avx2,fma"))) float softmax_weights_avx2(float* weights, int64_t count, float top) {
@@ -226,7 +225,7 @@ template <int W>  // vectors per slice
 __attribute__((target("avx2,fma"))) inline void mix_slice(float* out, const float* e, const float* v, int64_t vs,
                                                           const int64_t* keys, int64_t count) {
   __m256 acc[W];
-  for (int w = 0; w < W; ++w) acc[w] = _mm256_setzero_ps();
+  for (int w = 0; w < W; ++w) acc[w] = _mm256_loadu_ps(out + 8 * w);
   for (int64_t n = 0; n < count; ++n) {
     const __m256 ev = _mm256_set1_ps(e[n]);
     const float* vr = v + keys[n] * vs;
@@ -241,7 +240,7 @@ __attribute__((target("avx2,fma"))) void mix_avx2(float* out, const float* e, co
   for (; d + 64 <= D; d += 64) mix_slice<8>(out + d, e, v + d, vs, keys, count);
   for (; d + 8 <= D; d += 8) mix_slice<1>(out + d, e, v + d, vs, keys, count);
   for (; d < D; ++d) {
-    float s = 0.f;
+    float s = out[d];
     for (int64_t n = 0; n < count; ++n) s = std::fma(e[n], v[keys[n] * vs + d], s);
     out[d] = s;
   }
@@ -285,7 +284,7 @@ torch::Tensor row_exact_attention(const torch::Tensor& query, const torch::Tenso
                 "row_exact_attention: visible [queries, keys] bool expected");
     mask = visible->contiguous();
   }
-  auto out = torch::empty({1, Q, H, D}, q.options());
+  auto out = torch::zeros({1, Q, H, D}, q.options());
   const float* qp = q.data_ptr<float>();
   const float* kp = k.data_ptr<float>();
   const float* vp = v.data_ptr<float>();
@@ -303,25 +302,72 @@ torch::Tensor row_exact_attention(const torch::Tensor& query, const torch::Tenso
     mix = mix_avx2;
   }
 #endif
-  at::parallel_for(0, H * Q, 1, [&](int64_t t0, int64_t t1) {
-    std::vector<float> weights(T);
-    std::vector<int64_t> keys(T);
+  // Every query head of a kv head, and every row, reads the same keys and values: a task takes a
+  // kv head and some of its query heads, and walks the cache in chunks that stay in L1, each
+  // (head, row) taking its visible keys of the chunk in cache order. Its arithmetic is the one
+  // (head, row) alone would do, so the split changes no bit; it only reads the cache once per
+  // task instead of once per (head, row) (at 1500 cached tokens a kv head's keys and values are
+  // 1.5 MB, more than L2).
+  const int64_t threads = at::get_num_threads();
+  const int64_t tiles = std::clamp<int64_t>((threads + Hkv - 1) / Hkv, 1, group);  // head tiles per kv head
+  const int64_t per_tile = (group + tiles - 1) / tiles;
+  at::parallel_for(0, Hkv * tiles, 1, [&](int64_t t0, int64_t t1) {
+    const std::unique_ptr<int64_t[]> keys(new int64_t[Q * T]);  // not zeroed: only the filled part is read
+    const std::unique_ptr<float[]> weights(new float[per_tile * Q * T]);
+    std::vector<int64_t> counts(Q);
+    std::vector<float> totals(per_tile * Q);
+    std::vector<int64_t> at(per_tile * Q);  // each (head, row)'s position in its key list
     for (int64_t t = t0; t < t1; ++t) {
-      const int64_t h = t / Q, i = t % Q, kvh = h / group;
-      int64_t n = 0;
-      for (int64_t j = 0; j < T; ++j)
-        if (mp ? mp[i * T + j] : j <= T - Q + i) keys[n++] = j;
-      float* orow = op + (i * H + h) * D;
-      if (n == 0) {  // a row that sees nothing (never in a decode pass): zeros, not NaN
-        std::fill(orow, orow + D, 0.f);
-        continue;
+      const int64_t kvh = t / tiles, h0 = kvh * group + t % tiles * per_tile;
+      const int64_t h1 = std::min(h0 + per_tile, (kvh + 1) * group);
+      for (int64_t i = 0; i < Q; ++i) {  // the rows' visible keys, shared by the heads
+        int64_t n = 0;
+        for (int64_t j = 0; j < T; ++j)
+          if (mp ? mp[i * T + j] : j <= T - Q + i) keys[i * T + n++] = j;
+        counts[i] = n;
       }
-      scores(qp + (h * Q + i) * D, kp + kvh * ks1, ks2, keys.data(), n, D, sc, weights.data());
-      const float top = *std::max_element(weights.begin(), weights.begin() + n);
-      const float total = softmax(weights.data(), n, top);
-      mix(orow, weights.data(), vp + kvh * vs1, vs2, keys.data(), n, D);
-      const float inv = 1.f / total;
-      for (int64_t d = 0; d < D; ++d) orow[d] *= inv;
+      const float* kh = kp + kvh * ks1;
+      const float* vh = vp + kvh * vs1;
+      // 1. scores, chunk by chunk of the cache
+      std::fill(at.begin(), at.end(), 0);
+      for (int64_t j0 = 0; j0 < T; j0 += kChunk) {
+        for (int64_t h = h0; h < h1; ++h)
+          for (int64_t i = 0; i < Q; ++i) {
+            const int64_t c = (h - h0) * Q + i, start = at[c];
+            int64_t end = start;
+            while (end < counts[i] && keys[i * T + end] < j0 + kChunk) ++end;
+            scores(qp + (h * Q + i) * D, kh, ks2, keys.get() + i * T + start, end - start, D, sc, weights.get() + c * T + start);
+            at[c] = end;
+          }
+      }
+      // 2. each (head, row)'s softmax weights
+      for (int64_t h = h0; h < h1; ++h)
+        for (int64_t i = 0; i < Q; ++i) {
+          const int64_t c = (h - h0) * Q + i;
+          float* w = weights.get() + c * T;
+          totals[c] = counts[i] ? softmax(w, counts[i], *std::max_element(w, w + counts[i])) : 0.f;
+        }
+      // 3. the weighted values, chunk by chunk, into the zeroed output
+      std::fill(at.begin(), at.end(), 0);
+      for (int64_t j0 = 0; j0 < T; j0 += kChunk) {
+        for (int64_t h = h0; h < h1; ++h)
+          for (int64_t i = 0; i < Q; ++i) {
+            const int64_t c = (h - h0) * Q + i, start = at[c];
+            int64_t end = start;
+            while (end < counts[i] && keys[i * T + end] < j0 + kChunk) ++end;
+            if (end > start) mix(op + (i * H + h) * D, weights.get() + c * T + start, vh, vs2, keys.get() + i * T + start, end - start, D);
+            at[c] = end;
+          }
+      }
+      // 4. normalise (a row that sees nothing stays zero: never in a decode pass)
+      for (int64_t h = h0; h < h1; ++h)
+        for (int64_t i = 0; i < Q; ++i) {
+          const int64_t c = (h - h0) * Q + i;
+          if (!counts[i]) continue;
+          float* orow = op + (i * H + h) * D;
+          const float inv = 1.f / totals[c];
+          for (int64_t d = 0; d < D; ++d) orow[d] *= inv;
+        }
     }
   });
   return out;
