@@ -27,7 +27,7 @@ using leapdecode::hsum;
 #endif
 
 constexpr int kRowBlock = 8;  // rows sharing one load of each weight chunk: 8 independent FMA chains
-constexpr int64_t kChunk = 32;  // cached keys per attention chunk: 16 KB of keys or values (head size 128)
+constexpr int64_t kChunkBytes = 16384;  // keys (or values) per attention chunk: 16 KB, in L1
 
 // Portable path: the same structure in scalar code (16 partial sums per row, fixed order).
 void rows_portable(const float* x, const float* w, const float* bias, float* y, int64_t M, int64_t N, int64_t K,
@@ -303,14 +303,19 @@ torch::Tensor row_exact_attention(const torch::Tensor& query, const torch::Tenso
   }
 #endif
   // Every query head of a kv head, and every row, reads the same keys and values: a task takes a
-  // kv head and some of its query heads, and walks the cache in chunks that stay in L1, each
+  // kv head and some of its query heads, and walks the cache in 16 KB chunks that stay in L1, each
   // (head, row) taking its visible keys of the chunk in cache order. Its arithmetic is the one
   // (head, row) alone would do, so the split changes no bit; it only reads the cache once per
   // task instead of once per (head, row) (at 1500 cached tokens a kv head's keys and values are
   // 1.5 MB, more than L2).
+  // As few tasks as keep the threads evenly busy (a task's heads share its reads of the cache):
+  // the fewest head tiles per kv head that make the task count a multiple of the threads.
   const int64_t threads = at::get_num_threads();
-  const int64_t tiles = std::clamp<int64_t>((threads + Hkv - 1) / Hkv, 1, group);  // head tiles per kv head
-  const int64_t per_tile = (group + tiles - 1) / tiles;
+  int64_t tiles = 1;
+  while (tiles < group && (Hkv * tiles) % threads != 0) ++tiles;
+  const int64_t per_tile = (group + tiles - 1) / tiles;  // heads per task
+  tiles = (group + per_tile - 1) / per_tile;
+  const int64_t chunk = std::max<int64_t>(8, kChunkBytes / (4 * D));  // keys per chunk
   at::parallel_for(0, Hkv * tiles, 1, [&](int64_t t0, int64_t t1) {
     const std::unique_ptr<int64_t[]> keys(new int64_t[Q * T]);  // not zeroed: only the filled part is read
     const std::unique_ptr<float[]> weights(new float[per_tile * Q * T]);
@@ -330,12 +335,12 @@ torch::Tensor row_exact_attention(const torch::Tensor& query, const torch::Tenso
       const float* vh = vp + kvh * vs1;
       // 1. scores, chunk by chunk of the cache
       std::fill(at.begin(), at.end(), 0);
-      for (int64_t j0 = 0; j0 < T; j0 += kChunk) {
+      for (int64_t j0 = 0; j0 < T; j0 += chunk) {
         for (int64_t h = h0; h < h1; ++h)
           for (int64_t i = 0; i < Q; ++i) {
             const int64_t c = (h - h0) * Q + i, start = at[c];
             int64_t end = start;
-            while (end < counts[i] && keys[i * T + end] < j0 + kChunk) ++end;
+            while (end < counts[i] && keys[i * T + end] < j0 + chunk) ++end;
             scores(qp + (h * Q + i) * D, kh, ks2, keys.get() + i * T + start, end - start, D, sc, weights.get() + c * T + start);
             at[c] = end;
           }
@@ -349,12 +354,12 @@ torch::Tensor row_exact_attention(const torch::Tensor& query, const torch::Tenso
         }
       // 3. the weighted values, chunk by chunk, into the zeroed output
       std::fill(at.begin(), at.end(), 0);
-      for (int64_t j0 = 0; j0 < T; j0 += kChunk) {
+      for (int64_t j0 = 0; j0 < T; j0 += chunk) {
         for (int64_t h = h0; h < h1; ++h)
           for (int64_t i = 0; i < Q; ++i) {
             const int64_t c = (h - h0) * Q + i, start = at[c];
             int64_t end = start;
-            while (end < counts[i] && keys[i * T + end] < j0 + kChunk) ++end;
+            while (end < counts[i] && keys[i * T + end] < j0 + chunk) ++end;
             if (end > start) mix(op + (i * H + h) * D, weights.get() + c * T + start, vh, vs2, keys.get() + i * T + start, end - start, D);
             at[c] = end;
           }
