@@ -333,18 +333,24 @@ torch::Tensor row_exact_attention(const torch::Tensor& query, const torch::Tenso
       }
       const float* kh = kp + kvh * ks1;
       const float* vh = vp + kvh * vs1;
-      // 1. scores, chunk by chunk of the cache
-      std::fill(at.begin(), at.end(), 0);
-      for (int64_t j0 = 0; j0 < T; j0 += chunk) {
-        for (int64_t h = h0; h < h1; ++h)
-          for (int64_t i = 0; i < Q; ++i) {
-            const int64_t c = (h - h0) * Q + i, start = at[c];
-            int64_t end = start;
-            while (end < counts[i] && keys[i * T + end] < j0 + chunk) ++end;
-            scores(qp + (h * Q + i) * D, kh, ks2, keys.get() + i * T + start, end - start, D, sc, weights.get() + c * T + start);
-            at[c] = end;
-          }
-      }
+      // walks the cache chunk by chunk: visit(c, h, i, start, end) for each (head h, row i), c its
+      // index in the task, with its visible keys of the chunk, keys[i * T + start .. end), in order
+      auto by_chunk = [&](auto&& visit) {
+        std::fill(at.begin(), at.end(), 0);
+        for (int64_t j0 = 0; j0 < T; j0 += chunk)
+          for (int64_t h = h0; h < h1; ++h)
+            for (int64_t i = 0; i < Q; ++i) {
+              const int64_t c = (h - h0) * Q + i, start = at[c];
+              int64_t end = start;
+              while (end < counts[i] && keys[i * T + end] < j0 + chunk) ++end;
+              if (end > start) visit(c, h, i, start, end);
+              at[c] = end;
+            }
+      };
+      // 1. scores
+      by_chunk([&](int64_t c, int64_t h, int64_t i, int64_t start, int64_t end) {
+        scores(qp + (h * Q + i) * D, kh, ks2, keys.get() + i * T + start, end - start, D, sc, weights.get() + c * T + start);
+      });
       // 2. each (head, row)'s softmax weights
       for (int64_t h = h0; h < h1; ++h)
         for (int64_t i = 0; i < Q; ++i) {
@@ -352,18 +358,10 @@ torch::Tensor row_exact_attention(const torch::Tensor& query, const torch::Tenso
           float* w = weights.get() + c * T;
           totals[c] = counts[i] ? softmax(w, counts[i], *std::max_element(w, w + counts[i])) : 0.f;
         }
-      // 3. the weighted values, chunk by chunk, into the zeroed output
-      std::fill(at.begin(), at.end(), 0);
-      for (int64_t j0 = 0; j0 < T; j0 += chunk) {
-        for (int64_t h = h0; h < h1; ++h)
-          for (int64_t i = 0; i < Q; ++i) {
-            const int64_t c = (h - h0) * Q + i, start = at[c];
-            int64_t end = start;
-            while (end < counts[i] && keys[i * T + end] < j0 + chunk) ++end;
-            if (end > start) mix(op + (i * H + h) * D, weights.get() + c * T + start, vh, vs2, keys.get() + i * T + start, end - start, D);
-            at[c] = end;
-          }
-      }
+      // 3. the weighted values, into the zeroed output
+      by_chunk([&](int64_t c, int64_t h, int64_t i, int64_t start, int64_t end) {
+        mix(op + (i * H + h) * D, weights.get() + c * T + start, vh, vs2, keys.get() + i * T + start, end - start, D);
+      });
       // 4. normalise (a row that sees nothing stays zero: never in a decode pass)
       for (int64_t h = h0; h < h1; ++h)
         for (int64_t i = 0; i < Q; ++i) {
