@@ -144,14 +144,14 @@ def test_quantized_weights_are_within_half_a_step_and_pack_round_trips(bits) -> 
 def test_super_block_rounding_is_within_half_a_step_of_its_own_scales(bits) -> None:
     """The factors first, then the weights against the scales as the kernel computes them: every
     weight within half a step, and no group's range cut off (minimums rounded down, scales up)."""
-    w = torch.randn(48, 20 * GROUP) * torch.logspace(-3, 1, 48).unsqueeze(1)
+    w = torch.randn(48, 20 * GROUP, generator=torch.Generator().manual_seed(81)) * torch.logspace(-3, 1, 48).unsqueeze(1)
     w[:, :GROUP] += 5.0  # a group far from zero: its minimum is positive
     qweight, factors = quantize_weight_super(w, bits)
     scales, mins = factors.scales(), factors.mins()
     assert factors.d.shape == (48, 3) and factors.sc.dtype == torch.uint8 and (mins is None) == (bits == 8)
     back = dequantize(qweight, scales, mins, bits)
     step = scales.repeat_interleave(GROUP, dim=1)  # [48, k]
-    assert ((back - w).abs() <= step / 2 * 1.0001 + 1e-7).all()
+    assert ((back - w).abs() <= step / 2 * 1.0001 + 1e-6 * w.abs() + 1e-7).all()  # + a few float32 steps of w (~5 here)
     plain = dequantize(*quantize_weight(w, bits), bits)  # per-group float scales: finer, not by much
     assert (back - w).abs().mean() < 1.5 * (plain - w).abs().mean()
 

@@ -9,7 +9,7 @@ exactly, and what this module's own rounding produces), as 8-bit multiples of on
 per output and run of 8 groups: a quarter fewer bytes per int4 weight, and a one-token pass reads
 every weight once, so it is that much faster. A GGUF's Q6_K weights (w = d·sc·(q − 32), an int8 sc
 per 16 weights) keep their 6 bits in that form too (`bits` 6). The output layer (LM head) is kept at int8
-in int4 mode, as llama.cpp's Q4_K_M keeps it at 6 bits. A model loaded from a GGUF file takes the
+in int4 mode (a GGUF's Q6_K one at its 6 bits), as llama.cpp's Q4_K_M keeps it at 6 bits. A model loaded from a GGUF file takes the
 file's own groups where they fit (`gguf_blocks`): the quantized model is the file's model. The
 weights are held in the kernel's packed layout (`pack`: blocks of 8 outputs, one record per block
 and group, so a layer streams from memory in one sequential read). The kernel (`quant.cpp`) quantizes each
