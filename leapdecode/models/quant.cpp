@@ -163,7 +163,8 @@ __attribute__((target("avx2,fma"))) float quantize_group_avx2(const float* xs, i
 }
 #endif
 
-Rows quantize_rows(const float* x, int64_t M, int64_t K, bool fast) {
+// `halves`: also each group's sum over its first 16 (what 6-bit layers need, and only they).
+Rows quantize_rows(const float* x, int64_t M, int64_t K, bool fast, bool halves = false) {
   const int64_t G = K / kGroup;
   Rows r{std::vector<int8_t>(M * K), std::vector<float>(M * G), std::vector<float>(M * G), std::vector<int32_t>(M * G),
          std::vector<int32_t>(M * G)};
@@ -181,8 +182,10 @@ Rows quantize_rows(const float* x, int64_t M, int64_t K, bool fast) {
       r.d[i] = d;
       r.s[i] = d * static_cast<float>(sum);
       r.n[i] = sum;
-      const int8_t* q = r.q.data() + i * kGroup;
-      r.h[i] = std::accumulate(q, q + kGroup / 2, 0);
+      if (halves) {
+        const int8_t* q = r.q.data() + i * kGroup;
+        r.h[i] = std::accumulate(q, q + kGroup / 2, 0);
+      }
     }
   });
   return r;
@@ -522,7 +525,7 @@ torch::Tensor quantized_linear(const torch::Tensor& x_in, const torch::Tensor& p
   shape.back() = N;
   auto y = torch::empty(shape, x.options());
   if (M == 0) return y;
-  const Rows rows = quantize_rows(x.data_ptr<float>(), M, K, isa >= kAvx2);
+  const Rows rows = quantize_rows(x.data_ptr<float>(), M, K, isa >= kAvx2, bits == 6);
   const uint8_t* pp = packed.data_ptr<uint8_t>();
   const torch::Tensor bias_c = bias ? bias->contiguous() : torch::Tensor();
   const float* bp = bias ? bias_c.data_ptr<float>() : nullptr;
