@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from leapdecode.drafters import AnpdDrafter, NoDrafter
@@ -61,8 +61,13 @@ def reference(layer: QuantizedLinear, x: torch.Tensor) -> torch.Tensor:
 
 
 @settings(max_examples=60, deadline=None)
-@given(rows=st.integers(1, 20), groups=st.integers(1, 20), n=st.integers(1, 40), bits=st.sampled_from([4, 8]),
+@given(rows=st.integers(1, 40), groups=st.integers(1, 20), n=st.integers(1, 40), bits=st.sampled_from([4, 8]),
        super_blocks=st.booleans(), bias=st.booleans(), seed=st.integers(0, 2**16), spread=st.sampled_from([0.01, 1.0, 30.0]))
+# past 16 rows the two-block (512-bit) kernel runs: odd and even block counts, each bit width
+@example(rows=40, groups=9, n=40, bits=4, super_blocks=True, bias=True, seed=1, spread=1.0)
+@example(rows=17, groups=3, n=16, bits=4, super_blocks=False, bias=False, seed=2, spread=30.0)
+@example(rows=33, groups=9, n=24, bits=8, super_blocks=True, bias=True, seed=3, spread=1.0)
+@example(rows=20, groups=2, n=40, bits=8, super_blocks=False, bias=True, seed=4, spread=0.01)
 def test_kernel_matches_a_float_reference_rows_are_independent_and_paths_agree(kernel, rows, groups, n, bits, super_blocks, bias, seed,
                                                                                spread) -> None:
     g = torch.Generator().manual_seed(seed)
@@ -95,7 +100,9 @@ def check_against_reference_and_paths(kernel, layer: QuantizedLinear, x: torch.T
 
 
 @settings(max_examples=30, deadline=None)
-@given(rows=st.integers(1, 20), groups=st.integers(1, 20), n=st.integers(1, 40), bias=st.booleans(), seed=st.integers(0, 2**16))
+@given(rows=st.integers(1, 40), groups=st.integers(1, 20), n=st.integers(1, 40), bias=st.booleans(), seed=st.integers(0, 2**16))
+@example(rows=40, groups=9, n=40, bias=True, seed=5)
+@example(rows=19, groups=1, n=16, bias=False, seed=6)
 def test_six_bit_layers_match_a_float_reference_round_trip_and_paths_agree(kernel, rows, groups, n, bias, seed) -> None:
     """GGUF's Q6_K form (w = d·sc·(q − 32), an int8 sc per 16 weights) at any size, with the
     extreme weights and scales: the same checks, and the packed records give back q and factors."""

@@ -33,8 +33,9 @@
 //
 // Three paths, chosen at run time (`isa`): portable scalar code, AVX2 (`maddubs`), and
 // AVX512-VNNI (`vpdpbusd` on the same 256-bit layout: one instruction where AVX2 needs two or three,
-// and twice the registers). The integer dot products are exact on every path, so all three give
-// the same integers and, with the float sequence below, the same bits.
+// and twice the registers; past 16 rows, a prompt's prefill, two output blocks side by side in
+// 512-bit vectors). The integer dot products are exact on every path, so all three give the same
+// integers and, with the float sequence below, the same bits.
 //
 // Row-exact by construction: every (output, row) value is the same sequence of float operations
 // whatever the number of rows M (per group, in order: acc = fma(float(dot), d_w * d_x, acc), then
@@ -413,79 +414,209 @@ __attribute__((target("avx2,fma"))) void blocks_avx2(const Rows& r, const uint8_
 
 #define LEAPDECODE_VNNI "avx512f,avx512vl,avx512bw,avx512vnni,avx2,fma"
 
-inline __attribute__((target(LEAPDECODE_VNNI))) void pin_v(__m256i& v) { asm("" : "+v"(v)); }
-
-// block_avx2 with `vpdpbusd`: the same integers (each lane's four products summed exactly, no
-// saturation: they fit int32), the same float sequence. Two integer chains per row (low and high
-// nibbles, or even and odd weight chunks) so that the instruction's latency overlaps.
-template <int MB, int BITS, bool SUPER>
-__attribute__((target(LEAPDECODE_VNNI))) void block_vnni(const Rows& r, int64_t m0, const uint8_t* records, const float* bias,
-                                                         float* y, int64_t N, int64_t K, int64_t b) {
-  const int64_t G = K / kGroup;
-  const __m256i nibble = _mm256_set1_epi8(0x0F);
-  __m256 acc[MB];
-  for (int i = 0; i < MB; ++i) acc[i] = _mm256_setzero_ps();
-  Records<BITS, SUPER> at{records};
-  for (int64_t g = 0; g < G; ++g) {
-    const uint8_t* rec = at.at(g);
-    for (int64_t line = 0; line < record_bytes(BITS, SUPER); line += 64) _mm_prefetch(reinterpret_cast<const char*>(rec + kPrefetch + line), _MM_HINT_T0);
-    __m256i even[MB], odd[MB];
-    for (int i = 0; i < MB; ++i) even[i] = odd[i] = _mm256_setzero_si256();
-    if constexpr (BITS == 4 || BITS == 6) {  // even: the group's first 16 weights, odd: its last 16
-      __m256i pairs_a = _mm256_setzero_si256(), pairs_b = _mm256_setzero_si256();
-      if constexpr (BITS == 6) {
-        pairs_a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + 128));
-        pairs_b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + 160));
-      }
-      for (int k = 0; k < 4; ++k) {
-        const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + 32 * k));
-        __m256i lo = _mm256_and_si256(raw, nibble);
-        __m256i hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), nibble);
-        if constexpr (BITS == 6) {
-          lo = six_bit_chunk(lo, pairs_a, k);
-          hi = six_bit_chunk(hi, pairs_b, k);
-        }
-        for (int i = 0; i < MB; ++i) {
-          const int8_t* xq = r.q.data() + (m0 + i) * K + g * kGroup;
-          even[i] = _mm256_dpbusd_epi32(even[i], lo, broadcast4(xq + 4 * k));
-          odd[i] = _mm256_dpbusd_epi32(odd[i], hi, broadcast4(xq + 16 + 4 * k));
-          pin_v(even[i]);
-          pin_v(odd[i]);
-        }
-      }
-    } else {
-      for (int c = 0; c < 8; c += 2) {  // chunks c and c + 1 on the two chains
-        const __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + 32 * c));  // q + 128
-        const __m256i w1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + 32 * c + 32));
-        for (int i = 0; i < MB; ++i) {
-          const int8_t* xq = r.q.data() + (m0 + i) * K + g * kGroup;
-          even[i] = _mm256_dpbusd_epi32(even[i], w0, broadcast4(xq + 4 * c));
-          odd[i] = _mm256_dpbusd_epi32(odd[i], w1, broadcast4(xq + 4 * c + 4));
-          pin_v(even[i]);
-          pin_v(odd[i]);
-        }
-      }
-    }
-    __m256i dot[MB];
-    if constexpr (BITS == 6) {
-      six_bit_dots<MB>(r, m0, g, G, rec, even, odd, dot);
-    } else {
-      for (int i = 0; i < MB; ++i) dot[i] = _mm256_add_epi32(even[i], odd[i]);
-      if constexpr (BITS == 8)
-        for (int i = 0; i < MB; ++i) dot[i] = _mm256_sub_epi32(dot[i], _mm256_set1_epi32(128 * r.n[(m0 + i) * G + g]));
-    }
-    scale_group<MB, BITS, SUPER>(r, m0, g, G, at, dot, acc);
+// The VNNI kernel's vectors: one output block in 256-bit vectors (`Ymm`), or two blocks side by
+// side in 512-bit ones (`Zmm`: lanes 0-7 the first block, 8-15 the second). Each lane sees the same
+// integers and the same float operations either way, so the two widths give the same bits; the
+// wide one does twice the work per instruction (for long runs of rows: its loads of two record
+// streams cost more than they save when a pass reads each weight once).
+struct Ymm {
+  static constexpr int kBlocks = 1;
+  using I = __m256i;
+  using F = __m256;
+  static inline __attribute__((target(LEAPDECODE_VNNI))) I load(const uint8_t* const* recs, int64_t at) {
+    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(recs[0] + at));
   }
-  store_rows<MB>(acc, bias, y, m0, N, b);
+  static inline __attribute__((target(LEAPDECODE_VNNI))) I widen(const uint8_t* const* recs, int64_t at, bool sign) {
+    const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(recs[0] + at));  // 8 bytes
+    return sign ? _mm256_cvtepi8_epi32(bytes) : _mm256_cvtepu8_epi32(bytes);
+  }
+  static inline __attribute__((target(LEAPDECODE_VNNI))) F join(const __m256* halves) { return halves[0]; }
+  static inline __attribute__((target(LEAPDECODE_VNNI))) void split(F v, __m256* halves) { halves[0] = v; }
+  static inline __attribute__((target(LEAPDECODE_VNNI))) I zero() { return _mm256_setzero_si256(); }
+  static inline __attribute__((target(LEAPDECODE_VNNI))) F zero_f() { return _mm256_setzero_ps(); }
+  static inline __attribute__((target(LEAPDECODE_VNNI))) I bytes(char v) { return _mm256_set1_epi8(v); }
+  static inline __attribute__((target(LEAPDECODE_VNNI))) I ints(int32_t v) { return _mm256_set1_epi32(v); }
+  static inline __attribute__((target(LEAPDECODE_VNNI))) F floats(float v) { return _mm256_set1_ps(v); }
+  static inline __attribute__((target(LEAPDECODE_VNNI))) I and_(I a, I b) { return _mm256_and_si256(a, b); }
+  static inline __attribute__((target(LEAPDECODE_VNNI))) I or_(I a, I b) { return _mm256_or_si256(a, b); }
+  static inline __attribute__((target(LEAPDECODE_VNNI))) I left16(I a, int s) { return _mm256_slli_epi16(a, s); }
+  static inline __attribute__((target(LEAPDECODE_VNNI))) I right16(I a, int s) { return _mm256_srli_epi16(a, s); }
+  static inline __attribute__((target(LEAPDECODE_VNNI))) I add(I a, I b) { return _mm256_add_epi32(a, b); }
+  static inline __attribute__((target(LEAPDECODE_VNNI))) I sub(I a, I b) { return _mm256_sub_epi32(a, b); }
+  static inline __attribute__((target(LEAPDECODE_VNNI))) I mullo(I a, I b) { return _mm256_mullo_epi32(a, b); }
+  static inline __attribute__((target(LEAPDECODE_VNNI))) I dpbusd(I acc, I w, int32_t x4) { return _mm256_dpbusd_epi32(acc, w, _mm256_set1_epi32(x4)); }
+  static inline __attribute__((target(LEAPDECODE_VNNI))) F to_float(I a) { return _mm256_cvtepi32_ps(a); }
+  static inline __attribute__((target(LEAPDECODE_VNNI))) F mul(F a, F b) { return _mm256_mul_ps(a, b); }
+  static inline __attribute__((target(LEAPDECODE_VNNI))) F fmadd(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }
+};
+
+struct Zmm {
+  static constexpr int kBlocks = 2;
+  using I = __m512i;
+  using F = __m512;
+  static inline __attribute__((target(LEAPDECODE_VNNI))) I load(const uint8_t* const* recs, int64_t at) {
+    const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(recs[0] + at));
+    return _mm512_inserti64x4(_mm512_castsi256_si512(a), _mm256_loadu_si256(reinterpret_cast<const __m256i*>(recs[1] + at)), 1);
+  }
+  static inline __attribute__((target(LEAPDECODE_VNNI))) I widen(const uint8_t* const* recs, int64_t at, bool sign) {
+    const __m128i a = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(recs[0] + at));
+    const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(recs[1] + at));
+    const __m256i lo = sign ? _mm256_cvtepi8_epi32(a) : _mm256_cvtepu8_epi32(a);
+    const __m256i hi = sign ? _mm256_cvtepi8_epi32(b) : _mm256_cvtepu8_epi32(b);
+    return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+  }
+  static inline __attribute__((target(LEAPDECODE_VNNI))) F join(const __m256* halves) {
+    return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(halves[0])), _mm256_castps_pd(halves[1]), 1));
+  }
+  static inline __attribute__((target(LEAPDECODE_VNNI))) void split(F v, __m256* halves) {
+    halves[0] = _mm512_castps512_ps256(v);
+    halves[1] = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
+  }
+  static inline __attribute__((target(LEAPDECODE_VNNI))) I zero() { return _mm512_setzero_si512(); }
+  static inline __attribute__((target(LEAPDECODE_VNNI))) F zero_f() { return _mm512_setzero_ps(); }
+  static inline __attribute__((target(LEAPDECODE_VNNI))) I bytes(char v) { return _mm512_set1_epi8(v); }
+  static inline __attribute__((target(LEAPDECODE_VNNI))) I ints(int32_t v) { return _mm512_set1_epi32(v); }
+  static inline __attribute__((target(LEAPDECODE_VNNI))) F floats(float v) { return _mm512_set1_ps(v); }
+  static inline __attribute__((target(LEAPDECODE_VNNI))) I and_(I a, I b) { return _mm512_and_si512(a, b); }
+  static inline __attribute__((target(LEAPDECODE_VNNI))) I or_(I a, I b) { return _mm512_or_si512(a, b); }
+  static inline __attribute__((target(LEAPDECODE_VNNI))) I left16(I a, int s) { return _mm512_slli_epi16(a, s); }
+  static inline __attribute__((target(LEAPDECODE_VNNI))) I right16(I a, int s) { return _mm512_srli_epi16(a, s); }
+  static inline __attribute__((target(LEAPDECODE_VNNI))) I add(I a, I b) { return _mm512_add_epi32(a, b); }
+  static inline __attribute__((target(LEAPDECODE_VNNI))) I sub(I a, I b) { return _mm512_sub_epi32(a, b); }
+  static inline __attribute__((target(LEAPDECODE_VNNI))) I mullo(I a, I b) { return _mm512_mullo_epi32(a, b); }
+  static inline __attribute__((target(LEAPDECODE_VNNI))) I dpbusd(I acc, I w, int32_t x4) { return _mm512_dpbusd_epi32(acc, w, _mm512_set1_epi32(x4)); }
+  static inline __attribute__((target(LEAPDECODE_VNNI))) F to_float(I a) { return _mm512_cvtepi32_ps(a); }
+  static inline __attribute__((target(LEAPDECODE_VNNI))) F mul(F a, F b) { return _mm512_mul_ps(a, b); }
+  static inline __attribute__((target(LEAPDECODE_VNNI))) F fmadd(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
+};
+
+template <typename V>
+inline __attribute__((target(LEAPDECODE_VNNI))) void pin_v(typename V::I& v) { asm("" : "+v"(v)); }
+
+inline int32_t four_bytes(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
 }
+
+// six_bit_chunk on V's vectors.
+template <typename V>
+inline __attribute__((target(LEAPDECODE_VNNI))) typename V::I six_bit_chunk_v(typename V::I low, typename V::I pairs, int k) {
+  const typename V::I high = k == 0 ? V::left16(pairs, 4) : k == 1 ? V::left16(pairs, 2) : k == 2 ? pairs : V::right16(pairs, 2);
+  return V::or_(low, V::and_(high, V::bytes(0x30)));
+}
+
+// block_avx2 with `vpdpbusd` for V::kBlocks output blocks (`records[i]`, the i-th from block b):
+// the same integers (each lane's four products summed exactly, no saturation: they fit int32), the
+// same float sequence. Two integer chains per row (low and high nibbles, or even and odd weight
+// chunks) so that the instruction's latency overlaps.
+template <typename V, int MB, int BITS, bool SUPER>
+__attribute__((target(LEAPDECODE_VNNI))) void block_vnni(const Rows& r, int64_t m0, const uint8_t* const* records, const float* bias,
+                                                         float* y, int64_t N, int64_t K, int64_t b) {
+  using I = typename V::I;
+  using F = typename V::F;
+  constexpr int B = V::kBlocks;
+  const int64_t G = K / kGroup;
+  const I nibble = V::bytes(0x0F);
+  F acc[MB];
+  for (int i = 0; i < MB; ++i) acc[i] = V::zero_f();
+  Records<BITS, SUPER> at[B];
+  for (int j = 0; j < B; ++j) at[j].rec = records[j];
+  for (int64_t g = 0; g < G; ++g) {
+    const uint8_t* rec[B];
+    for (int j = 0; j < B; ++j) {
+      rec[j] = at[j].at(g);
+      for (int64_t line = 0; line < record_bytes(BITS, SUPER); line += 64) _mm_prefetch(reinterpret_cast<const char*>(rec[j] + kPrefetch + line), _MM_HINT_T0);
+    }
+    I even[MB], odd[MB];
+    for (int i = 0; i < MB; ++i) even[i] = odd[i] = V::zero();
+    if constexpr (BITS == 4 || BITS == 6) {  // even: the group's first 16 weights, odd: its last 16
+      I pairs_a = V::zero(), pairs_b = V::zero();
+      if constexpr (BITS == 6) {
+        pairs_a = V::load(rec, 128);
+        pairs_b = V::load(rec, 160);
+      }
+#pragma GCC unroll 4
+      for (int k = 0; k < 4; ++k) {
+        const I raw = V::load(rec, 32 * k);
+        I lo = V::and_(raw, nibble);
+        I hi = V::and_(V::right16(raw, 4), nibble);
+        if constexpr (BITS == 6) {
+          lo = six_bit_chunk_v<V>(lo, pairs_a, k);
+          hi = six_bit_chunk_v<V>(hi, pairs_b, k);
+        }
+        for (int i = 0; i < MB; ++i) {
+          const int8_t* xq = r.q.data() + (m0 + i) * K + g * kGroup;
+          even[i] = V::dpbusd(even[i], lo, four_bytes(xq + 4 * k));
+          odd[i] = V::dpbusd(odd[i], hi, four_bytes(xq + 16 + 4 * k));
+          pin_v<V>(even[i]);
+          pin_v<V>(odd[i]);
+        }
+      }
+    } else {
+#pragma GCC unroll 4
+      for (int c = 0; c < 8; c += 2) {  // chunks c and c + 1 on the two chains
+        const I w0 = V::load(rec, 32 * c);  // q + 128
+        const I w1 = V::load(rec, 32 * c + 32);
+        for (int i = 0; i < MB; ++i) {
+          const int8_t* xq = r.q.data() + (m0 + i) * K + g * kGroup;
+          even[i] = V::dpbusd(even[i], w0, four_bytes(xq + 4 * c));
+          odd[i] = V::dpbusd(odd[i], w1, four_bytes(xq + 4 * c + 4));
+          pin_v<V>(even[i]);
+          pin_v<V>(odd[i]);
+        }
+      }
+    }
+    I dot[MB];
+    if constexpr (BITS == 6) {  // the halves' exact dot: sc_a * (even - 32 sum(x_a)) + sc_b * (odd - 32 sum(x_b))
+      const I sa = V::widen(rec, body_bytes(6), true), sb = V::widen(rec, body_bytes(6) + 8, true);
+      for (int i = 0; i < MB; ++i) {
+        const int64_t n = (m0 + i) * G + g;
+        dot[i] = V::add(V::mullo(V::sub(even[i], V::ints(32 * r.h[n])), sa), V::mullo(V::sub(odd[i], V::ints(32 * (r.n[n] - r.h[n]))), sb));
+      }
+    } else {
+      for (int i = 0; i < MB; ++i) dot[i] = V::add(even[i], odd[i]);
+      if constexpr (BITS == 8)
+        for (int i = 0; i < MB; ++i) dot[i] = V::sub(dot[i], V::ints(128 * r.n[(m0 + i) * G + g]));
+    }
+    // the float step (scale_group's, on V's lanes)
+    __m256 parts[B];
+    for (int j = 0; j < B; ++j) parts[j] = weight_factors<BITS, SUPER>(at[j].head, rec[j], 0);
+    const F dw = V::join(parts);
+    for (int i = 0; i < MB; ++i) acc[i] = V::fmadd(V::to_float(dot[i]), V::mul(dw, V::floats(r.d[(m0 + i) * G + g])), acc[i]);
+    if constexpr (BITS == 4) {
+      for (int j = 0; j < B; ++j) parts[j] = weight_factors<BITS, SUPER>(at[j].head, rec[j], 1);
+      const F mins = V::join(parts);
+      for (int i = 0; i < MB; ++i) acc[i] = V::fmadd(mins, V::floats(r.s[(m0 + i) * G + g]), acc[i]);
+    }
+  }
+  __m256 out[B][MB];
+  for (int i = 0; i < MB; ++i) {
+    __m256 halves[B];
+    V::split(acc[i], halves);
+    for (int j = 0; j < B; ++j) out[j][i] = halves[j];
+  }
+  for (int j = 0; j < B; ++j) store_rows<MB>(out[j], bias, y, m0, N, b + j);
+}
+
+// Rows at which the two-block (512-bit) kernel takes over: below it a pass streams each weight
+// from memory once and the one-stream loop is faster (measured); above it the block's records are
+// re-read from cache for every run of rows and the wider vectors pay.
+constexpr int64_t kWideRows = 16;
 
 template <int BITS, bool SUPER>
 __attribute__((target(LEAPDECODE_VNNI))) void blocks_vnni(const Rows& r, const uint8_t* packed, const float* bias, float* y,
                                                           int64_t M, int64_t N, int64_t K, int64_t b0, int64_t b1) {
-  const int64_t G = K / kGroup;
-  for (int64_t b = b0; b < b1; ++b) {
-    const uint8_t* rec = packed + b * block_bytes(BITS, SUPER, G);
-    row_blocks<kRowBlockVnni>(M, [&](auto rows, int64_t m0) { block_vnni<decltype(rows)::value, BITS, SUPER>(r, m0, rec, bias, y, N, K, b); });
+  const int64_t G = K / kGroup, bytes = block_bytes(BITS, SUPER, G);
+  int64_t b = b0;
+  if (M > kWideRows)
+    for (; b + 1 < b1; b += 2) {
+      const uint8_t* recs[2] = {packed + b * bytes, packed + (b + 1) * bytes};
+      row_blocks<kRowBlockVnni>(M, [&](auto rows, int64_t m0) { block_vnni<Zmm, decltype(rows)::value, BITS, SUPER>(r, m0, recs, bias, y, N, K, b); });
+    }
+  for (; b < b1; ++b) {
+    const uint8_t* recs[1] = {packed + b * bytes};
+    row_blocks<kRowBlockVnni>(M, [&](auto rows, int64_t m0) { block_vnni<Ymm, decltype(rows)::value, BITS, SUPER>(r, m0, recs, bias, y, N, K, b); });
   }
 }
 #endif
