@@ -63,7 +63,7 @@ def reference(layer: QuantizedLinear, x: torch.Tensor) -> torch.Tensor:
 @settings(max_examples=60, deadline=None)
 @given(rows=st.integers(1, 40), groups=st.integers(1, 20), n=st.integers(1, 40), bits=st.sampled_from([4, 8]),
        super_blocks=st.booleans(), bias=st.booleans(), seed=st.integers(0, 2**16), spread=st.sampled_from([0.01, 1.0, 30.0]))
-# past 16 rows the two-block (512-bit) kernel runs: odd and even block counts, each bit width
+# past 6 rows the two-block (512-bit) kernel runs: odd and even block counts, each bit width
 @example(rows=40, groups=9, n=40, bits=4, super_blocks=True, bias=True, seed=1, spread=1.0)
 @example(rows=17, groups=3, n=16, bits=4, super_blocks=False, bias=False, seed=2, spread=30.0)
 @example(rows=33, groups=9, n=24, bits=8, super_blocks=True, bias=True, seed=3, spread=1.0)

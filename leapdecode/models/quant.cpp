@@ -33,9 +33,9 @@
 //
 // Three paths, chosen at run time (`isa`): portable scalar code, AVX2 (`maddubs`), and
 // AVX512-VNNI (`vpdpbusd` on the same 256-bit layout: one instruction where AVX2 needs two or three,
-// and twice the registers; past 16 rows, a prompt's prefill, two output blocks side by side in
-// 512-bit vectors). The integer dot products are exact on every path, so all three give the same
-// integers and, with the float sequence below, the same bits.
+// and twice the registers; past 6 rows, two output blocks side by side in 512-bit vectors). The
+// integer dot products are exact on every path, so all three give the same integers and, with the
+// float sequence below, the same bits.
 //
 // Row-exact by construction: every (output, row) value is the same sequence of float operations
 // whatever the number of rows M (per group, in order: acc = fma(float(dot), d_w * d_x, acc), then
@@ -599,10 +599,10 @@ __attribute__((target(LEAPDECODE_VNNI))) void block_vnni(const Rows& r, int64_t 
   for (int j = 0; j < B; ++j) store_rows<MB>(out[j], bias, y, m0, N, b + j);
 }
 
-// Rows at which the two-block (512-bit) kernel takes over: below it a pass streams each weight
-// from memory once and the one-stream loop is faster (measured); above it the block's records are
-// re-read from cache for every run of rows and the wider vectors pay.
-constexpr int64_t kWideRows = 16;
+// Rows past which the two-block (512-bit) kernel takes over (measured on the 1.5B's layers: at 1-4
+// rows the pass waits on memory and one record stream per thread is faster, at 6 they are level,
+// from 8 up the wide kernel's fewer instructions pay: 8 rows -8%, 12 -30%, prefills -20%).
+constexpr int64_t kWideRows = 6;
 
 template <int BITS, bool SUPER>
 __attribute__((target(LEAPDECODE_VNNI))) void blocks_vnni(const Rows& r, const uint8_t* packed, const float* bias, float* y,
