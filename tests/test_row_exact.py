@@ -39,19 +39,24 @@ def test_kernel_matches_a_float_reference_and_rows_are_bitwise_independent(kerne
 
 @settings(max_examples=60, deadline=None)
 @given(rows=st.integers(1, 16), past=st.integers(0, 80), kv_heads=st.integers(1, 3), group=st.integers(1, 3),
-       dim=st.sampled_from([8, 12, 32, 64]), masked=st.booleans(), seed=st.integers(0, 2**16))
-def test_attention_kernel_matches_sdpa_and_rows_are_bitwise_independent(kernel, rows, past, kv_heads, group, dim, masked, seed) -> None:
-    """Chains (causal, no mask) and trees (any visible set): each row over exactly its keys, from
-    strided views of a longer cache (in chunks of 32 keys), bitwise the same alone or with the
+       dim=st.sampled_from([8, 12, 32, 64, 96, 128]), mask=st.sampled_from(["chain", "tree", "any"]), seed=st.integers(0, 2**16))
+def test_attention_kernel_matches_sdpa_and_rows_are_bitwise_independent(kernel, rows, past, kv_heads, group, dim, mask, seed) -> None:
+    """Chains (causal, no mask), trees (the whole cached prefix and some of the block) and any
+    visible set: each row over exactly its keys, from strided views of a longer cache (in chunks of
+    32 keys; rows that share their keys go through together), bitwise the same alone or with the
     others, on both paths, however many threads split the heads."""
     g = torch.Generator().manual_seed(seed)
     heads, total = kv_heads * group, past + rows
     query = torch.randn(1, heads, rows, dim, generator=g)
     store = torch.randn(2, 1, kv_heads, total + 7, dim, generator=g)  # a cache with room to spare
     key, value = store[0][:, :, :total], store[1][:, :, :total]  # [1, kv_heads, total, dim] views
-    if masked:
+    masked = mask != "chain"
+    if mask == "any":
         visible = torch.rand(rows, total, generator=g) < 0.6
         visible[:, 0] = True
+    elif mask == "tree":
+        visible = torch.ones(rows, total, dtype=torch.bool)
+        visible[:, past:] = (torch.rand(rows, rows, generator=g) < 0.5).tril() | torch.eye(rows, dtype=torch.bool)
     else:
         visible = torch.arange(total)[None, :] <= past + torch.arange(rows)[:, None]  # [rows, total]
     scale = dim**-0.5

@@ -22,6 +22,7 @@
 namespace {
 
 using leapdecode::has_avx2_fma;
+using leapdecode::has_avx512vl;
 #ifdef LEAPDECODE_X86
 using leapdecode::hsum;
 #endif
@@ -245,6 +246,78 @@ __attribute__((target("avx2,fma"))) void mix_avx2(float* out, const float* e, co
     out[d] = s;
   }
 }
+
+// Several query rows of one head over the same keys (a chain's rows see the same cached prefix):
+// each key's values are loaded once for all of them. Every (row, key) score and every output
+// element gets exactly the single-row functions' operations in their order (an accumulator per
+// (row, key) or (row, element), fed in the same order), so the bits are those of one row alone.
+// 256-bit vectors with AVX512's 32 registers (three rows' accumulators at once).
+constexpr int kSharedRows = 3;  // rows per shared pass (8 keys x 3 rows = 24 accumulators)
+#define LEAPDECODE_AVX512 "avx512f,avx512vl,avx2,fma"
+
+template <int R>
+__attribute__((target(LEAPDECODE_AVX512))) void scores_rows_avx512(const float* const* q, const float* k, int64_t ks, const int64_t* keys,
+                                                                    int64_t count, int64_t D, float scale, float* const* scores) {
+  int64_t n = 0;
+  for (; n + 8 <= count; n += 8) {
+    const float* kr[8];
+    __m256 acc[R][8];
+    for (int b = 0; b < 8; ++b) {
+      kr[b] = k + keys[n + b] * ks;
+      for (int r = 0; r < R; ++r) acc[r][b] = _mm256_setzero_ps();
+    }
+    int64_t d = 0;
+    for (; d + 8 <= D; d += 8) {
+      __m256 qv[R];
+      for (int r = 0; r < R; ++r) qv[r] = _mm256_loadu_ps(q[r] + d);
+      for (int b = 0; b < 8; ++b) {
+        const __m256 kv = _mm256_loadu_ps(kr[b] + d);
+        for (int r = 0; r < R; ++r) acc[r][b] = _mm256_fmadd_ps(qv[r], kv, acc[r][b]);
+      }
+    }
+    for (int r = 0; r < R; ++r)
+      for (int b = 0; b < 8; ++b) scores[r][n + b] = finish_dot(acc[r][b], q[r], kr[b], d, D) * scale;
+  }
+  for (int r = 0; r < R; ++r) scores_avx2(q[r], k, ks, keys + n, count - n, D, scale, scores[r] + n);
+}
+
+template <int R>
+__attribute__((target(LEAPDECODE_AVX512))) void mix_rows_avx512(float* const* out, const float* const* e, const float* v, int64_t vs,
+                                                                 const int64_t* keys, int64_t count, int64_t D) {
+  int64_t d = 0;
+  for (; d + 64 <= D; d += 64) {
+    __m256 acc[R][8];
+    for (int r = 0; r < R; ++r)
+      for (int w = 0; w < 8; ++w) acc[r][w] = _mm256_loadu_ps(out[r] + d + 8 * w);
+    for (int64_t n = 0; n < count; ++n) {
+      const float* vr = v + keys[n] * vs + d;
+      __m256 ev[R];
+      for (int r = 0; r < R; ++r) ev[r] = _mm256_set1_ps(e[r][n]);
+      for (int w = 0; w < 8; ++w) {
+        const __m256 vv = _mm256_loadu_ps(vr + 8 * w);
+        for (int r = 0; r < R; ++r) acc[r][w] = _mm256_fmadd_ps(ev[r], vv, acc[r][w]);
+      }
+    }
+    for (int r = 0; r < R; ++r)
+      for (int w = 0; w < 8; ++w) _mm256_storeu_ps(out[r] + d + 8 * w, acc[r][w]);
+  }
+  if (d < D)
+    for (int r = 0; r < R; ++r) mix_avx2(out[r] + d, e[r], v + d, vs, keys, count, D - d);
+}
+
+void scores_rows_avx512_any(int rows, const float* const* q, const float* k, int64_t ks, const int64_t* keys, int64_t count, int64_t D,
+                            float scale, float* const* scores) {
+  if (rows == 3) return scores_rows_avx512<3>(q, k, ks, keys, count, D, scale, scores);
+  if (rows == 2) return scores_rows_avx512<2>(q, k, ks, keys, count, D, scale, scores);
+  scores_avx2(q[0], k, ks, keys, count, D, scale, scores[0]);
+}
+
+void mix_rows_avx512_any(int rows, float* const* out, const float* const* e, const float* v, int64_t vs, const int64_t* keys, int64_t count,
+                         int64_t D) {
+  if (rows == 3) return mix_rows_avx512<3>(out, e, v, vs, keys, count, D);
+  if (rows == 2) return mix_rows_avx512<2>(out, e, v, vs, keys, count, D);
+  mix_avx2(out[0], e[0], v, vs, keys, count, D);
+}
 #endif
 
 #ifdef LEAPDECODE_X86
@@ -292,14 +365,23 @@ torch::Tensor row_exact_attention(const torch::Tensor& query, const torch::Tenso
   float* op = out.data_ptr<float>();
   const int64_t ks1 = k.stride(1), ks2 = k.stride(2), vs1 = v.stride(1), vs2 = v.stride(2), group = H / Hkv;
   const float sc = static_cast<float>(scale);
-  auto scores = scores_portable;  // chosen once: both paths give the same bits
+  auto scores = scores_portable;  // chosen once: every path gives the same bits
   auto softmax = softmax_weights_portable;
   auto mix = mix_portable;
+  // rows of one head sharing their keys: together where AVX512's registers allow, else one by one
+  using ScoresRows = void (*)(int, const float* const*, const float*, int64_t, const int64_t*, int64_t, int64_t, float, float* const*);
+  using MixRows = void (*)(int, float* const*, const float* const*, const float*, int64_t, const int64_t*, int64_t, int64_t);
+  ScoresRows scores_rows = nullptr;
+  MixRows mix_rows = nullptr;
 #ifdef LEAPDECODE_X86
   if (!portable && has_avx2_fma()) {
     scores = scores_avx2;
     softmax = softmax_weights_avx2;
     mix = mix_avx2;
+    if (has_avx512vl()) {
+      scores_rows = scores_rows_avx512_any;
+      mix_rows = mix_rows_avx512_any;
+    }
   }
 #endif
   // Every query head of a kv head, and every row, reads the same keys and values: a task takes a
@@ -333,23 +415,56 @@ torch::Tensor row_exact_attention(const torch::Tensor& query, const torch::Tenso
       }
       const float* kh = kp + kvh * ks1;
       const float* vh = vp + kvh * vs1;
-      // walks the cache chunk by chunk: visit(c, h, i, start, end) for each (head h, row i), c its
-      // index in the task, with its visible keys of the chunk, keys[i * T + start .. end), in order
+      // walks the cache chunk by chunk: visit(rows, is, starts, h, count) for each head h and each
+      // run of its rows is[0..rows) with the same visible keys of the chunk (a dense range: a
+      // chain's rows see the same prefix), row is[r]'s being keys[is[r] * T + starts[r] ..) (count
+      // of them, in order); a row with other keys (a tree's) comes alone. (h - h0) * Q + i indexes
+      // (head, row) in the task.
       auto by_chunk = [&](auto&& visit) {
         std::fill(at.begin(), at.end(), 0);
         for (int64_t j0 = 0; j0 < T; j0 += chunk)
-          for (int64_t h = h0; h < h1; ++h)
+          for (int64_t h = h0; h < h1; ++h) {
+            int64_t is[kSharedRows], starts[kSharedRows];
+            int rows = 0;
+            int64_t lo = -1, len = 0;  // the run's dense range [lo, lo + len), or lo = -1: none
             for (int64_t i = 0; i < Q; ++i) {
               const int64_t c = (h - h0) * Q + i, start = at[c];
-              int64_t end = start;
-              while (end < counts[i] && keys[i * T + end] < j0 + chunk) ++end;
-              if (end > start) visit(c, h, i, start, end);
+              const int64_t* row = keys.get() + i * T;  // sorted: the chunk's keys end where j0 + chunk would go
+              const int64_t end = std::lower_bound(row + start, row + counts[i], j0 + chunk) - row;
               at[c] = end;
+              if (end == start) continue;
+              const bool dense = row[end - 1] - row[start] == end - start - 1;
+              if (rows > 0 && (!dense || row[start] != lo || end - start != len || rows == kSharedRows)) {
+                visit(rows, is, starts, h, len);
+                rows = 0;
+              }
+              if (!dense) {
+                is[0] = i, starts[0] = start;
+                visit(1, is, starts, h, end - start);
+                continue;
+              }
+              lo = row[start], len = end - start;
+              is[rows] = i, starts[rows] = start;
+              ++rows;
             }
+            if (rows > 0) visit(rows, is, starts, h, len);
+          }
       };
       // 1. scores
-      by_chunk([&](int64_t c, int64_t h, int64_t i, int64_t start, int64_t end) {
-        scores(qp + (h * Q + i) * D, kh, ks2, keys.get() + i * T + start, end - start, D, sc, weights.get() + c * T + start);
+      by_chunk([&](int rows, const int64_t* is, const int64_t* starts, int64_t h, int64_t count) {
+        const int64_t* first = keys.get() + is[0] * T + starts[0];
+        if (rows > 1 && scores_rows) {
+          const float* qs[kSharedRows];
+          float* outs[kSharedRows];
+          for (int r = 0; r < rows; ++r) {
+            qs[r] = qp + (h * Q + is[r]) * D;
+            outs[r] = weights.get() + ((h - h0) * Q + is[r]) * T + starts[r];
+          }
+          return scores_rows(rows, qs, kh, ks2, first, count, D, sc, outs);
+        }
+        for (int r = 0; r < rows; ++r)
+          scores(qp + (h * Q + is[r]) * D, kh, ks2, keys.get() + is[r] * T + starts[r], count, D, sc,
+                 weights.get() + ((h - h0) * Q + is[r]) * T + starts[r]);
       });
       // 2. each (head, row)'s softmax weights
       for (int64_t h = h0; h < h1; ++h)
@@ -359,8 +474,19 @@ torch::Tensor row_exact_attention(const torch::Tensor& query, const torch::Tenso
           totals[c] = counts[i] ? softmax(w, counts[i], *std::max_element(w, w + counts[i])) : 0.f;
         }
       // 3. the weighted values, into the zeroed output
-      by_chunk([&](int64_t c, int64_t h, int64_t i, int64_t start, int64_t end) {
-        mix(op + (i * H + h) * D, weights.get() + c * T + start, vh, vs2, keys.get() + i * T + start, end - start, D);
+      by_chunk([&](int rows, const int64_t* is, const int64_t* starts, int64_t h, int64_t count) {
+        if (rows > 1 && mix_rows) {
+          float* outs[kSharedRows];
+          const float* es[kSharedRows];
+          for (int r = 0; r < rows; ++r) {
+            outs[r] = op + (is[r] * H + h) * D;
+            es[r] = weights.get() + ((h - h0) * Q + is[r]) * T + starts[r];
+          }
+          return mix_rows(rows, outs, es, vh, vs2, keys.get() + is[0] * T + starts[0], count, D);
+        }
+        for (int r = 0; r < rows; ++r)
+          mix(op + (is[r] * H + h) * D, weights.get() + ((h - h0) * Q + is[r]) * T + starts[r], vh, vs2,
+              keys.get() + is[r] * T + starts[r], count, D);
       });
       // 4. normalise (a row that sees nothing stays zero: never in a decode pass)
       for (int64_t h = h0; h < h1; ++h)

@@ -28,6 +28,15 @@ inline bool has_avx512_vnni() {
 #endif
 }
 
+// AVX512's 32 vector registers for 256-bit code (`avx512vl`).
+inline bool has_avx512vl() {
+#ifdef LEAPDECODE_X86
+  return has_avx2_fma() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl");
+#else
+  return false;
+#endif
+}
+
 #ifdef LEAPDECODE_X86
 // The sum of eight lanes as ((v0+v4)+(v2+v6)) + ((v1+v5)+(v3+v7)).
 __attribute__((target("avx2,fma"))) inline float hsum(__m256 v) {
