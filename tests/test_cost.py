@@ -131,9 +131,9 @@ def test_cost_aware_methods_equal_plain_greedy_on_the_real_model(real_lm) -> Non
 
 
 def test_tree_methods_cut_by_a_curve_of_tree_passes_cached_apart_from_chains(tiny_model) -> None:
-    from leapdecode.engine import TorchBackend
     import torch
 
+    from leapdecode.engine import TorchBackend
     from leapdecode.methods import parse_method
     from leapdecode.methods.base import cached_cost
     from tests.conftest import tiny_lm
@@ -186,3 +186,24 @@ def test_a_burst_of_load_during_measurement_does_not_bend_the_curve(monkeypatch)
     for slow in range(2, 2 + 3 * 6):
         measured = measure_forward_cost(ClockedBackend(clock, slow), 6, context=4, repeats=3)  # type: ignore[arg-type]
         assert measured.seconds == tuple(float(n) for n in range(1, 7))
+
+
+def test_a_request_whose_drafts_fail_stops_drafting_though_earlier_requests_did_well() -> None:
+    """The shared rates are only a prior: a request's own rejections cut its drafts even when
+    earlier requests (code, say) taught the decoder that the same evidence usually holds."""
+    cost = ForwardCost((0.047, 0.070, 0.093, 0.115, 0.155))
+    shared = AcceptanceEstimate()
+    for _ in range(200):
+        shared.observe(("evidence", 9), True)
+    drafter = CostAwareDrafter(FixedDrafter([5, 6, 7, 8], evidence=(9, 9, 9, 9)), cost, shared)
+    drafter.reset([1, 2])
+    drafter.propose(10)
+    assert drafter.kept_lengths[-1] >= 3  # the decoder's experience: draft most of it
+    for _ in range(12):  # this request's target never agrees
+        drafter.update([99], 0)
+        drafter.propose(10)
+    assert drafter.kept_lengths[-1] == 0 and shared.rate(("evidence", 9)) > 0.8  # cut here, the shared rate still high
+    fresh = CostAwareDrafter(FixedDrafter([5, 6, 7, 8], evidence=(9, 9, 9, 9)), cost, shared)
+    fresh.reset([3, 4])
+    fresh.propose(10)
+    assert fresh.kept_lengths[-1] > 0  # the next request starts from the shared rate again
