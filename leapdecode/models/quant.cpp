@@ -252,11 +252,14 @@ void blocks_portable(const Rows& r, const uint8_t* packed, int bits, bool super,
 // Keeps `v` in its register at this point of the sequence (stops the compiler reordering sums).
 inline __attribute__((target("avx2,fma"))) void pin(__m256i& v) { asm("" : "+x"(v)); }
 
-inline __attribute__((target("avx2,fma"))) __m256i broadcast4(const int8_t* p) {
+// Four activation bytes as one int32 (what a `vpdpbusd` lane multiplies by).
+inline int32_t four_bytes(const int8_t* p) {
   int32_t v;
   std::memcpy(&v, p, 4);
-  return _mm256_set1_epi32(v);
+  return v;
 }
+
+inline __attribute__((target("avx2,fma"))) __m256i broadcast4(const int8_t* p) { return _mm256_set1_epi32(four_bytes(p)); }
 
 // Calls block(rows, m0) on runs of up to ROWS rows, `rows` a compile-time constant (the kernels
 // keep one accumulator per row in registers, so the row count is a template argument).
@@ -492,12 +495,6 @@ struct Zmm {
 
 template <typename V>
 inline __attribute__((target(LEAPDECODE_VNNI))) void pin_v(typename V::I& v) { asm("" : "+v"(v)); }
-
-inline int32_t four_bytes(const int8_t* p) {
-  int32_t v;
-  std::memcpy(&v, p, 4);
-  return v;
-}
 
 // six_bit_chunk on V's vectors.
 template <typename V>

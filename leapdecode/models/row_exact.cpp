@@ -450,6 +450,8 @@ torch::Tensor row_exact_attention(const torch::Tensor& query, const torch::Tenso
             if (rows > 0) visit(rows, is, starts, h, len);
           }
       };
+      // (head h, row i)'s scores, then weights, from its key list's position `start`
+      auto weights_at = [&](int64_t h, int64_t i, int64_t start) { return weights.get() + ((h - h0) * Q + i) * T + start; };
       // 1. scores
       by_chunk([&](int rows, const int64_t* is, const int64_t* starts, int64_t h, int64_t count) {
         const int64_t* first = keys.get() + is[0] * T + starts[0];
@@ -458,13 +460,13 @@ torch::Tensor row_exact_attention(const torch::Tensor& query, const torch::Tenso
           float* outs[kSharedRows];
           for (int r = 0; r < rows; ++r) {
             qs[r] = qp + (h * Q + is[r]) * D;
-            outs[r] = weights.get() + ((h - h0) * Q + is[r]) * T + starts[r];
+            outs[r] = weights_at(h, is[r], starts[r]);
           }
           return scores_rows(rows, qs, kh, ks2, first, count, D, sc, outs);
         }
         for (int r = 0; r < rows; ++r)
           scores(qp + (h * Q + is[r]) * D, kh, ks2, keys.get() + is[r] * T + starts[r], count, D, sc,
-                 weights.get() + ((h - h0) * Q + is[r]) * T + starts[r]);
+                 weights_at(h, is[r], starts[r]));
       });
       // 2. each (head, row)'s softmax weights
       for (int64_t h = h0; h < h1; ++h)
@@ -480,12 +482,12 @@ torch::Tensor row_exact_attention(const torch::Tensor& query, const torch::Tenso
           const float* es[kSharedRows];
           for (int r = 0; r < rows; ++r) {
             outs[r] = op + (is[r] * H + h) * D;
-            es[r] = weights.get() + ((h - h0) * Q + is[r]) * T + starts[r];
+            es[r] = weights_at(h, is[r], starts[r]);
           }
           return mix_rows(rows, outs, es, vh, vs2, keys.get() + is[0] * T + starts[0], count, D);
         }
         for (int r = 0; r < rows; ++r)
-          mix(op + (is[r] * H + h) * D, weights.get() + ((h - h0) * Q + is[r]) * T + starts[r], vh, vs2,
+          mix(op + (is[r] * H + h) * D, weights_at(h, is[r], starts[r]), vh, vs2,
               keys.get() + is[r] * T + starts[r], count, D);
       });
       // 4. normalise (a row that sees nothing stays zero: never in a decode pass)
