@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from leapdecode import wrap
@@ -37,18 +37,50 @@ def test_kernel_matches_a_float_reference_and_rows_are_bitwise_independent(kerne
         assert torch.equal(got[i], kernel.row_exact_linear(x[i : i + 1], w, b, portable)[0])
 
 
+@settings(max_examples=80, deadline=None)
+@given(rows=st.integers(1, 16), k=st.one_of(st.integers(1, 100), st.integers(640, 1400)), n=st.integers(1, 40), bias=st.booleans(),
+       portable=st.booleans(), seed=st.integers(0, 2**16))
+@example(rows=16, k=1400, n=7, bias=True, portable=False, seed=0)  # activations past 20 KB: outputs in threes
+@example(rows=9, k=1399, n=5, bias=False, portable=False, seed=1)
+def test_bf16_kernel_matches_a_float_reference_and_rows_are_bitwise_independent(kernel, rows, k, n, bias, portable, seed) -> None:
+    # k past 32 and not a multiple of it (the masked tail), rows past 8 (a second row block), n not
+    # a multiple of 3 (outputs one by one after the groups), rows x k past the kernel's 20 KB (the
+    # grouped path, against one-row calls on the other); `portable` forces the scalar path
+    g = torch.Generator().manual_seed(seed)
+    x, w = torch.randn(rows, k, generator=g).bfloat16(), torch.randn(n, k, generator=g).bfloat16()
+    b = torch.randn(n, generator=g).bfloat16() if bias else torch.empty(0, dtype=torch.bfloat16)
+    got = kernel.row_exact_linear_bf16(x, w, b, portable)  # [rows, n] bfloat16
+    assert got.dtype == torch.bfloat16 and got.shape == (rows, n)
+    want = x.double() @ w.double().T + (b.double() if bias else 0)  # bf16 products are exact; one rounding at the end
+    assert torch.allclose(got.double(), want, rtol=2 ** -8, atol=1e-5 * k)
+    for i in range(rows):
+        assert torch.equal(got[i], kernel.row_exact_linear_bf16(x[i : i + 1], w, b, portable)[0])
+
+
+def test_bf16_kernel_refuses_other_dtypes_and_shapes(kernel) -> None:
+    x, w = torch.randn(2, 8).bfloat16(), torch.randn(3, 8).bfloat16()
+    with pytest.raises(RuntimeError, match="bfloat16"):
+        kernel.row_exact_linear_bf16(x.float(), w, torch.empty(0, dtype=torch.bfloat16), False)
+    with pytest.raises(RuntimeError, match="bfloat16"):
+        kernel.row_exact_linear_bf16(x, w, torch.zeros(2, dtype=torch.bfloat16), False)  # bias of the wrong length
+    with pytest.raises(RuntimeError, match=r"x \[M, K\]"):
+        kernel.row_exact_linear_bf16(x, w[:, :4], torch.empty(0, dtype=torch.bfloat16), False)
+
+
 @settings(max_examples=60, deadline=None)
 @given(rows=st.integers(1, 16), past=st.integers(0, 80), kv_heads=st.integers(1, 3), group=st.integers(1, 3),
-       dim=st.sampled_from([8, 12, 32, 64, 96, 128]), mask=st.sampled_from(["chain", "tree", "any"]), seed=st.integers(0, 2**16))
-def test_attention_kernel_matches_sdpa_and_rows_are_bitwise_independent(kernel, rows, past, kv_heads, group, dim, mask, seed) -> None:
+       dim=st.sampled_from([8, 12, 32, 64, 96, 128]), mask=st.sampled_from(["chain", "tree", "any"]),
+       dtype=st.sampled_from([torch.float32, torch.bfloat16]), seed=st.integers(0, 2**16))
+def test_attention_kernel_matches_sdpa_and_rows_are_bitwise_independent(kernel, rows, past, kv_heads, group, dim, mask, dtype, seed) -> None:
     """Chains (causal, no mask), trees (the whole cached prefix and some of the block) and any
     visible set: each row over exactly its keys, from strided views of a longer cache (in chunks of
     32 keys; rows that share their keys go through together), bitwise the same alone or with the
-    others, on both paths, however many threads split the heads."""
+    others, on both paths, however many threads split the heads; float32 and bfloat16 (computed in
+    float, the output rounded once)."""
     g = torch.Generator().manual_seed(seed)
     heads, total = kv_heads * group, past + rows
-    query = torch.randn(1, heads, rows, dim, generator=g)
-    store = torch.randn(2, 1, kv_heads, total + 7, dim, generator=g)  # a cache with room to spare
+    query = torch.randn(1, heads, rows, dim, generator=g).to(dtype)
+    store = torch.randn(2, 1, kv_heads, total + 7, dim, generator=g).to(dtype)  # a cache with room to spare
     key, value = store[0][:, :, :total], store[1][:, :, :total]  # [1, kv_heads, total, dim] views
     masked = mask != "chain"
     if mask == "any":
@@ -63,7 +95,7 @@ def test_attention_kernel_matches_sdpa_and_rows_are_bitwise_independent(kernel, 
     got = kernel.row_exact_attention(query, key, value, visible if masked else None, scale, False)  # [1, rows, heads, dim]
     want = torch.nn.functional.scaled_dot_product_attention(query.double(), key.double(), value.double(), attn_mask=visible,
                                                             scale=scale, enable_gqa=True).transpose(1, 2)
-    assert torch.allclose(got.double(), want, atol=1e-5)
+    assert got.dtype == dtype and torch.allclose(got.double(), want, atol=1e-5 if dtype == torch.float32 else 1e-2)
     assert torch.equal(kernel.row_exact_attention(query, key, value, visible if masked else None, scale, True), got)
     threads = torch.get_num_threads()
     try:
@@ -86,6 +118,8 @@ def test_attention_kernel_refuses_shapes_that_do_not_fit(kernel) -> None:
         kernel.row_exact_attention(query, key, key, None, 1.0, False)  # 4 heads over 3 kv heads
     with pytest.raises(RuntimeError, match="visible"):
         kernel.row_exact_attention(query, key[:, :2], key[:, :2], torch.ones(2, 4, dtype=torch.bool), 1.0, False)
+    with pytest.raises(RuntimeError, match="float32 or bfloat16"):
+        kernel.row_exact_attention(query.bfloat16(), key, key, None, 1.0, False)  # dtypes that differ
 
 
 @settings(max_examples=40, deadline=None)
@@ -157,10 +191,11 @@ def test_fallback_without_a_kernel_is_exact_too(monkeypatch) -> None:
         assert torch.equal(slow[0, i], exact(x[:, i : i + 1])[0, 0])
 
 
-@pytest.fixture(scope="module", params=["none", "int4"], ids=["float32", "int4"])
+@pytest.fixture(scope="module", params=[("float32", "none"), ("float32", "int4"), ("bfloat16", "none")], ids=["float32", "int4", "bfloat16"])
 def exact_lm(kernel, request):
-    """The real model, row-exact: float32 weights, and group-quantized int4 ones."""
-    return load_model("smollm2-135m", log=lambda m: None, row_exact=True, quantize=request.param)
+    """The real model, row-exact: float32 weights, group-quantized int4 ones, and bfloat16 ones."""
+    dtype, quantize = request.param
+    return load_model("smollm2-135m", log=lambda m: None, row_exact=True, dtype=dtype, quantize=quantize)
 
 
 def layer_outputs(model, run) -> list[torch.Tensor]:
@@ -224,8 +259,8 @@ def test_greedy_drafting_on_the_row_exact_model_is_plain_decoding(exact_lm, meth
 
 
 def test_row_exact_refuses_what_it_does_not_cover() -> None:
-    with pytest.raises(ModelLoadError, match="row_exact runs float32 on CPU"):
-        load_model("smollm2-135m", log=lambda m: None, row_exact=True, dtype="bfloat16")
+    with pytest.raises(ModelLoadError, match="row_exact runs float32 or bfloat16 on CPU, not float16"):
+        load_model("smollm2-135m", log=lambda m: None, row_exact=True, dtype="float16")
 
 
 def test_row_exact_is_the_default_on_cpu_float32_and_falls_back_clearly(real_lm, monkeypatch) -> None:
@@ -236,3 +271,25 @@ def test_row_exact_is_the_default_on_cpu_float32_and_falls_back_clearly(real_lm,
     lm = load_model("smollm2-135m", log=lambda m: None)
     assert not lm.row_exact and any(isinstance(m, SmallBatchLinear) for m in lm.model.modules())
     assert not any(isinstance(m, RowExactLinear) for m in lm.model.modules())
+
+
+def test_bf16_models_are_row_exact_by_default_where_the_cpu_has_avx512_bf16(kernel, monkeypatch) -> None:
+    lm = load_model("smollm2-135m", log=lambda m: None, dtype="bfloat16")
+    layers = [m for m in lm.model.modules() if isinstance(m, torch.nn.Linear)]
+    if not row_exact.bf16_linear_available():  # nn.Linear's oneDNN path stays (the portable one is slower)
+        assert not lm.row_exact and all(type(m) is torch.nn.Linear for m in layers)
+        return
+    assert lm.row_exact and lm.describe == "torch bfloat16 row-exact"
+    assert layers and all(isinstance(m, RowExactLinear) for m in layers)
+    g = torch.Generator().manual_seed(0)
+    with torch.inference_mode():
+        for module in {id(m): m for m in layers}.values():  # the real shapes (the LM head is the embedding)
+            x = torch.randn(16, module.in_features, generator=g).bfloat16()  # [rows, in]
+            got = module(x)  # [rows, out]
+            assert torch.allclose(got.float(), torch.nn.functional.linear(x, module.weight, module.bias).float(), rtol=2e-2, atol=2e-2)
+            for rows in (1, 3, 8):
+                assert torch.equal(got[:rows], torch.cat([module(x[i : i + 1]) for i in range(rows)]))
+    monkeypatch.setattr(row_exact, "bf16_linear_available", lambda: False)  # a CPU without AVX512-BF16
+    other = load_model("smollm2-135m", log=lambda m: None, dtype="bfloat16")
+    assert not other.row_exact
+    assert all(type(m) is torch.nn.Linear for m in other.model.modules() if isinstance(m, torch.nn.Linear))

@@ -87,7 +87,8 @@ def compare(lm: LoadedModel, sizes: Sequence[int], context: int = 300, repeats: 
             f"chain, {loaded}": measure(lm.model, sizes, context, repeats, vocab),
             f"tree, {loaded}": measure(lm.model, sizes, context, repeats, vocab, tree=True),
         }
-    loaded = "row-exact" if RowExactLinear in kinds else "small-batch linear" if SmallBatchLinear in kinds else f"{lm.dtype} as loaded"
+    loaded = ("row-exact" if lm.row_exact else f"{lm.dtype} row-exact linear" if RowExactLinear in kinds
+              else "small-batch linear" if SmallBatchLinear in kinds else f"{lm.dtype} as loaded")
     return {
         f"chain, {loaded}": measure(lm.model, sizes, context, repeats, vocab),
         "chain, nn.Linear": measure(_plain_copy(lm.model), sizes, context, repeats, vocab),

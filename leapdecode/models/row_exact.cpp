@@ -15,6 +15,7 @@
 #include <cstring>
 #include <memory>
 #include <optional>
+#include <type_traits>
 #include <vector>
 
 #include "simd.h"
@@ -22,6 +23,7 @@
 namespace {
 
 using leapdecode::has_avx2_fma;
+using leapdecode::has_avx512_bf16;
 using leapdecode::has_avx512vl;
 #ifdef LEAPDECODE_X86
 using leapdecode::hsum;
@@ -92,6 +94,22 @@ __attribute__((target("avx2,fma"))) void rows_avx2(const float* x, const float* 
   }
 }
 #endif
+
+// A bfloat16 value as float (exact: the same sign, exponent and leading mantissa bits).
+inline float bf16_value(uint16_t v) {
+  const uint32_t bits = static_cast<uint32_t>(v) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+// rows [T, D] of a bfloat16 tensor (`stride` elements apart) as float, into `buf`; returns its data
+const float* widen(const uint16_t* src, int64_t stride, int64_t T, int64_t D, std::vector<float>& buf) {
+  buf.resize(T * D);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t d = 0; d < D; ++d) buf[t * D + d] = bf16_value(src[t * stride + d]);
+  return buf.data();
+}
 
 // Attention of one query row over the keys it may see. The dot products (8 lanes over the head
 // dimension, then `lanes_sum`, then the tail) and the weighted sum of values (one fma per element,
@@ -342,13 +360,17 @@ torch::Tensor row_exact_attention(const torch::Tensor& query, const torch::Tenso
                                   const std::optional<torch::Tensor>& visible, double scale, bool portable) {
   TORCH_CHECK(query.dim() == 4 && key.dim() == 4 && value.dim() == 4 && query.size(0) == 1 && key.size(0) == 1 &&
                   value.size(0) == 1, "row_exact_attention: [1, heads, length, dim] tensors expected");
-  TORCH_CHECK(query.scalar_type() == torch::kFloat && key.scalar_type() == torch::kFloat && value.scalar_type() == torch::kFloat,
-              "row_exact_attention: float32 only");
+  const auto dtype = query.scalar_type();
+  TORCH_CHECK((dtype == torch::kFloat || dtype == torch::kBFloat16) && key.scalar_type() == dtype && value.scalar_type() == dtype,
+              "row_exact_attention: float32 or bfloat16 query, key and value expected");
+  const bool bf16 = dtype == torch::kBFloat16;
   const int64_t H = query.size(1), Q = query.size(2), D = query.size(3), Hkv = key.size(1), T = key.size(2);
   TORCH_CHECK(key.size(3) == D && value.size(1) == Hkv && value.size(2) == T && value.size(3) == D && Hkv > 0 && H % Hkv == 0,
               "row_exact_attention: key/value shapes do not fit the query");
   TORCH_CHECK(T >= Q, "row_exact_attention: fewer keys than queries");
-  const torch::Tensor q = query.contiguous();
+  // bfloat16: every product and sum in float, as a one-token pass computes them too (the same
+  // call); the query is widened here, each task's keys and values below, the output rounded once
+  const torch::Tensor q = query.to(torch::kFloat).contiguous();
   const torch::Tensor k = key.stride(3) == 1 ? key : key.contiguous();
   const torch::Tensor v = value.stride(3) == 1 ? value : value.contiguous();
   torch::Tensor mask;
@@ -359,8 +381,10 @@ torch::Tensor row_exact_attention(const torch::Tensor& query, const torch::Tenso
   }
   auto out = torch::zeros({1, Q, H, D}, q.options());
   const float* qp = q.data_ptr<float>();
-  const float* kp = k.data_ptr<float>();
-  const float* vp = v.data_ptr<float>();
+  const float* kp = bf16 ? nullptr : k.data_ptr<float>();
+  const float* vp = bf16 ? nullptr : v.data_ptr<float>();
+  const auto* kb = bf16 ? reinterpret_cast<const uint16_t*>(k.data_ptr<at::BFloat16>()) : nullptr;
+  const auto* vb = bf16 ? reinterpret_cast<const uint16_t*>(v.data_ptr<at::BFloat16>()) : nullptr;
   const bool* mp = visible ? mask.data_ptr<bool>() : nullptr;
   float* op = out.data_ptr<float>();
   const int64_t ks1 = k.stride(1), ks2 = k.stride(2), vs1 = v.stride(1), vs2 = v.stride(2), group = H / Hkv;
@@ -404,6 +428,7 @@ torch::Tensor row_exact_attention(const torch::Tensor& query, const torch::Tenso
     std::vector<int64_t> counts(Q);
     std::vector<float> totals(per_tile * Q);
     std::vector<int64_t> at(per_tile * Q);  // each (head, row)'s position in its key list
+    std::vector<float> kwide, vwide;  // bfloat16: the task's kv head's keys and values, widened
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t kvh = t / tiles, h0 = kvh * group + t % tiles * per_tile;
       const int64_t h1 = std::min(h0 + per_tile, (kvh + 1) * group);
@@ -413,8 +438,9 @@ torch::Tensor row_exact_attention(const torch::Tensor& query, const torch::Tenso
           if (mp ? mp[i * T + j] : j <= T - Q + i) keys[i * T + n++] = j;
         counts[i] = n;
       }
-      const float* kh = kp + kvh * ks1;
-      const float* vh = vp + kvh * vs1;
+      const float* kh = bf16 ? widen(kb + kvh * ks1, ks2, T, D, kwide) : kp + kvh * ks1;
+      const float* vh = bf16 ? widen(vb + kvh * vs1, vs2, T, D, vwide) : vp + kvh * vs1;
+      const int64_t kstep = bf16 ? D : ks2, vstep = bf16 ? D : vs2;  // floats from one key (value) to the next
       // walks the cache chunk by chunk: visit(rows, is, starts, h, count) for each head h and each
       // run of its rows is[0..rows) with the same visible keys of the chunk (a dense range: a
       // chain's rows see the same prefix), row is[r]'s being keys[is[r] * T + starts[r] ..) (count
@@ -462,10 +488,10 @@ torch::Tensor row_exact_attention(const torch::Tensor& query, const torch::Tenso
             qs[r] = qp + (h * Q + is[r]) * D;
             outs[r] = weights_at(h, is[r], starts[r]);
           }
-          return scores_rows(rows, qs, kh, ks2, first, count, D, sc, outs);
+          return scores_rows(rows, qs, kh, kstep, first, count, D, sc, outs);
         }
         for (int r = 0; r < rows; ++r)
-          scores(qp + (h * Q + is[r]) * D, kh, ks2, keys.get() + is[r] * T + starts[r], count, D, sc,
+          scores(qp + (h * Q + is[r]) * D, kh, kstep, keys.get() + is[r] * T + starts[r], count, D, sc,
                  weights_at(h, is[r], starts[r]));
       });
       // 2. each (head, row)'s softmax weights
@@ -484,10 +510,10 @@ torch::Tensor row_exact_attention(const torch::Tensor& query, const torch::Tenso
             outs[r] = op + (is[r] * H + h) * D;
             es[r] = weights_at(h, is[r], starts[r]);
           }
-          return mix_rows(rows, outs, es, vh, vs2, keys.get() + is[0] * T + starts[0], count, D);
+          return mix_rows(rows, outs, es, vh, vstep, keys.get() + is[0] * T + starts[0], count, D);
         }
         for (int r = 0; r < rows; ++r)
-          mix(op + (is[r] * H + h) * D, weights_at(h, is[r], starts[r]), vh, vs2,
+          mix(op + (is[r] * H + h) * D, weights_at(h, is[r], starts[r]), vh, vstep,
               keys.get() + is[r] * T + starts[r], count, D);
       });
       // 4. normalise (a row that sees nothing stays zero: never in a decode pass)
@@ -501,7 +527,152 @@ torch::Tensor row_exact_attention(const torch::Tensor& query, const torch::Tenso
         }
     }
   });
-  return out;
+  return bf16 ? out.to(torch::kBFloat16) : out;
+}
+
+// ---- bfloat16 linear layers ----
+// y[m, n] = bf16(sum_k x[m, k] * w[n, k] + bias[n]) for bfloat16 x, w and bias: each (row, output)
+// pair has one accumulator of 16 float lanes fed by `vdpbf16ps` (two bf16 products a lane per
+// instruction) over k in order, the tail through the same instruction on zero-padded lanes, one
+// fixed horizontal sum, the bias, and one rounding to bfloat16. How many rows and outputs share a
+// weight load only decides which accumulators sit side by side, never a pair's sequence: row i of
+// an M-row call is bit-identical to a one-row call. The products are bf16 x bf16 (exact in float),
+// the sums float, as in oneDNN's bf16 GEMM that `nn.Linear` uses; the difference is the cost: the
+// weights stream once for all rows, so 8 rows cost about what one does.
+
+// Portable path (no AVX512-BF16): the same structure in scalar code; row-exact, not the same bits
+// as the vector path (its lane pairs are summed in another order).
+void bf16_rows_portable(const uint16_t* x, const uint16_t* w, const uint16_t* bias, uint16_t* y, int64_t M, int64_t N,
+                        int64_t K, int64_t n0, int64_t n1) {
+  for (int64_t n = n0; n < n1; ++n) {
+    const uint16_t* wr = w + n * K;
+    for (int64_t m = 0; m < M; ++m) {
+      const uint16_t* xr = x + m * K;
+      float part[16] = {0};
+      for (int64_t k = 0; k < K; ++k) part[(k / 2) % 16] += bf16_value(xr[k]) * bf16_value(wr[k]);
+      float s = 0.f;
+      for (int j = 0; j < 16; ++j) s += part[j];
+      if (bias) s += bf16_value(bias[n]);
+      y[m * N + n] = c10::BFloat16(s).x;  // round to nearest even, as torch does
+    }
+  }
+}
+
+#ifdef LEAPDECODE_X86
+#define LEAPDECODE_AVX512_BF16 "avx512f,avx512bw,avx512vl,avx512bf16,avx2,fma"
+constexpr int kBf16RowBlock = 8;  // rows sharing one load of a weight chunk (up to 8 x 3 accumulators)
+
+// MB rows against NB consecutive outputs n..n+NB-1: MB x NB accumulators in registers; PF: bytes
+// ahead of each weight row to prefetch (0: leave it to the hardware prefetcher).
+template <int MB, int NB, int PF>
+__attribute__((target(LEAPDECODE_AVX512_BF16))) inline void bf16_block(const uint16_t* x, const uint16_t* w, const uint16_t* bias,
+                                                                       uint16_t* y, int64_t N, int64_t K, int64_t n) {
+  __m512 acc[MB][NB];
+  for (int i = 0; i < MB; ++i)
+    for (int j = 0; j < NB; ++j) acc[i][j] = _mm512_setzero_ps();
+  const uint16_t* wr[NB];
+  for (int j = 0; j < NB; ++j) wr[j] = w + (n + j) * K;
+  int64_t k = 0;
+  for (; k + 32 <= K; k += 32) {
+    __m512bh wv[NB];
+    for (int j = 0; j < NB; ++j) {
+      if (PF) _mm_prefetch(reinterpret_cast<const char*>(wr[j] + k) + PF, _MM_HINT_T0);
+      wv[j] = (__m512bh)_mm512_loadu_si512(wr[j] + k);
+    }
+    for (int i = 0; i < MB; ++i) {
+      const __m512bh xv = (__m512bh)_mm512_loadu_si512(x + i * K + k);
+      for (int j = 0; j < NB; ++j) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], xv, wv[j]);
+    }
+  }
+  if (k < K) {  // the last K % 32 elements, the missing ones read as zeros
+    const __mmask32 tail = static_cast<__mmask32>((uint64_t{1} << (K - k)) - 1);
+    __m512bh wv[NB];
+    for (int j = 0; j < NB; ++j) wv[j] = (__m512bh)_mm512_maskz_loadu_epi16(tail, wr[j] + k);
+    for (int i = 0; i < MB; ++i) {
+      const __m512bh xv = (__m512bh)_mm512_maskz_loadu_epi16(tail, x + i * K + k);
+      for (int j = 0; j < NB; ++j) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], xv, wv[j]);
+    }
+  }
+  for (int i = 0; i < MB; ++i)
+    for (int j = 0; j < NB; ++j) {
+      float s = _mm512_reduce_add_ps(acc[i][j]);
+      if (bias) s += bf16_value(bias[n + j]);
+      y[i * N + n + j] = c10::BFloat16(s).x;
+    }
+}
+
+// Every row block against outputs n0..n1 in groups of NB (then one by one): a group's weights
+// are read from memory once, from cache for the following row blocks.
+template <int NB, int PF>
+__attribute__((target(LEAPDECODE_AVX512_BF16))) void bf16_span(const uint16_t* x, const uint16_t* w, const uint16_t* bias, uint16_t* y,
+                                                               int64_t M, int64_t N, int64_t K, int64_t n0, int64_t n1) {
+  auto group = [&](auto nb, int64_t n) {
+    constexpr int G = decltype(nb)::value;
+    for (int64_t m0 = 0; m0 < M; m0 += kBf16RowBlock) {
+      const uint16_t* xb = x + m0 * K;
+      uint16_t* yb = y + m0 * N;
+      switch (std::min<int64_t>(kBf16RowBlock, M - m0)) {
+        case 1: bf16_block<1, G, PF>(xb, w, bias, yb, N, K, n); break;
+        case 2: bf16_block<2, G, PF>(xb, w, bias, yb, N, K, n); break;
+        case 3: bf16_block<3, G, PF>(xb, w, bias, yb, N, K, n); break;
+        case 4: bf16_block<4, G, PF>(xb, w, bias, yb, N, K, n); break;
+        case 5: bf16_block<5, G, PF>(xb, w, bias, yb, N, K, n); break;
+        case 6: bf16_block<6, G, PF>(xb, w, bias, yb, N, K, n); break;
+        case 7: bf16_block<7, G, PF>(xb, w, bias, yb, N, K, n); break;
+        default: bf16_block<8, G, PF>(xb, w, bias, yb, N, K, n); break;
+      }
+    }
+  };
+  int64_t n = n0;
+  for (; n + NB <= n1; n += NB) group(std::integral_constant<int, NB>{}, n);
+  for (; n < n1; ++n) group(std::integral_constant<int, 1>{}, n);
+}
+
+// Which weights share the rows' loads, by where the rows' activations live. While they fit in
+// L1 beside the stream (M x K x 2 bytes up to 20 KB), one weight row at a time, one sequential
+// stream per thread, is fastest (qwen2.5-coder-1.5b shapes, 2 cores: a one-row LM head ~30 GB/s;
+// two or three weight rows in lockstep 13-15 GB/s). Past that (the 8960-wide down projection from
+// 2 rows, any layer from ~7 rows) every weight row would pull the activations through L1 again:
+// three outputs share each activation load and prefetching 4 KB ahead helps (down projection,
+// 2 / 4 / 8 rows: 27 / 34 / 46 ms against 21 / 25 / 29 for a stack of 12).
+constexpr int64_t kActivationBytesInL1 = 20 * 1024;
+
+__attribute__((target(LEAPDECODE_AVX512_BF16))) void bf16_rows_avx512(const uint16_t* x, const uint16_t* w, const uint16_t* bias,
+                                                                      uint16_t* y, int64_t M, int64_t N, int64_t K, int64_t n0, int64_t n1) {
+  if (M * K * 2 <= kActivationBytesInL1)
+    bf16_span<1, 0>(x, w, bias, y, M, N, K, n0, n1);
+  else
+    bf16_span<3, 4096>(x, w, bias, y, M, N, K, n0, n1);
+}
+#endif
+
+// x [M, K], w [N, K], bias [N] or empty; bfloat16, contiguous. `portable` forces the scalar path
+// (also taken on a CPU without AVX512-BF16).
+torch::Tensor row_exact_linear_bf16(torch::Tensor x, torch::Tensor w, torch::Tensor bias, bool portable) {
+  TORCH_CHECK(x.dim() == 2 && w.dim() == 2 && x.size(1) == w.size(1), "row_exact_linear_bf16: x [M, K] and w [N, K] expected");
+  TORCH_CHECK(x.scalar_type() == torch::kBFloat16 && w.scalar_type() == torch::kBFloat16 &&
+                  (bias.numel() == 0 || (bias.scalar_type() == torch::kBFloat16 && bias.numel() == w.size(0))),
+              "row_exact_linear_bf16: bfloat16 x, w and bias expected");
+  x = x.contiguous();
+  w = w.contiguous();
+  if (bias.numel()) bias = bias.contiguous();
+  const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
+  auto y = torch::empty({M, N}, x.options());
+  const auto* xp = reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>());
+  const auto* wp = reinterpret_cast<const uint16_t*>(w.data_ptr<at::BFloat16>());
+  const auto* bp = bias.numel() ? reinterpret_cast<const uint16_t*>(bias.data_ptr<at::BFloat16>()) : nullptr;
+  auto* yp = reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>());
+  const bool fast = !portable && has_avx512_bf16();
+  at::parallel_for(0, N, 64, [&](int64_t n0, int64_t n1) {
+#ifdef LEAPDECODE_X86
+    if (fast) {
+      bf16_rows_avx512(xp, wp, bp, yp, M, N, K, n0, n1);
+      return;
+    }
+#endif
+    bf16_rows_portable(xp, wp, bp, yp, M, N, K, n0, n1);
+  });
+  return y;
 }
 
 // x [M, K], w [N, K], bias [N] or empty; float32, contiguous. `portable` forces the scalar path.
@@ -564,6 +735,8 @@ bool fast_path_available() { return has_avx2_fma(); }
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("row_exact_linear", &row_exact_linear, "row-exact linear (float32)");
   m.def("row_exact_attention", &row_exact_attention, "attention, each query row over its visible keys, rows bit-exact");
+  m.def("row_exact_linear_bf16", &row_exact_linear_bf16, "row-exact linear (bfloat16, AVX512-BF16)");
   m.def("rms_norm", &rms_norm, "RMS norm, rows independent");
+  m.def("bf16_path_available", &has_avx512_bf16, "whether the AVX512-BF16 path of the bfloat16 linear runs on this CPU");
   m.def("fast_path_available", &fast_path_available, "whether the AVX2/FMA path runs on this CPU");
 }

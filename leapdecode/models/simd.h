@@ -28,6 +28,16 @@ inline bool has_avx512_vnni() {
 #endif
 }
 
+// AVX512-BF16 (`vdpbf16ps`: two bfloat16 products summed into each float lane in one instruction).
+inline bool has_avx512_bf16() {
+#ifdef LEAPDECODE_X86
+  return has_avx2_fma() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16");
+#else
+  return false;
+#endif
+}
+
 // AVX512's 32 vector registers for 256-bit code (`avx512vl`).
 inline bool has_avx512vl() {
 #ifdef LEAPDECODE_X86
