@@ -49,22 +49,24 @@ def test_bf16_kernel_matches_a_float_reference_and_rows_are_bitwise_independent(
     g = torch.Generator().manual_seed(seed)
     x, w = torch.randn(rows, k, generator=g).bfloat16(), torch.randn(n, k, generator=g).bfloat16()
     b = torch.randn(n, generator=g).bfloat16() if bias else torch.empty(0, dtype=torch.bfloat16)
-    got = kernel.row_exact_linear_bf16(x, w, b, portable)  # [rows, n] bfloat16
+    got = kernel.row_exact_linear(x, w, b, portable)  # [rows, n] bfloat16
     assert got.dtype == torch.bfloat16 and got.shape == (rows, n)
     want = x.double() @ w.double().T + (b.double() if bias else 0)  # bf16 products are exact; one rounding at the end
     assert torch.allclose(got.double(), want, rtol=2 ** -8, atol=1e-5 * k)
     for i in range(rows):
-        assert torch.equal(got[i], kernel.row_exact_linear_bf16(x[i : i + 1], w, b, portable)[0])
+        assert torch.equal(got[i], kernel.row_exact_linear(x[i : i + 1], w, b, portable)[0])
 
 
-def test_bf16_kernel_refuses_other_dtypes_and_shapes(kernel) -> None:
+def test_linear_kernel_refuses_mixed_or_other_dtypes_and_shapes(kernel) -> None:
     x, w = torch.randn(2, 8).bfloat16(), torch.randn(3, 8).bfloat16()
-    with pytest.raises(RuntimeError, match="bfloat16"):
-        kernel.row_exact_linear_bf16(x.float(), w, torch.empty(0, dtype=torch.bfloat16), False)
-    with pytest.raises(RuntimeError, match="bfloat16"):
-        kernel.row_exact_linear_bf16(x, w, torch.zeros(2, dtype=torch.bfloat16), False)  # bias of the wrong length
+    with pytest.raises(RuntimeError, match="of one dtype"):
+        kernel.row_exact_linear(x.float(), w, torch.empty(0, dtype=torch.bfloat16), False)
+    with pytest.raises(RuntimeError, match="of one dtype"):
+        kernel.row_exact_linear(x, w, torch.zeros(2, dtype=torch.bfloat16), False)  # bias of the wrong length
+    with pytest.raises(RuntimeError, match="of one dtype"):
+        kernel.row_exact_linear(x.half(), w.half(), torch.empty(0, dtype=torch.half), False)
     with pytest.raises(RuntimeError, match=r"x \[M, K\]"):
-        kernel.row_exact_linear_bf16(x, w[:, :4], torch.empty(0, dtype=torch.bfloat16), False)
+        kernel.row_exact_linear(x, w[:, :4], torch.empty(0, dtype=torch.bfloat16), False)
 
 
 @settings(max_examples=60, deadline=None)

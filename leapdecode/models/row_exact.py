@@ -72,8 +72,7 @@ class RowExactLinear(nn.Linear):
             out = torch.cat([nn.functional.linear(flat[i : i + 1], self.weight, self.bias) for i in range(rows)])
         else:
             bias = self.bias if self.bias is not None else flat.new_empty(0)
-            product = module.row_exact_linear if x.dtype == torch.float32 else module.row_exact_linear_bf16
-            out = product(flat, self.weight, bias, self.portable)  # [rows, out]
+            out = module.row_exact_linear(flat, self.weight, bias, self.portable)  # [rows, out]
         return out.reshape(*x.shape[:-1], out.shape[-1])
 
 
