@@ -17,12 +17,20 @@ inline bool has_avx2_fma() {
 #endif
 }
 
+// AVX512's 32 vector registers for 256-bit code (`avx512vl`).
+inline bool has_avx512vl() {
+#ifdef LEAPDECODE_X86
+  return has_avx2_fma() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl");
+#else
+  return false;
+#endif
+}
+
 // AVX512-VNNI on 256-bit vectors (`vpdpbusd ymm`: four u8 x s8 products summed into each int32
 // lane in one instruction), with the AVX512 registers 16-31.
 inline bool has_avx512_vnni() {
 #ifdef LEAPDECODE_X86
-  return has_avx2_fma() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
-         __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni");
+  return has_avx512vl() && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni");
 #else
   return false;
 #endif
@@ -31,17 +39,7 @@ inline bool has_avx512_vnni() {
 // AVX512-BF16 (`vdpbf16ps`: two bfloat16 products summed into each float lane in one instruction).
 inline bool has_avx512_bf16() {
 #ifdef LEAPDECODE_X86
-  return has_avx2_fma() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16");
-#else
-  return false;
-#endif
-}
-
-// AVX512's 32 vector registers for 256-bit code (`avx512vl`).
-inline bool has_avx512vl() {
-#ifdef LEAPDECODE_X86
-  return has_avx2_fma() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl");
+  return has_avx512vl() && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512bf16");
 #else
   return false;
 #endif
