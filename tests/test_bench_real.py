@@ -33,6 +33,23 @@ def test_bench_command_writes_tables_plots_and_checks_every_sample(tmp_path) -> 
     assert "–" in table.split("`anpd:n=4,k=5,cost_aware=True`")[1].split("\n")[0]  # the spread of the two repeats
 
 
+def test_bench_runs_other_dtypes_and_quantizations_in_the_same_run(tmp_path) -> None:
+    out = tmp_path / "bench"
+    result = runner.invoke(app, [
+        "bench", "--dataset", "humaneval", "--limit", "1", "-n", "12", "--out", str(out), "--threads", "2", "--no-plots",
+        "--methods", "ar,anpd,ar@bfloat16,anpd@bfloat16,hf@bfloat16,ar@int4,draft:model=smollm2-135m,k=3@int4",
+    ])
+    assert result.exit_code == 0, result.output
+    table = (out / "results.md").read_text()
+    assert "Lossless check: all 4 samples equal plain decoding" in table  # each against its own model's ar
+    samples = {s["method"]: s for s in map(json.loads, (out / "samples.jsonl").read_text().splitlines())}
+    assert samples["ar@bfloat16"]["equal_to_plain"] is None and samples["hf@bfloat16"]["equal_to_plain"] is True
+    assert "Against plain decoding on the same model, `ar@bfloat16`" in table
+    assert "Against plain decoding on the same model, `ar@int4`" in table
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["meta"]["weights"] != "" and set(summary["against_own_plain"]) == {"bfloat16", "int4"}
+
+
 def test_sweep_command(tmp_path) -> None:
     out = tmp_path / "sweep"
     result = runner.invoke(app, ["sweep", "--grid", "n=2,3 k=1,4", "--limit", "1", "-n", "8", "--out", str(out)])

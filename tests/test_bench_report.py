@@ -92,17 +92,66 @@ def test_parse_methods_groups_parameters_with_their_method() -> None:
 
 
 def test_entries_name_a_backend_with_at() -> None:
-    from leapdecode.bench.runner import parse_entries
+    from leapdecode.bench.runner import Variant, parse_entries
 
     entries = parse_entries("llama-cpp,anpd:n=5,k=7,cost_aware=false,ar@torch,anpd:n=5,k=7@torch")
     assert [e.label for e in entries] == [
         "llama-cpp", "anpd:n=5,k=7,cost_aware=False", "ar@torch", "anpd:n=5,k=7,cost_aware=True@torch",
     ]
-    assert entries[3].method == Anpd(n=5, k=7) and entries[3].backend == "torch"
-    with pytest.raises(MethodError, match="unknown backend"):
+    assert entries[3].method == Anpd(n=5, k=7) and entries[3].variant == Variant(backend="torch")
+    with pytest.raises(MethodError, match="unknown backend or weights 'onnx'"):
         parse_entries("anpd@onnx")
     with pytest.raises(MethodError, match="listed twice"):
         parse_entries("ar@torch,ar@torch")
+
+
+def test_entries_name_a_dtype_or_quantization_with_at() -> None:
+    from leapdecode.bench.runner import Variant, parse_entries
+
+    entries = parse_entries("ar,ar@bfloat16,anpd@BFloat16,hf@bfloat16,ar@int4,anpd:n=3@torch+int4")
+    assert [str(e.variant) for e in entries] == ["", "bfloat16", "bfloat16", "bfloat16", "int4", "torch+int4"]
+    assert entries[5].variant == Variant(backend="torch", quantize="int4") and entries[5].method == Anpd(n=3)
+    for bad, message in [
+        ("anpd@int4+int8", "two of one kind"), ("anpd@llama.cpp+int4", "GGUF's own types"),
+        ("anpd@bfloat16+int4", "compute in float32"), ("anpd@", "unknown backend or weights ''"),
+    ]:
+        with pytest.raises(MethodError, match=message):
+            parse_entries(bad)
+
+
+@pytest.mark.parametrize(("variant", "run", "loads"), [
+    ("", ("torch", "float32", "int4"), ("torch", "float32", "int4")),
+    ("bfloat16", ("torch", "float32", "int4"), ("torch", "bfloat16", "none")),  # its own dtype drops the run's int4
+    ("int4", ("torch", "bfloat16", "none"), ("torch", "float32", "int4")),  # int4 computes in float32
+    ("torch", ("llama.cpp", "float32", "int4"), ("torch", "float32", "int4")),  # the run's torch settings
+    ("torch+bfloat16", ("llama.cpp", "float32", "none"), ("torch", "bfloat16", "none")),
+    ("llama.cpp", ("torch", "bfloat16", "none"), ("llama.cpp", "", "none")),
+    ("int4", ("llama.cpp", "float32", "none"), ("torch", "float32", "int4")),  # only torch takes a quantization
+])
+def test_a_variant_loads_with_the_runs_settings_where_it_names_none(variant, run, loads) -> None:
+    from leapdecode.bench.runner import Variant
+
+    parsed = Variant.parse(variant) if variant else Variant()
+    assert parsed.load_arguments(*run) == loads
+
+
+def test_variants_get_a_table_against_their_own_plain_decoding(tmp_path) -> None:
+    samples = [
+        sample("ar", "a", "qa", 8.0), sample("ar@bfloat16", "a", "qa", 4.0, equal=None),
+        sample("anpd@bfloat16", "a", "qa", 1.0, passes=4, drafted=8, accepted=6, equal=True),
+        sample("anpd", "a", "qa", 2.0, passes=4, drafted=8, accepted=6, equal=True),
+    ]
+    assert report.variants_with_own_plain(samples) == ["bfloat16"]
+    own = report.aggregate(report.on_variant(samples, "bfloat16"))
+    assert own[("anpd", "overall")].speedup == pytest.approx(4.0) and own[("ar", "overall")].speedup == pytest.approx(1.0)
+    assert report.aggregate(samples)[("anpd@bfloat16", "overall")].speedup == pytest.approx(8.0)  # against the run's ar
+    paths = report.write_outputs(tmp_path, samples, {"model": "m", "prompts": 1}, {"anpd@bfloat16": 7, "anpd": 7})
+    table = paths["table"].read_text()
+    assert "Against plain decoding on the same model, `ar@bfloat16`" in table
+    assert "| `anpd` | 4.00x (τ 2.50)" in table.split("`ar@bfloat16`:")[1]
+    summary = json.loads(paths["summary"].read_text())
+    row = next(r for r in summary["against_own_plain"]["bfloat16"] if r["method"] == "anpd" and r["category"] == "overall")
+    assert row["speedup"] == pytest.approx(4.0)
 
 
 def test_agreement_is_pooled_by_tokens_for_lossy_methods() -> None:

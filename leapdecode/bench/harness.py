@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from leapdecode.bench.datasets import BenchPrompt
-from leapdecode.bench.runner import BASELINE, Entry, Sample, run_benchmark
+from leapdecode.bench.runner import BASELINE, Entry, Sample, Variant, run_benchmark
 from leapdecode.errors import InputError
 from leapdecode.methods import Method
 from leapdecode.models import LoadedModel
@@ -41,7 +41,7 @@ def use_threads(threads: int) -> int:
 
 def run_with_progress(
     console: Console, lm: LoadedModel, methods: Sequence[Method | Entry], prompts: Sequence[BenchPrompt], max_new_tokens: int,
-    load_backend: Callable[[str], LoadedModel] | None = None, repeats: int = 1,
+    load_variant: Callable[[Variant], LoadedModel] | None = None, repeats: int = 1,
 ) -> list[Sample]:
     """`run_benchmark` with a live progress bar and running speed-ups."""
     times: dict[str, float] = defaultdict(float)
@@ -59,7 +59,7 @@ def run_with_progress(
             progress.update(task, advance=1, live=live or "plain decoding")
 
         return run_benchmark(
-            lm, methods, prompts, max_new_tokens, on_sample=on_sample, log=console.log, load_backend=load_backend,
+            lm, methods, prompts, max_new_tokens, on_sample=on_sample, log=console.log, load_variant=load_variant,
             repeats=repeats,
         )
 

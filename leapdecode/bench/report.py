@@ -7,6 +7,7 @@ not a mean of ratios.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -131,6 +132,21 @@ def markdown_table(samples: Sequence[Sample], draft_lengths: dict[str, int] | No
     return "\n".join(lines)
 
 
+def variants_with_own_plain(samples: Sequence[Sample]) -> list[str]:
+    """The model variants of a run (`X` in `anpd@X`) that have their own plain decoding (`ar@X`)."""
+    return [m.partition("@")[2] for m in methods_in(samples) if m.startswith(f"{BASELINE}@")]
+
+
+def on_variant(samples: Sequence[Sample], variant: str) -> list[Sample]:
+    """One variant's samples relabelled so that its own plain decoding (`ar@X`) is the baseline:
+    `anpd@bfloat16` against `ar@bfloat16`, where the main table has it against the run's `ar`."""
+    suffix = f"@{variant}"
+    return [
+        dataclasses.replace(s, method=s.method.removesuffix(suffix), equal_to_plain=None if s.method == BASELINE + suffix else s.equal_to_plain)
+        for s in samples if s.method.endswith(suffix)
+    ]
+
+
 def mismatch_report(samples: Sequence[Sample]) -> str:
     bad = mismatches(samples)
     checked = sum(1 for s in samples if s.equal_to_plain is not None)
@@ -152,18 +168,11 @@ def write_outputs(out_dir: Path, samples: Sequence[Sample], meta: dict[str, obje
     with open(paths["samples"], "w", encoding="utf-8") as fh:
         for s in samples:
             fh.write(json.dumps(s.to_dict()) + "\n")
-    aggs = aggregate(samples)
     summary = {
         "meta": meta,
-        "results": [
-            {
-                "method": a.method, "category": a.category, "prompts": a.prompts, "speedup": a.speedup,
-                "tau": a.stats.tau, "alpha": a.stats.alpha, "tokens_per_s": a.stats.tokens_per_s,
-                "new_tokens": a.stats.new_tokens, "wall_time_s": a.stats.wall_time_s, "mismatches": a.mismatches,
-                "peak_memory_mb": a.peak_memory_mb, "agreement": a.agreement,
-            }
-            for a in aggs.values()
-        ],
+        "results": _summary_rows(samples),
+        # per variant X with `ar@X`: its methods against `ar@X` (names without the @X)
+        "against_own_plain": {v: _summary_rows(on_variant(samples, v)) for v in variants_with_own_plain(samples)},
     }
     paths["summary"].write_text(json.dumps(summary, indent=2), encoding="utf-8")
     header = (
@@ -178,8 +187,26 @@ def write_outputs(out_dir: Path, samples: Sequence[Sample], meta: dict[str, obje
         "agreement (lossy methods only) = share of generated tokens equal to the full model's greedy token "
         "after the same prefix.\n"
     )
-    paths["table"].write_text(header + "\n" + markdown_table(samples, draft_lengths) + "\n\n" + mismatch_report(samples) + "\n", encoding="utf-8")
+    sections = [header, markdown_table(samples, draft_lengths)]
+    for variant in variants_with_own_plain(samples):
+        suffix = f"@{variant}"
+        own = {m.removesuffix(suffix): k for m, k in (draft_lengths or {}).items() if m.endswith(suffix)}
+        sections += [f"Against plain decoding on the same model, `{BASELINE}{suffix}`:", markdown_table(on_variant(samples, variant), own)]
+    sections.append(mismatch_report(samples))
+    paths["table"].write_text("\n\n".join(sections) + "\n", encoding="utf-8")
     return paths
+
+
+def _summary_rows(samples: Sequence[Sample]) -> list[dict[str, object]]:
+    return [
+        {
+            "method": a.method, "category": a.category, "prompts": a.prompts, "speedup": a.speedup,
+            "tau": a.stats.tau, "alpha": a.stats.alpha, "tokens_per_s": a.stats.tokens_per_s,
+            "new_tokens": a.stats.new_tokens, "wall_time_s": a.stats.wall_time_s, "mismatches": a.mismatches,
+            "peak_memory_mb": a.peak_memory_mb, "agreement": a.agreement,
+        }
+        for a in aggregate(samples).values()
+    ]
 
 
 def read_samples(path: Path) -> list[Sample]:

@@ -29,7 +29,8 @@ from leapdecode.methods import (
     check_same_vocabulary, parse_method,
 )
 from leapdecode.models import LoadedModel, load_model
-from leapdecode.models.loading import BACKENDS
+from leapdecode.models.loading import BACKENDS, DTYPES
+from leapdecode.models.quantize import QUANTIZE_MODES
 
 BASELINE = str(Autoregressive())
 
@@ -247,24 +248,73 @@ def _pad_id(lm: LoadedModel) -> int:
     return pad if pad is not None else min(lm.eos_token_ids)
 
 
-def make_runner(lm: LoadedModel, entry: Entry, load_draft: Callable[[str], LoadedModel]) -> Runner:
+def make_runner(lm: LoadedModel, entry: Entry, load_draft: Callable[[str, LoadedModel], LoadedModel]) -> Runner:
     method = entry.method
     if isinstance(method, (LlamaCppPlain, LlamaCppPromptLookup)):
         return LlamaCppPeerRunner(lm, method, entry.label)
-    draft = load_draft(method.model) if isinstance(method, (DraftModel, HfAssisted)) and method.model else None
+    draft = load_draft(method.model, lm) if isinstance(method, (DraftModel, HfAssisted)) and method.model else None
     return HfRunner(lm, method, draft, entry.label) if method.peer else EngineRunner(lm, method, draft, entry.label)
 
 
 @dataclass(frozen=True)
+class Variant:
+    """How an entry's model differs from the run's, written after `@` and joined with `+`:
+    a backend (`anpd@llama.cpp`), a dtype (`hf@bfloat16`), a quantization (`anpd@int4`), or
+    several (`ar@torch+int4`). A field left None is the run's."""
+
+    backend: str | None = None
+    dtype: str | None = None
+    quantize: str | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> Variant:
+        kinds = {"backend": BACKENDS, "dtype": tuple(DTYPES), "quantize": QUANTIZE_MODES}
+        found: dict[str, str] = {}
+        for part in text.split("+"):
+            word = part.strip().lower()
+            kind = next((k for k, names in kinds.items() if word in names), None)
+            if kind is None:
+                raise MethodError(
+                    f"unknown backend or weights {part.strip()!r} after @; known: backends {', '.join(BACKENDS)}, "
+                    f"dtypes {', '.join(DTYPES)}, quantizations {', '.join(QUANTIZE_MODES)}"
+                )
+            if kind in found:
+                raise MethodError(f"@{text} names two of one kind ({found[kind]}, {word})")
+            found[kind] = word
+        variant = cls(**found)
+        if variant.backend == "llama.cpp" and (variant.dtype or variant.quantize):
+            raise MethodError(f"@{text}: llama.cpp runs the GGUF's own types, without a dtype or quantization")
+        if variant.quantize not in (None, "none") and variant.dtype not in (None, "float32"):
+            raise MethodError(f"@{text}: quantized layers compute in float32, not {variant.dtype}")
+        return variant
+
+    def __str__(self) -> str:
+        return "+".join(part for part in (self.backend, self.dtype, self.quantize) if part)
+
+    def __bool__(self) -> bool:
+        return bool(str(self))
+
+    def load_arguments(self, backend: str, dtype: str, quantize: str) -> tuple[str, str, str]:
+        """(backend, dtype, quantize) to load this variant with, in a run loaded with those: a
+        dtype of its own drops the run's quantization, a quantization of its own computes in float32."""
+        backend = self.backend or ("torch" if self.dtype or self.quantize else backend)  # only torch takes them
+        if backend != "torch":
+            return backend, "", "none"  # the GGUF's own types
+        quantize = self.quantize or (quantize if self.dtype is None else "none")
+        dtype = self.dtype or ("float32" if quantize != "none" else dtype)
+        return backend, dtype, quantize
+
+
+@dataclass(frozen=True)
 class Entry:
-    """A method in a benchmark, with the backend it runs on (None: the run's own model)."""
+    """A method in a benchmark, with the model variant it runs on (empty: the run's own model)."""
 
     method: Method
-    backend: str | None = None
+    variant: Variant = Variant()
 
     @property
     def label(self) -> str:
-        return f"{self.method}@{self.backend}" if self.backend else str(self.method)
+        return f"{self.method}@{self.variant}" if self.variant else str(self.method)
 
 
 def group_method_strings(text: str | Sequence[str]) -> list[str]:
@@ -283,16 +333,12 @@ def group_method_strings(text: str | Sequence[str]) -> list[str]:
 def parse_entries(text: str | Sequence[str]) -> list[Entry]:
     """A comma list of method strings; parameters attach to the method before them:
     `ar,anpd:n=5,k=7,hf-pld:tokens=10` is ar, anpd:n=5,k=7 and hf-pld:tokens=10. A method may
-    end in `@torch` or `@llama.cpp` to run on that backend instead of the run's."""
+    end in `@VARIANT` (`Variant`: `@llama.cpp`, `@bfloat16`, `@int4`, `@torch+int4`) to run on
+    that model instead of the run's."""
     entries = []
     for group in group_method_strings(text):
-        spec, at, backend = group.rpartition("@")
-        if at and backend.strip() in BACKENDS:
-            entries.append(Entry(parse_method(spec), backend.strip()))
-        elif at:
-            raise MethodError(f"unknown backend {backend!r} in {group!r}; known: {', '.join(BACKENDS)}")
-        else:
-            entries.append(Entry(parse_method(group)))
+        spec, at, variant = group.rpartition("@")
+        entries.append(Entry(parse_method(spec), Variant.parse(variant)) if at else Entry(parse_method(group)))
     labels = [e.label for e in entries]
     duplicates = {label for label in labels if labels.count(label) > 1}
     if duplicates:
@@ -351,34 +397,40 @@ def run_benchmark(
     max_new_tokens: int,
     on_sample: Callable[[Sample], None] = lambda s: None,
     log: Callable[[str], None] = lambda m: None,
-    load_backend: Callable[[str], LoadedModel] | None = None,
+    load_variant: Callable[[Variant], LoadedModel] | None = None,
     repeats: int = 1,
     warmup_prompts: int = 3,
 ) -> list[Sample]:
     """Every method on every prompt, `repeats` timed runs each; returns one Sample per pair.
-    Entries for another backend run on the model `load_backend(backend)` gives."""
+    An entry with a model variant runs on the model `load_variant(variant)` gives (which returns
+    `lm` itself for a variant that is the run's own model)."""
     if repeats < 1:
         raise MethodError(f"repeats must be >= 1, got {repeats}")
-    entries = [m if isinstance(m, Entry) else Entry(m) for m in methods]
-    entries = [Entry(e.method) if e.backend == lm.backend else e for e in entries]
-    ordered = [Entry(Autoregressive())] + [e for e in entries if e.label != BASELINE]
-    drafts: dict[str, LoadedModel] = {}
-    models: dict[str, LoadedModel] = {lm.backend: lm}
+    drafts: dict[tuple[str, str, str], LoadedModel] = {}
+    models: dict[Variant, LoadedModel] = {Variant(): lm}
 
-    def load_draft(name: str) -> LoadedModel:  # one copy of each draft model for the whole run
-        if name not in drafts:
-            drafts[name] = load_model(name, device=lm.device, log=log)
-        return drafts[name]
+    def load_draft(name: str, target: LoadedModel) -> LoadedModel:
+        """One copy of each draft model per target dtype and quantization, loaded as the target is."""
+        key = (name, str(target.model.dtype), target.quantize)
+        if key not in drafts:
+            drafts[key] = load_model(name, device=target.device, dtype=target.model.dtype, quantize=target.quantize, log=log)
+        return drafts[key]
 
-    def model_for(entry: Entry) -> LoadedModel:
-        backend = entry.backend or lm.backend
-        if backend not in models:
-            if load_backend is None:
-                raise MethodError(f"{entry.label}: this benchmark cannot load the model on {backend}")
-            models[backend] = load_backend(backend)
-        return models[backend]
+    def with_model(entry: Entry) -> tuple[Entry, LoadedModel]:
+        if entry.variant not in models:
+            if load_variant is None:
+                raise MethodError(f"{entry.label}: this benchmark cannot load the model @{entry.variant}")
+            models[entry.variant] = load_variant(entry.variant)
+        model = models[entry.variant]
+        return (Entry(entry.method) if model is lm else entry), model
 
-    runners = [make_runner(model_for(e), e, load_draft) for e in ordered]
+    placed = [with_model(m if isinstance(m, Entry) else Entry(m)) for m in methods]
+    labels = [e.label for e, _ in placed]
+    twice = sorted({label for label in labels if labels.count(label) > 1})
+    if twice:
+        raise MethodError(f"method listed twice on the run's own model: {', '.join(twice)}")
+    placed = [(Entry(Autoregressive()), lm)] + [(e, model) for e, model in placed if e.label != BASELINE]
+    runners = [make_runner(model, e, load_draft) for e, model in placed]
     encoded = [encode_turns(lm, p, lambda ids: runners[0].run(ids, max_new_tokens).token_ids) for p in prompts]
     for runner in runners:  # warm-up generations on a few prompts
         for prompt_ids in encoded[:warmup_prompts]:
@@ -392,9 +444,12 @@ def run_benchmark(
             warm(runner, longest, max_new_tokens)
         memory_mb[runner.label] = runner.weights_mb + memory.growth_mb
     samples: list[Sample] = []
-    # Each backend's output is checked against plain decoding on that backend when the run has it
-    # (`ar@torch` for `anpd@torch`): two backends' numerics differ, so their tokens may too.
-    plain_label = {r.label: BASELINE if r.lm is lm else f"{BASELINE}@{r.lm.backend}" for r in runners}
+    # Each model's output is checked against plain decoding on that model when the run has it
+    # (`ar@int4` for `anpd@int4`): two models' numerics differ, so their tokens may too.
+    plain_label = {
+        r.label: next((p.label for p in runners if isinstance(p.method, Autoregressive) and p.lm is r.lm), "")
+        for r in runners
+    }
     for index, (prompt, prompt_ids) in enumerate(zip(prompts, encoded)):
         outputs: dict[str, RunOutput] = {}
         times: dict[str, list[float]] = {r.label: [] for r in runners}

@@ -43,28 +43,39 @@ def bench(
     quantize: QuantizeOpt = "none",
 ) -> None:
     """Run methods and peers side by side (interleaved, one run) and write tables and plots.
-    `--backend` runs the model (and `ar`, the baseline) on torch or llama.cpp; a method ending
-    in @torch or @llama.cpp runs on that backend instead, in the same run."""
+    `--backend`, `--dtype` and `--quantize` say what runs the model (and `ar`, the baseline); a
+    method ending in @VARIANT runs on another model in the same run: @llama.cpp or @torch (a
+    backend), @bfloat16 or @float32 (a dtype), @int8 or @int4 (a quantization), or several
+    joined with + (@torch+int4); `ar@VARIANT` is that model's own plain decoding."""
     from leapdecode.bench import plots, report
     from leapdecode.bench.datasets import load_dataset
     from leapdecode.bench.harness import run_meta, run_with_progress, use_threads
-    from leapdecode.bench.runner import parse_entries
+    from leapdecode.bench.runner import Variant, parse_entries
+    from leapdecode.models import LoadedModel
 
     chosen = parse_entries(methods)
     prompts = load_dataset(dataset, limit)
     if max_new_tokens <= 0:
         raise InputError(f"max_new_tokens must be a positive integer, got {max_new_tokens}")
     n_threads = use_threads(threads)
-    lm = load_with_progress(model, backend=backend, dtype=dtype, row_exact=row_exact, quantize=quantize if backend == "torch" else "none")
     if repeats < 1:
         raise InputError(f"--repeats must be >= 1, got {repeats}")
-    samples = run_with_progress(
-        console, lm, chosen, prompts, max_new_tokens, lambda other: load_with_progress(model, backend=other, dtype=dtype, row_exact=row_exact, quantize=quantize if other == "torch" else "none"), repeats=repeats,
-    )
+    own = Variant().load_arguments(backend, dtype, quantize)
+    loaded = {own: load_with_progress(model, backend=own[0], dtype=own[1] or dtype, row_exact=row_exact, quantize=own[2])}
+
+    def load_variant(variant: Variant) -> LoadedModel:  # one model per distinct (backend, dtype, quantize)
+        arguments = variant.load_arguments(backend, dtype, quantize)
+        if arguments not in loaded:
+            other, other_dtype, other_quantize = arguments
+            loaded[arguments] = load_with_progress(model, backend=other, dtype=other_dtype or dtype, row_exact=row_exact, quantize=other_quantize)
+        return loaded[arguments]
+
+    lm = loaded[own]
+    samples = run_with_progress(console, lm, chosen, prompts, max_new_tokens, load_variant, repeats=repeats)
     meta = run_meta(lm.name, dataset, limit, max_new_tokens, n_threads, len(prompts), lm.describe)
     meta["backend"] = backend
     meta["repeats"] = repeats
-    k = {e.label: e.method.draft_length for e in chosen}
+    k = {**{str(e.method): e.method.draft_length for e in chosen}, **{e.label: e.method.draft_length for e in chosen}}
     paths = report.write_outputs(out, samples, meta, k)
     if plot:
         title = f"{lm.name}, {len(prompts)} prompts, {max_new_tokens} new tokens, greedy"

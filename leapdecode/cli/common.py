@@ -40,7 +40,7 @@ ChatOpt = Annotated[bool, typer.Option("--chat/--raw", help="Apply the model's c
 BackendOpt = Annotated[str, typer.Option("--backend", help="What runs the model: torch, or llama.cpp (GGUF presets and files; the llamacpp extra).")]
 DtypeOpt = Annotated[str, typer.Option("--dtype", help="auto, float32, bfloat16 or float16 (auto: bfloat16 where the CPU or GPU computes it natively).")]
 QuantizeOpt = Annotated[str, typer.Option("--quantize", help="none, int8, int4 or auto (int4 on CPU in float32, else none): group-quantized linear layers on CPU for the torch backend (int4 keeps the LM head at int8; a GGUF source gives its own blocks); rows stay bit-exact.")]
-RowExactOpt = Annotated[bool | None, typer.Option("--row-exact/--no-row-exact", help="Score every row of a verification pass bit-identically to a one-token pass: lossless by construction (default: on for float32 on CPU when its kernel builds).", show_default=False)]
+RowExactOpt = Annotated[bool | None, typer.Option("--row-exact/--no-row-exact", help="Score every row of a verification pass bit-identically to a one-token pass: lossless by construction (default: on for float32 on CPU, and bfloat16 on CPUs with AVX512-BF16, when its kernel builds).", show_default=False)]
 ThreadsOpt = Annotated[int, typer.Option("--threads", help="Torch CPU threads (0: leave torch's default).")]
 
 
