@@ -7,6 +7,7 @@ import shutil
 import statistics
 import subprocess
 
+import pytest
 from typer.testing import CliRunner
 
 from leapdecode import wrap
@@ -48,6 +49,18 @@ def test_bench_runs_other_dtypes_and_quantizations_in_the_same_run(tmp_path) -> 
     assert "Against plain decoding on the same model, `ar@int4`" in table
     summary = json.loads((out / "summary.json").read_text())
     assert summary["meta"]["weights"] != "" and set(summary["against_own_plain"]) == {"bfloat16", "int4"}
+
+
+def test_a_variant_that_is_the_runs_own_model_needs_no_loader(real_lm) -> None:
+    from leapdecode.bench.datasets import load_dataset
+    from leapdecode.bench.runner import parse_entries, run_benchmark
+    from leapdecode.errors import MethodError
+
+    prompt = load_dataset("humaneval", limit=1)
+    samples = run_benchmark(real_lm, parse_entries("anpd:cost_aware=false@torch"), prompt, 8, warmup_prompts=0)
+    assert [s.method for s in samples] == ["ar", "anpd:n=5,k=7,cost_aware=False"] and samples[1].equal_to_plain
+    with pytest.raises(MethodError, match="cannot load the model @int8"):
+        run_benchmark(real_lm, parse_entries("anpd@int8"), prompt, 8, warmup_prompts=0)
 
 
 def test_sweep_command(tmp_path) -> None:

@@ -260,6 +260,19 @@ def test_greedy_drafting_on_the_row_exact_model_is_plain_decoding(exact_lm, meth
         assert fast.token_ids == plain.token_ids
 
 
+@pytest.mark.parametrize("method", ["anpd:k=40,cost_aware=false", "anpd-tree:nodes=40,depth=12,width=4"])
+def test_drafts_stay_inside_the_passes_the_kernel_scores_exactly(exact_lm, method) -> None:
+    """Past 16 rows a pass leaves the row-exact kernel (prefills take the block path), so a longer
+    chain or a bigger tree is cut to its first 15 drafted tokens: still lossless by construction."""
+    assert exact_lm.exact_tokens == 16
+    prompt = "def add(a, b):\n    return a + b\n\n" * 8 + "def add(a, b):"
+    plain = wrap(exact_lm, "ar").generate(prompt, max_new_tokens=48)
+    fast = wrap(exact_lm, method).generate(prompt, max_new_tokens=48)
+    assert fast.token_ids == plain.token_ids
+    drafted = [len(s.drafted) for s in fast.steps]
+    assert max(drafted) == 15, drafted  # the method asked for more, the backend allowed 15
+
+
 def test_row_exact_refuses_what_it_does_not_cover() -> None:
     with pytest.raises(ModelLoadError, match="row_exact runs float32 or bfloat16 on CPU, not float16"):
         load_model("smollm2-135m", log=lambda m: None, row_exact=True, dtype="float16")

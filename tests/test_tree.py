@@ -184,3 +184,42 @@ def test_tree_decoding_equals_greedy_with_branches_right_and_wrong(tiny_model) -
     steps = list(decode(TorchBackend(tiny_model), prompt, BranchyDrafter(), StopCriteria(frozenset(), 30), *GREEDY))
     assert [t for s in steps for t in s.tokens] == reference
     assert any(s.path == (1, 2, 4) for s in steps)  # the deepest branch, not the first child, accepted
+
+
+def test_a_backends_exact_pass_size_bounds_every_tree_by_its_nodes(tiny_model) -> None:
+    """A row-exact backend verifies bitwise up to `exact_tokens` rows: the loop keeps a wider tree's
+    first nodes (parents come first, so they are still a tree), whatever its depth."""
+    prompt = [4, 5, 6, 4, 5]
+    reference = greedy_reference(tiny_model, prompt, 24)
+
+    class WideTree(Drafter):  # the right chain of 5, then 5 wrong tokens under the root: 10 nodes
+        def reset(self, prompt_ids):
+            self.done = 0
+
+        def update(self, tokens, num_accepted):
+            self.done += len(tokens)
+
+        def propose(self, max_tokens):
+            right = reference[self.done : self.done + 5]
+            wrong = [(t + 1) % TINY_VOCAB for t in reference[self.done : self.done + 5]]
+            return Draft(right + wrong, parents=(*chain_parents(len(right)), *([-1] * len(wrong))), evidence=tuple(range(10)))
+
+    class Counting(TorchBackend):
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            self.sizes: list[int] = []
+
+        def forward(self, seq, token_ids, **kwargs):
+            self.sizes.append(len(token_ids))
+            return super().forward(seq, token_ids, **kwargs)
+
+    backend = Counting(tiny_model, exact_tokens=4)
+    steps = list(decode(backend, prompt, WideTree(), StopCriteria(frozenset(), 20), *GREEDY))
+    assert [t for s in steps for t in s.tokens] == reference[:20]
+    assert max(backend.sizes) == 4 and all(len(s.drafted) <= 3 for s in steps)
+    assert max(len(s.path) for s in steps) == 3  # the kept nodes are the first ones: the right chain
+    wide = WideTree()
+    wide.reset(prompt)
+    cut = wide.propose(20).first(7)
+    assert cut.tokens == reference[:5] + [(t + 1) % TINY_VOCAB for t in reference[:2]]
+    assert cut.parents == (-1, 0, 1, 2, 3, -1, -1) and cut.evidence == tuple(range(7)) and cut.first(99) is cut

@@ -417,6 +417,8 @@ def run_benchmark(
         return drafts[key]
 
     def with_model(entry: Entry) -> tuple[Entry, LoadedModel]:
+        if entry.variant == Variant(backend=lm.backend):
+            return Entry(entry.method), lm
         if entry.variant not in models:
             if load_variant is None:
                 raise MethodError(f"{entry.label}: this benchmark cannot load the model @{entry.variant}")

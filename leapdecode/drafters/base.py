@@ -39,6 +39,16 @@ class Draft:
     def __len__(self) -> int:
         return len(self.tokens)
 
+    def first(self, n: int) -> Draft:
+        """The first `n` drafted tokens: a chain's prefix, or a tree's first nodes (still a tree,
+        as parents come first), with their q rows and evidence."""
+        if n >= len(self.tokens):
+            return self
+        return Draft(
+            self.tokens[:n], None if self.q is None else self.q[:n],
+            None if self.parents is None else self.parents[:n], None if self.evidence is None else self.evidence[:n],
+        )
+
 
 class Drafter(ABC):
     """Proposes tokens for the target model to verify in one forward pass."""

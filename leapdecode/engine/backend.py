@@ -100,8 +100,11 @@ class AttentionLayout:
 class TorchBackend:
     """A `transformers` causal LM, driven only through its public forward and cache objects."""
 
-    def __init__(self, model: Any) -> None:
+    def __init__(self, model: Any, exact_tokens: int | None = None) -> None:
+        """`exact_tokens`: the longest pass whose rows the model scores bitwise as one-token passes
+        (`LoadedModel.exact_tokens`); drafts are kept one token shorter (the pending token)."""
         self.model = model
+        self.exact_tokens = exact_tokens
         self.device: torch.device = model.device
         self.vocab_size: int = int(model.config.get_text_config().vocab_size)
         self.layout = AttentionLayout(model.config)
@@ -155,7 +158,7 @@ class TorchBackend:
         rollback_cache(seq, length)
 
     def draft_limit(self, seq: Sequence) -> int | None:
-        return None
+        return None if self.exact_tokens is None else self.exact_tokens - 1
 
     @torch.inference_mode()
     def keep(self, seq: Sequence, start: int, nodes: list[int]) -> None:

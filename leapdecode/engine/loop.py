@@ -77,11 +77,13 @@ def decode(
             drafter.finish()
             return
         # 3. Tell the drafter; ask for a draft (the deepest branch of a tree counts) no longer
-        #    than what is left, less the bonus token, and than the backend verifies exactly.
+        #    than what is left, less the bonus token, and than the backend verifies exactly
+        #    (a tree's nodes all count there: a wider tree keeps its first nodes).
         drafter.update(new_tokens, len(path))
         budget = stop.max_new_tokens - len(generated) - 1
         exact = backend.draft_limit(seq)
         draft = drafter.propose(budget if exact is None else min(budget, exact))
+        draft = draft if exact is None else draft.first(exact)
         tree = compile_tree(draft.parents) if draft.parents is not None else None
         # 4. Score the pending token (emitted, not yet cached) and the draft in one pass.
         start = seq.length

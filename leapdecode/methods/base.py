@@ -119,7 +119,7 @@ def backend_for(target: LoadedModel) -> Backend:
         return LlamaCppBackend(target.model)
     from leapdecode.engine.backend import TorchBackend
 
-    return TorchBackend(target.model)
+    return TorchBackend(target.model, exact_tokens=target.exact_tokens)
 
 
 def cached_cost(target: LoadedModel, backend: Backend, max_tokens: int, log: Log, *, tree: bool = False) -> ForwardCost:

@@ -102,6 +102,16 @@ class LoadedModel:
         return "torch" if hasattr(self.model, "config") else "llama.cpp"
 
     @property
+    def exact_tokens(self) -> int | None:
+        """The longest pass whose every row is bitwise a one-token pass (row-exact models: the
+        kernel's rows; None: no such guarantee), so drafting can keep verification inside it."""
+        if not self.row_exact:
+            return None
+        from leapdecode.models.row_exact import EXACT_ROWS
+
+        return EXACT_ROWS.stop - 1
+
+    @property
     def dtype(self) -> str:
         """What the weights compute in: a torch dtype's name, or `gguf` on llama.cpp."""
         return str(self.model.dtype).removeprefix("torch.") if self.backend == "torch" else "gguf"
