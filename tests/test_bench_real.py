@@ -65,8 +65,9 @@ def test_a_variant_that_is_the_runs_own_model_needs_no_loader(real_lm) -> None:
 
 def test_sweep_command(tmp_path) -> None:
     out = tmp_path / "sweep"
-    result = runner.invoke(app, ["sweep", "--grid", "n=2,3 k=1,4", "--limit", "1", "-n", "8", "--out", str(out)])
+    result = runner.invoke(app, ["sweep", "--grid", "n=2,3 k=1,4", "--limit", "1", "-n", "8", "--out", str(out), "--quantize", "int4"])
     assert result.exit_code == 0, result.output
+    assert "(torch int4 row-exact)" in (out / "sweep.md").read_text()
     assert (out / "sweep_heatmap.png").stat().st_size > 0 and (out / "sweep_lines.png").stat().st_size > 0
     assert "| 2 |" in (out / "sweep.md").read_text()
 

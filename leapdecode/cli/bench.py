@@ -122,8 +122,12 @@ def sweep(
     max_new_tokens: MaxNewOpt = 128,
     out: OutOpt = Path("out/sweep"),
     threads: BenchThreadsOpt = 0,
+    dtype: DtypeOpt = "float32",
+    quantize: QuantizeOpt = "none",
+    backend: BackendOpt = "torch",
 ) -> None:
-    """Speed-up of one method over a grid of its parameters (the ANPD paper's Figures 3-5)."""
+    """Speed-up of one method over a grid of its parameters (the ANPD paper's Figures 3-5), on
+    the model as `--dtype`, `--quantize` and `--backend` load it (plain decoding on the same)."""
     from leapdecode.bench import plots, report
     from leapdecode.bench.datasets import load_dataset
     from leapdecode.bench.harness import parse_grid, run_meta, run_with_progress, use_threads
@@ -142,7 +146,7 @@ def sweep(
     }
     prompts = load_dataset(dataset, limit)
     n_threads = use_threads(threads)
-    lm = load_with_progress(model)
+    lm = load_with_progress(model, backend=backend, dtype=dtype, quantize=quantize if backend == "torch" else "none")
     samples = run_with_progress(console, lm, list(variants.values()), prompts, max_new_tokens)
     meta = run_meta(lm.name, dataset, limit, max_new_tokens, n_threads, len(prompts), lm.describe)
     report.write_outputs(out, samples, meta, {str(m): m.draft_length for m in variants.values()})
@@ -155,7 +159,7 @@ def sweep(
     header = " | ".join(str(c) for c in cols) if len(names) == 2 else "speed-up (τ)"
     lines = [
         f"Speed-up (τ) of `{base.name}` over {over}: {meta['prompts']} prompts of {dataset}, "
-        f"{max_new_tokens} new tokens, {lm.name}, {meta['machine']}.", "",
+        f"{max_new_tokens} new tokens, {lm.name} ({lm.describe}), {meta['machine']}.", "",
         "| " + (row_name + " \\ " + col_name if len(names) == 2 else row_name) + " | " + header + " |",
         "|---|" + "---:|" * len(cols),
     ]
