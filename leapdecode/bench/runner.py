@@ -339,11 +339,16 @@ def parse_entries(text: str | Sequence[str]) -> list[Entry]:
     for group in group_method_strings(text):
         spec, at, variant = group.rpartition("@")
         entries.append(Entry(parse_method(spec), Variant.parse(variant)) if at else Entry(parse_method(group)))
-    labels = [e.label for e in entries]
-    duplicates = {label for label in labels if labels.count(label) > 1}
-    if duplicates:
-        raise MethodError(f"method listed twice: {', '.join(sorted(duplicates))}")
+    refuse_twice(entries, "")
     return entries
+
+
+def refuse_twice(entries: Sequence[Entry], where: str) -> None:
+    """A label names one runner and one row of the results: two entries may not share one."""
+    labels = [e.label for e in entries]
+    twice = sorted({label for label in labels if labels.count(label) > 1})
+    if twice:
+        raise MethodError(f"method listed twice{where}: {', '.join(twice)}")
 
 
 def parse_methods(text: str | Sequence[str]) -> list[Method]:
@@ -427,10 +432,7 @@ def run_benchmark(
         return (Entry(entry.method) if model is lm else entry), model
 
     placed = [with_model(m if isinstance(m, Entry) else Entry(m)) for m in methods]
-    labels = [e.label for e, _ in placed]
-    twice = sorted({label for label in labels if labels.count(label) > 1})
-    if twice:
-        raise MethodError(f"method listed twice on the run's own model: {', '.join(twice)}")
+    refuse_twice([e for e, _ in placed], " on the run's own model")
     placed = [(Entry(Autoregressive()), lm)] + [(e, model) for e, model in placed if e.label != BASELINE]
     runners = [make_runner(model, e, load_draft) for e, model in placed]
     encoded = [encode_turns(lm, p, lambda ids: runners[0].run(ids, max_new_tokens).token_ids) for p in prompts]
