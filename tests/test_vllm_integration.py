@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 from leapdecode.drafters.ngram import AnpdDrafter
 from leapdecode.errors import MethodError
 from leapdecode.integrations.slots import SlotDrafters
+from leapdecode.integrations.step_cost import StepCost
 from leapdecode.integrations.vllm_setup import PROPOSER, serve_command, vllm_engine_args, vllm_method
 
 MAX_LEN = 256
@@ -127,10 +128,64 @@ def test_every_row_drafts_as_its_own_request_would(data: st.DataObject) -> None:
             row.extend(rng.randrange(vocab) for _ in range(rng.randint(1, 3)))
 
 
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@given(a=st.floats(0.01, 1.0), ratio=st.floats(0.0, 3.0))
+def test_step_cost_recovers_a_linear_step_time(a: float, ratio: float) -> None:
+    b = ratio * a  # a scored token costs 0 (a GPU) to 3 steps
+    cost = StepCost(clock=FakeClock())
+    for i in range(200):
+        cost.observe(1 + i % 8, a + b * (1 + i % 8))
+    assert cost.a == pytest.approx(a, rel=0.02) and cost.b == pytest.approx(b, rel=0.02, abs=0.001 * a)
+    cost.rows = 4  # a row's share: the fixed part split over the batch, its own tokens in full
+    assert cost.of(3) == pytest.approx(cost.a / 4 + 3 * cost.b)
+
+
+def test_step_cost_keeps_its_prior_ratio_while_every_step_scores_the_same() -> None:
+    cost = StepCost(clock=FakeClock(), prior_slope=0.2)
+    for _ in range(50):
+        cost.observe(1, 0.12)
+    assert cost.a + cost.b == pytest.approx(0.12, rel=0.05) and cost.b == pytest.approx(0.2 * cost.a, rel=0.05)
+
+
+def test_slots_fit_decode_steps_only_and_cut_drafts_that_do_not_pay() -> None:
+    """The time between calls is the engine's step: with each scored token as dear as the step
+    itself, a cost-aware ANPD keeps only drafts nearly sure to be accepted; with tokens free, all."""
+    from leapdecode.drafters.cost_aware import AcceptanceEstimate, CostAwareDrafter
+
+    def run(per_token: float) -> tuple[StepCost, list[int]]:
+        clock = FakeClock()
+        cost = StepCost(clock=clock)
+        s = SlotDrafters(lambda: CostAwareDrafter(AnpdDrafter(n=3, k=6), cost, AcceptanceEstimate()),
+                         max_tokens=6, max_len=MAX_LEN, cost=cost)
+        rng = random.Random(0)
+        row = [rng.randrange(50) for _ in range(40)]  # nothing repeats: every draft is wrong
+        lengths = []
+        for step in range(120):
+            scored = 1 + len(s.tracked[0].last_draft) if s.tracked else 0
+            clock.now += 0.1 + per_token * scored if step else 5.0  # the first step is a prefill
+            lengths.append(len(s.propose(*batch([row]))[0]))
+            row = row + [rng.randrange(50)] if step % 3 else row + row[-4:-2]  # some bigrams repeat
+        return cost, lengths
+
+    dear, dear_lengths = run(per_token=0.1)
+    assert dear.steps == 119  # the prefill was not fitted
+    assert dear.b == pytest.approx(0.1, rel=0.05) and dear.a == pytest.approx(0.1, rel=0.05)
+    cheap, cheap_lengths = run(per_token=0.0)
+    assert cheap.b == pytest.approx(0.0, abs=1e-3)
+    assert sum(dear_lengths[60:]) < sum(cheap_lengths[60:]) / 3
+
+
 def test_setup_names_the_proposer_and_method() -> None:
     args = vllm_engine_args("anpd:n=4,k=6")
     assert args["speculative_config"] == {"method": "custom_class", "model": PROPOSER, "num_speculative_tokens": 6}
-    assert args["additional_config"] == {"leapdecode_method": "anpd:n=4,k=6,cost_aware=False"}
+    assert args["additional_config"] == {"leapdecode_method": "anpd:n=4,k=6,cost_aware=True"}  # cut by vLLM's step cost
     argv = serve_command("/models/m", "pld:k=5", ["--port", "9000"])
     assert argv[1:5] == ["-m", "vllm.entrypoints.openai.api_server", "--model", "/models/m"] and argv[-2:] == ["--port", "9000"]
     assert json.loads(argv[argv.index("--speculative-config") + 1])["num_speculative_tokens"] == 5

@@ -11,6 +11,8 @@ n-gram table, a suffix automaton), so each row must find *its own request's* dra
   place (O(1) per row, whatever the context's length);
 - the row's previous drafter is tried first (the usual case), then the others (a reordered
   batch), else a new drafter is built from the row's tokens (a new request, or one evicted);
+- with a `StepCost`, the time between calls is fitted as the engine's step cost (decode steps
+  only), which cost-aware drafters read to cut their drafts;
 - drafters unused for `idle_steps` steps are dropped (finished requests; `Drafter.finish` is
   called, so a shared suffix index keeps their output), and at most `capacity` are kept (oldest
   use dropped first): memory is bounded.
@@ -28,6 +30,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from leapdecode.drafters.base import Drafter
+from leapdecode.integrations.step_cost import StepCost
 
 HEAD = 32  # tokens compared at a row's start
 TAIL = 32  # tokens compared at the end of what a drafter was fed
@@ -70,7 +73,7 @@ class SlotDrafters:
     """Drafts for every row of a slot-batched engine step, one drafter per request (module doc)."""
 
     def __init__(self, new_drafter: Callable[[], Drafter], *, max_tokens: int, max_len: int,
-                 capacity: int = 1024, idle_steps: int = 64) -> None:
+                 capacity: int = 1024, idle_steps: int = 64, cost: StepCost | None = None) -> None:
         if max_tokens < 1 or capacity < 1 or idle_steps < 1:
             raise ValueError("max_tokens, capacity and idle_steps must be at least 1")
         self.new_drafter = new_drafter
@@ -78,6 +81,7 @@ class SlotDrafters:
         self.max_len = max_len  # no draft may reach past the engine's longest sequence
         self.capacity = capacity
         self.idle_steps = idle_steps
+        self.cost = cost  # the engine's step time, fitted here, read by cost-aware drafters
         self.step = 0
         self.by_slot: dict[int, _Tracked] = {}
         self.tracked: list[_Tracked] = []
@@ -86,23 +90,45 @@ class SlotDrafters:
     def propose(self, sampled: Sequence[Sequence[int]], num_tokens: np.ndarray, token_ids: np.ndarray) -> list[list[int]]:
         """One step: `sampled[i]` are the tokens slot i's request emitted this step (empty: a
         partial prefill, which gets no draft); `token_ids[i, :num_tokens[i]]` is its whole stream."""
+        elapsed = self.cost.elapsed() if self.cost is not None else None
         self.step += 1
-        drafts: list[list[int]] = []
+        # 1. find each row's drafter and feed it what the step emitted
+        rows: list[tuple[_Tracked, int] | None] = []  # per slot: its drafter and draft room, or no draft
         claimed: set[int] = set()  # ids of drafters already serving a row this step
+        scored, decode_only = 0, True  # tokens the step just ended scored, and whether it only decoded
         for slot, emitted in enumerate(sampled):
             n = int(num_tokens[slot])
             room = min(self.max_tokens, self.max_len - n)
             if not len(emitted) or room <= 0:
+                rows.append(None)
+                decode_only = False
+                continue
+            built = self.built
+            tracked = self._find(slot, token_ids[slot], n, claimed)  # row: [max_len]
+            claimed.add(id(tracked))
+            if self.built > built:
+                decode_only = False  # a new request: its prefill was in the step
+            scored += 1 + len(tracked.last_draft)
+            tracked.feed(token_ids[slot], n)
+            tracked.last_step = self.step
+            rows.append((tracked, room))
+        # 2. the step just ended: fit its time if it only decoded
+        if self.cost is not None:
+            if elapsed is not None and decode_only and scored:
+                self.cost.observe(scored, elapsed)
+            self.cost.rows = len(claimed)
+        # 3. draft
+        drafts: list[list[int]] = []
+        for row in rows:
+            if row is None:
                 drafts.append([])
                 continue
-            row = token_ids[slot]  # [max_len]
-            tracked = self._find(slot, row, n, claimed)
-            claimed.add(id(tracked))
-            tracked.feed(row, n)
-            tracked.last_step = self.step
+            tracked, room = row
             tracked.last_draft = list(tracked.drafter.propose(room).tokens[:room])
             drafts.append(tracked.last_draft)
         self._evict(claimed)
+        if self.cost is not None:
+            self.cost.call_ended()
         return drafts
 
     def _find(self, slot: int, row: np.ndarray, n: int, claimed: set[int]) -> _Tracked:

@@ -5,7 +5,9 @@ every step calls `propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu, 
 with one row per batch slot; it verifies the drafts itself. `LeapdecodeProposer` runs the method
 named in `additional_config["leapdecode_method"]` (`vllm_setup.vllm_engine_args` writes both);
 `AnpdProposer`, `PromptLookupProposer` and `SuffixProposer` run that method when none is named.
-Rows find their own request's drafter through `slots.SlotDrafters`.
+Rows find their own request's drafter through `slots.SlotDrafters`. A cost-aware method (`anpd`,
+`suffix` by default) cuts its drafts by vLLM's own step cost, fitted from the time between calls
+(`step_cost.StepCost`), as our engine cuts them by its measured cost curve.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Any
 from leapdecode.integrations.vllm_setup import CONFIG_KEY, SUPPORTED_VLLM, vllm_method
 
 logger = logging.getLogger("leapdecode")
+LOG_EVERY = 256  # fitted steps between log lines of the step cost
 
 
 def import_vllm() -> Any:
@@ -46,18 +49,30 @@ class LeapdecodeProposer:
     def __init__(self, vllm_config: Any) -> None:
         from leapdecode.engine.sampling import SamplingParams
         from leapdecode.integrations.slots import SlotDrafters
+        from leapdecode.integrations.step_cost import StepCost
+        from leapdecode.methods.base import cost_aware_factory
 
         extra = vllm_config.additional_config if isinstance(vllm_config.additional_config, dict) else {}
         self.method = vllm_method(extra.get(CONFIG_KEY, self.default_method))
         factory = self.method.drafter_factory(None, draft_model=None, log=logger.info)  # type: ignore[arg-type]  # these methods load nothing
+        cost = None
+        if getattr(self.method, "cost_aware", False):  # cut by vLLM's own step cost, fitted as it runs
+            cost = StepCost()
+            factory = cost_aware_factory(factory, cost)
         greedy = SamplingParams()  # chain drafters draft the same whatever vLLM samples
         self.slots = SlotDrafters(
             lambda: factory(greedy, None),
             max_tokens=min(vllm_config.speculative_config.num_speculative_tokens, self.method.draft_length),
             max_len=vllm_config.model_config.max_model_len,
             capacity=max(64, 4 * vllm_config.scheduler_config.max_num_seqs),
+            cost=cost,
         )
         logger.info("leapdecode proposer: %s, at most %d tokens per draft", self.method, self.slots.max_tokens)
+
+    def step_cost(self) -> tuple[float, float] | None:
+        """The fitted step time (a, b: seconds fixed and per scored token), None when not cost-aware."""
+        cost = self.slots.cost
+        return (cost.a, cost.b) if cost is not None else None
 
     def load_model(self, *args: Any, **kwargs: Any) -> None:
         """Nothing to load: the drafters read the text only."""
@@ -65,7 +80,12 @@ class LeapdecodeProposer:
     def propose(self, sampled_token_ids: list[list[int]], num_tokens_no_spec: Any, token_ids_cpu: Any,
                 slot_mappings: Any = None) -> list[list[int]]:
         """Drafts for every slot of the batch (`SlotDrafters.propose`)."""
-        return self.slots.propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu)
+        drafts = self.slots.propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu)
+        cost = self.slots.cost
+        if cost is not None and cost.steps and cost.steps % LOG_EVERY == 0:
+            logger.info("leapdecode proposer: vLLM's step fitted as %.1f ms + %.1f ms per scored token (%d steps)",
+                        1000 * cost.a, 1000 * cost.b, cost.steps)
+        return drafts
 
 
 class AnpdProposer(LeapdecodeProposer):

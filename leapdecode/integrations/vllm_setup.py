@@ -8,8 +8,9 @@ with the rest of the config) under `CONFIG_KEY`: no environment variables, no gl
     llm = LLM(model=folder, **vllm_engine_args("anpd:n=5,k=7"))
 
 Only chain drafters that need no model of their own can run there (`VLLM_METHODS`): vLLM
-verifies chains, not trees. Cost-aware cutting (our engine's measured cost curve) does not apply:
-`num_speculative_tokens`, which is the method's own draft length, bounds every draft.
+verifies chains, not trees. `num_speculative_tokens`, the method's own draft length, bounds every
+draft; a cost-aware method cuts it by vLLM's step cost as fitted while it runs (`step_cost`), not
+by our engine's cost curve, which says nothing of vLLM's steps.
 """
 
 from __future__ import annotations
@@ -37,8 +38,6 @@ def vllm_method(spec: str | Method) -> Method:
             f"{method.name!r} cannot draft inside vLLM (vLLM verifies chains, and a proposer there has no model of "
             f"its own); choose one of {', '.join(VLLM_METHODS)}"
         )
-    if getattr(method, "cost_aware", False):  # our engine's cost curve says nothing of vLLM's steps
-        method = dataclasses.replace(method, cost_aware=False)
     if getattr(method, "tree", False):  # vLLM verifies chains: the most probable path
         method = dataclasses.replace(method, tree=False)
     return method
