@@ -160,21 +160,25 @@ def test_tree_sampling_end_to_end_keeps_the_sequence_distribution(tiny_model) ->
     assert accepted > draws // 4 and second_child > 0  # drafts really accepted, second children too
 
 
+class CountsOutput(Drafter):
+    """A scripted drafter's base: `done` counts the tokens emitted so far, to index a reference."""
+
+    def reset(self, prompt_ids):
+        self.done = 0
+
+    def update(self, tokens, num_accepted):
+        self.done += len(tokens)
+
+
 def test_tree_decoding_equals_greedy_with_branches_right_and_wrong(tiny_model) -> None:
     prompt = [11, 12, 13, 14, 15, 16]
     reference = greedy_reference(tiny_model, prompt, 30)
 
-    class BranchyDrafter(Drafter):
+    class BranchyDrafter(CountsOutput):
         """Root children: a wrong token, then the right chain of 3 with a wrong side branch."""
 
-        def reset(self, prompt_ids):
-            self.emitted = 0
-
-        def update(self, tokens, num_accepted):
-            self.emitted += len(tokens)
-
         def propose(self, max_tokens):
-            right = reference[self.emitted : self.emitted + 3]
+            right = reference[self.done : self.done + 3]
             if max_tokens < 4 or len(right) < 3:
                 return Draft()
             wrong = (right[0] + 1) % TINY_VOCAB
@@ -192,13 +196,7 @@ def test_a_backends_exact_pass_size_bounds_every_tree_by_its_nodes(tiny_model) -
     prompt = [4, 5, 6, 4, 5]
     reference = greedy_reference(tiny_model, prompt, 24)
 
-    class WideTree(Drafter):  # the right chain of 5, then 5 wrong tokens under the root: 10 nodes
-        def reset(self, prompt_ids):
-            self.done = 0
-
-        def update(self, tokens, num_accepted):
-            self.done += len(tokens)
-
+    class WideTree(CountsOutput):  # the right chain of 5, then 5 wrong tokens under the root: 10 nodes
         def propose(self, max_tokens):
             right = reference[self.done : self.done + 5]
             wrong = [(t + 1) % TINY_VOCAB for t in reference[self.done : self.done + 5]]

@@ -7,7 +7,7 @@ n-gram order and count, a suffix match's length, a recycled candidate's rank), e
 depth. A token is accepted with the product of the estimates along its path; the kept part is
 the most probable tokens (a child is never more probable than its parent, so it is a tree)
 in the number that maximises expected tokens per second under the backend's measured
-`ForwardCost`. Zero kept tokens is plain decoding.
+`ForwardCost` (or, inside vLLM, its fitted step cost). Zero kept tokens is plain decoding.
 
 Dropped tokens still teach: after the pass, a dropped token whose parent was accepted would have
 been accepted exactly when it equals the target's token there (greedy), so the estimates keep
@@ -29,7 +29,7 @@ from collections.abc import Hashable, Sequence
 from leapdecode.drafters.base import Draft, Drafter
 from leapdecode.engine.backend import Backend
 from leapdecode.engine.backend import Sequence as CacheSequence
-from leapdecode.engine.cost import ForwardCost
+from leapdecode.engine.cost import PassCost
 
 
 class AcceptanceEstimate:
@@ -54,7 +54,7 @@ PRIOR_WEIGHT = 6.0  # observations the shared rate counts for in a request's own
 class CostAwareDrafter(Drafter):
     """Cuts the inner drafter's chain or tree to the part with the best expected tokens per second."""
 
-    def __init__(self, inner: Drafter, cost: ForwardCost, estimate: AcceptanceEstimate | None = None) -> None:
+    def __init__(self, inner: Drafter, cost: PassCost, estimate: AcceptanceEstimate | None = None) -> None:
         self.inner = inner
         self.cost = cost
         self.candidates = inner.candidates

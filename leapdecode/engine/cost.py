@@ -17,9 +17,17 @@ import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from leapdecode.engine.backend import Backend
 from leapdecode.engine.tree import TreeLayout, compile_tree, full_tree_parents
+
+
+class PassCost(Protocol):
+    """What cost-aware cutting reads: the seconds of a pass over n tokens. `ForwardCost` is our
+    backend's measured curve; `integrations.step_cost.StepCost` a vLLM step's live fit."""
+
+    def of(self, tokens: int) -> float: ...
 
 
 @dataclass(frozen=True)

@@ -69,11 +69,6 @@ class LeapdecodeProposer:
         )
         logger.info("leapdecode proposer: %s, at most %d tokens per draft", self.method, self.slots.max_tokens)
 
-    def step_cost(self) -> tuple[float, float] | None:
-        """The fitted step time (a, b: seconds fixed and per scored token), None when not cost-aware."""
-        cost = self.slots.cost
-        return (cost.a, cost.b) if cost is not None else None
-
     def load_model(self, *args: Any, **kwargs: Any) -> None:
         """Nothing to load: the drafters read the text only."""
 

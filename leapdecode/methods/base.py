@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
     from leapdecode.drafters.base import Drafter
     from leapdecode.engine.backend import Backend
-    from leapdecode.engine.cost import ForwardCost
+    from leapdecode.engine.cost import ForwardCost, PassCost
     from leapdecode.engine.sampling import SamplingParams
     from leapdecode.models.loading import LoadedModel
 
@@ -144,7 +144,7 @@ def measure_cost(backend: Backend, max_tokens: int, log: Log, *, tree: bool = Fa
     return cost
 
 
-def cost_aware_factory(factory: DrafterFactory, cost: ForwardCost) -> DrafterFactory:
+def cost_aware_factory(factory: DrafterFactory, cost: PassCost) -> DrafterFactory:
     """Wrap every drafter `factory` builds in a `CostAwareDrafter` over `cost`: each step keeps
     only the part of a draft worth its cost (past the measured sizes, the curve's last slope goes
     on). Greedy requests share one acceptance estimate: each starts from what earlier ones learned
