@@ -8,7 +8,7 @@ MODEL ?= smollm2-135m
 # vLLM (the `vllm` extra) pins other versions of some of our dependencies: it gets its own venv.
 VLLM_VENV ?= .venv-vllm
 
-.PHONY: setup model test-models browser llamacpp peers vllm demo test clean
+.PHONY: setup model test-models browser llamacpp peers vllm demo test test-fast docs clean
 
 setup: $(VENV)/.installed
 
@@ -60,6 +60,14 @@ $(VLLM_VENV)/.installed: pyproject.toml
 
 test: test-models browser llamacpp peers vllm
 	$(PY) -m pytest -q
+
+# The tiny-model tests only (minutes): no real model, no optional backend, no browser.
+test-fast: setup
+	$(PY) -m pytest -q -m "not real_model and not llamacpp and not vllm and not peers and not browser"
+
+# The documentation site (mkdocs-material), built strictly: a broken link fails.
+docs: setup
+	$(BIN)/mkdocs build --strict -d site
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .hypothesis

@@ -21,6 +21,7 @@ from leapdecode.engine import GenerationStats, SamplingParams, Step, StopCriteri
 from leapdecode.errors import InputError
 from leapdecode.methods import Method, parse_method
 from leapdecode.models import LoadedModel
+from leapdecode.engine.noise import PositionNoise
 from leapdecode.verifiers import verify_greedy, verify_speculative, verify_tree_greedy, verify_tree_speculative
 from leapdecode.verifiers.verdict import MAX_TOP_LOGPROBS, TokenLogprob
 
@@ -155,11 +156,12 @@ class Decoder:
 
     @staticmethod
     def _verifiers(
-        sampling: SamplingParams, generator: torch.Generator | None, logprobs: int | None, candidates: int = 0,
+        sampling: SamplingParams, noise: PositionNoise, logprobs: int | None, candidates: int = 0,
     ) -> tuple[Verifier, TreeVerifier]:
         """Greedy matching at temperature 0, else speculative sampling (exactly the target's
-        distribution); each in its chain and its tree form. `candidates`: the top-k ids of every
-        scored row that a recycling drafter asked for (greedy only)."""
+        distribution, from the request's per-position `noise`); each in its chain and its tree
+        form. `candidates`: the top-k ids of every scored row that a recycling drafter asked for
+        (greedy only)."""
         if sampling.greedy:
             if logprobs is None and not candidates:
                 return verify_greedy, verify_tree_greedy
@@ -168,8 +170,8 @@ class Decoder:
                 functools.partial(verify_tree_greedy, logprobs=logprobs, candidates=candidates),
             )
         return (
-            functools.partial(verify_speculative, params=sampling, generator=generator, logprobs=logprobs),
-            functools.partial(verify_tree_speculative, params=sampling, generator=generator, logprobs=logprobs),
+            functools.partial(verify_speculative, params=sampling, noise=noise, logprobs=logprobs),
+            functools.partial(verify_tree_speculative, params=sampling, noise=noise, logprobs=logprobs),
         )
 
     def stream(
@@ -190,10 +192,13 @@ class Decoder:
         are accepted (an iterator; `StepStream.prompt_ids` holds the encoded prompt).
 
         temperature 0 (the default) is greedy decoding; otherwise tokens are sampled with
-        temperature / top_k / top_p as in Hugging Face `generate`, reproducibly with `seed`
-        or a `torch.Generator`. `logprobs=N` (0..20) records each emitted token's log-probability
-        under the model's own distribution (raw logits, before temperature / top-k / top-p) with
-        the N most likely tokens at its position (`Step.logprobs`); it changes no token.
+        temperature / top_k / top_p as in Hugging Face `generate`. A `seed` gives the same text
+        whatever the method drafted: every lossless method's sampled text equals plain sampling's
+        with that seed, token for token (`leapdecode.engine.noise`). Without a seed, one is drawn
+        from `generator`, else from torch's global generator (`torch.manual_seed` reproduces it).
+        `logprobs=N` (0..20) records each emitted token's log-probability under the model's own
+        distribution (raw logits, before temperature / top-k / top-p) with the N most likely
+        tokens at its position (`Step.logprobs`); it changes no token.
         Bad arguments raise here, before the first step is asked for.
         """
         sampling = SamplingParams(temperature, top_k, top_p, seed)
@@ -204,10 +209,10 @@ class Decoder:
         prompt_ids = encode_prompt(self.lm, prompt, chat=chat)
         self.check_request(prompt_ids, max_new_tokens)
         criteria = StopCriteria(self.lm.eos_token_ids, max_new_tokens, stop, self.lm.tokenizer)
-        if generator is None and sampling.seed is not None:
-            generator = torch.Generator(device=self.backend.device).manual_seed(sampling.seed)
-        drafter = self._new_drafter(sampling, generator)
-        verifier, tree_verifier = self._verifiers(sampling, generator, logprobs, drafter.candidates)
+        # greedy draws nothing: no seed is taken from torch's global generator
+        noise = PositionNoise(0) if sampling.greedy else PositionNoise.for_request(sampling.seed, generator)
+        drafter = self._new_drafter(sampling, noise)
+        verifier, tree_verifier = self._verifiers(sampling, noise, logprobs, drafter.candidates)
         return StepStream(prompt_ids, self._run(prompt_ids, drafter, criteria, verifier, tree_verifier))
 
     def _run(

@@ -12,7 +12,7 @@ from leapdecode.engine import TorchBackend, compile_tree
 from leapdecode.engine.reference import greedy_reference
 from leapdecode.errors import InputError, MethodError
 from leapdecode.models import LoadedModel
-from tests.conftest import TINY_VOCAB, prompts, tiny_lm
+from tests.helpers import TINY_VOCAB, prompts, tiny_lm
 
 WINDOW = 12  # shorter than prompt + generation, so every sliding layer runs past it
 

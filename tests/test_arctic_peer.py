@@ -10,9 +10,10 @@ import pytest
 
 from leapdecode import wrap
 from leapdecode.errors import MethodError
-from tests.conftest import prompts, tiny_lm
+from tests.helpers import prompts, tiny_lm
 
 pytest.importorskip("arctic_inference.suffix_decoding", reason="built by `make peers` (part of `make test`)")
+pytestmark = pytest.mark.peers
 
 
 @pytest.mark.parametrize("method", ["arctic-suffix", "arctic-suffix:tree=false,factor=2", "arctic-suffix:shared=true"])

@@ -71,3 +71,24 @@ def test_the_cache_appends_in_place_and_grows_past_its_capacity(tiny_model) -> N
     scores = backend.forward(seq, [30, 31])
     expected = full_logits(tiny_model, sequence + [30, 31])[-2:]
     torch.testing.assert_close(scores.logits, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_the_cache_goes_under_the_name_the_model_takes() -> None:
+    """transformers 5.24 renamed `past_key_values` to `cache` (the old name warns): the backend
+    passes whichever the model's forward has, so no call of ours is deprecated."""
+    from leapdecode.engine.backend import cache_argument
+    from tests.helpers import make_tiny_model
+
+    def old(input_ids=None, past_key_values=None, use_cache=None):  # noqa: ANN001, ANN202
+        return None
+
+    def new(input_ids=None, cache=None, use_cache=None):  # noqa: ANN001, ANN202
+        return None
+
+    assert cache_argument(old) == "past_key_values" and cache_argument(new) == "cache"
+    model = make_tiny_model()
+    import transformers
+    from packaging.version import Version
+
+    expected = "cache" if Version(transformers.__version__) >= Version("5.24") else "past_key_values"
+    assert cache_argument(model.forward) == expected == cache_argument(model.model.layers[0].forward)

@@ -27,22 +27,24 @@ def test_bench_command_writes_tables_plots_and_checks_every_sample(tmp_path) -> 
     for name in ("samples.jsonl", "summary.json", "results.md", "speedup_by_category.png", "accepted_lengths.png"):
         assert (out / name).stat().st_size > 0
     table = (out / "results.md").read_text()
-    assert "Lossless check: all 8 samples equal plain decoding" in table
-    assert "HumanEval" in table and "Translation" in table and "`hf-pld:tokens=5,max_ngram=2`" in table
+    assert "Lossless check: all 4 samples equal plain decoding" in table  # anpd and pld; hf and hf-pld are peers
+    assert "HumanEval" in table and "Translation" in table and "`hf-pld:tokens=5`" in table  # defaults left out
     samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
     assert all(len(s["wall_time_runs"]) == 2 and s["wall_time_s"] == statistics.median(s["wall_time_runs"]) for s in samples)
-    assert "–" in table.split("`anpd:n=4,k=5,cost_aware=True`")[1].split("\n")[0]  # the spread of the two repeats
+    assert "–" in table.split("`anpd:n=4,k=5`")[1].split("\n")[0]  # the spread of the two repeats
+    meta = json.loads((out / "summary.json").read_text())["meta"]
+    assert meta["date"] and meta["version"] and meta["threads"] == 2 and "commit" in meta
 
 
 def test_bench_runs_other_dtypes_and_quantizations_in_the_same_run(tmp_path) -> None:
     out = tmp_path / "bench"
     result = runner.invoke(app, [
         "bench", "--dataset", "humaneval", "--limit", "1", "-n", "12", "--out", str(out), "--threads", "2", "--no-plots",
-        "--methods", "ar,anpd,ar@bfloat16,anpd@bfloat16,hf@bfloat16,ar@int4,draft:model=smollm2-135m,k=3@int4",
+        "--dtype", "float32", "--methods", "ar,anpd,ar@bfloat16,anpd@bfloat16,hf@bfloat16,ar@int4,draft:model=smollm2-135m,k=3@int4",
     ])
     assert result.exit_code == 0, result.output
     table = (out / "results.md").read_text()
-    assert "Lossless check: all 4 samples equal plain decoding" in table  # each against its own model's ar
+    assert "Lossless check: all 3 samples equal plain decoding" in table  # each against its own model's ar; hf is a peer
     samples = {s["method"]: s for s in map(json.loads, (out / "samples.jsonl").read_text().splitlines())}
     assert samples["ar@bfloat16"]["equal_to_plain"] is None and samples["hf@bfloat16"]["equal_to_plain"] is True
     assert "Against plain decoding on the same model, `ar@bfloat16`" in table
@@ -51,9 +53,25 @@ def test_bench_runs_other_dtypes_and_quantizations_in_the_same_run(tmp_path) -> 
     assert summary["meta"]["weights"] != "" and set(summary["against_own_plain"]) == {"bfloat16", "int4"}
 
 
+def test_sampled_bench_checks_every_sample_against_plain_sampling(tmp_path) -> None:
+    """With a temperature, each lossless method's text equals plain sampling's with the prompt's seed."""
+    out = tmp_path / "bench"
+    result = runner.invoke(app, [
+        "bench", "--dataset", "humaneval+spec-bench:summarization", "--limit", "1", "-n", "16", "--out", str(out),
+        "--threads", "2", "--no-plots", "--temperature", "0.8", "--top-p", "0.95", "--seed", "3",
+        "--methods", "ar,anpd,pld,suffix,anpd-tree,hf",
+    ])
+    assert result.exit_code == 0, result.output
+    table = (out / "results.md").read_text()
+    assert "Lossless check: all 8 samples equal plain decoding" in table and "sampled: temperature 0.8" in table
+    meta = json.loads((out / "summary.json").read_text())["meta"]
+    assert meta["decoding"].startswith("sampled") and "int4" in meta["weights"]  # the preset's own blocks, without flags
+
+
 def test_a_variant_that_is_the_runs_own_model_needs_no_loader(real_lm) -> None:
     from leapdecode.bench.datasets import load_dataset
-    from leapdecode.bench.runner import parse_entries, run_benchmark
+    from leapdecode.bench.entries import parse_entries
+    from leapdecode.bench.runner import run_benchmark
     from leapdecode.errors import MethodError
 
     prompt = load_dataset("humaneval", limit=1)
@@ -67,7 +85,7 @@ def test_sweep_command(tmp_path) -> None:
     out = tmp_path / "sweep"
     result = runner.invoke(app, ["sweep", "--grid", "n=2,3 k=1,4", "--limit", "1", "-n", "8", "--out", str(out), "--quantize", "int4"])
     assert result.exit_code == 0, result.output
-    assert "(torch int4 row-exact)" in (out / "sweep.md").read_text()
+    assert "(torch int4 row-exact" in (out / "sweep.md").read_text()
     assert (out / "sweep_heatmap.png").stat().st_size > 0 and (out / "sweep_lines.png").stat().st_size > 0
     assert "| 2 |" in (out / "sweep.md").read_text()
 
@@ -102,6 +120,7 @@ def find_chromium() -> str:
     return path
 
 
+@pytest.mark.browser
 def test_trace_page_renders_in_headless_chromium(tmp_path) -> None:
     import matplotlib.image
 

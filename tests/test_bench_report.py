@@ -9,9 +9,10 @@ import pytest
 from leapdecode.bench import report
 from leapdecode.bench.harness import parse_grid
 from leapdecode.bench.datasets import HUMANEVAL_TEMPLATE, load_dataset
-from leapdecode.bench.runner import Sample, first_difference, parse_methods
+from leapdecode.bench.entries import parse_methods
+from leapdecode.bench.runner import Sample, first_difference
 from leapdecode.errors import InputError, MethodError
-from leapdecode.methods import Anpd, Autoregressive, HfPromptLookup
+from leapdecode.methods import METHODS, Anpd, Autoregressive, HfPromptLookup
 
 
 def sample(method, pid, cat, time, tokens=10, passes=10, drafted=0, accepted=0, equal=None, diff=None, lossless=True):
@@ -62,7 +63,7 @@ def test_markdown_table_has_a_column_per_category_and_the_bound(samples) -> None
 def test_mismatch_report_names_prompt_and_first_differing_position(samples) -> None:
     text = report.mismatch_report(samples)
     assert "FAILED: 1 of 3" in text
-    assert "| `anpd:n=5,k=7` | c | humaneval | 4 | yes (a bug) |" in text
+    assert "| `anpd` | c | humaneval | 4 |" in text  # n=5,k=7 are anpd's defaults
     ok = [s for s in samples if s.prompt_id != "c"]
     assert report.mismatch_report(ok) == "Lossless check: all 2 samples equal plain decoding token for token."
 
@@ -92,7 +93,7 @@ def test_parse_methods_groups_parameters_with_their_method() -> None:
 
 
 def test_entries_name_a_backend_with_at() -> None:
-    from leapdecode.bench.runner import Variant, parse_entries
+    from leapdecode.bench.entries import Variant, parse_entries
 
     entries = parse_entries("llama-cpp,anpd:n=5,k=7,cost_aware=false,ar@torch,anpd:n=5,k=7@torch")
     assert [e.label for e in entries] == [
@@ -106,7 +107,7 @@ def test_entries_name_a_backend_with_at() -> None:
 
 
 def test_entries_name_a_dtype_or_quantization_with_at() -> None:
-    from leapdecode.bench.runner import Variant, parse_entries
+    from leapdecode.bench.entries import Variant, parse_entries
 
     entries = parse_entries("ar,ar@bfloat16,anpd@BFloat16,hf@bfloat16,ar@int4,anpd:n=3@torch+int4")
     assert [str(e.variant) for e in entries] == ["", "bfloat16", "bfloat16", "bfloat16", "int4", "torch+int4"]
@@ -129,7 +130,7 @@ def test_entries_name_a_dtype_or_quantization_with_at() -> None:
     ("int4", ("llama.cpp", "float32", "none"), ("torch", "float32", "int4")),  # only torch takes a quantization
 ])
 def test_a_variant_loads_with_the_runs_settings_where_it_names_none(variant, run, loads) -> None:
-    from leapdecode.bench.runner import Variant
+    from leapdecode.bench.entries import Variant
 
     parsed = Variant.parse(variant) if variant else Variant()
     assert parsed.load_arguments(*run) == loads
@@ -239,3 +240,155 @@ def test_repeats_give_the_median_and_the_spread_of_the_speed_up() -> None:
     assert agg.speedup_range == (1.5, 2.0)
     assert aggregate(plain[:1] + fast[:1])[("anpd", "overall")].speedup_range == (2.2 / 1.4, 2.0)
     assert aggregate([sample("ar", "p1", "qa", 2.0), sample("anpd", "p1", "qa", 1.0)])[("anpd", "overall")].speedup_range is None
+
+
+@pytest.mark.parametrize(("label", "short"), [
+    ("anpd:n=5,k=7", "anpd"),  # every parameter its default
+    ("anpd:n=5,k=7,cost_aware=True", "anpd"),
+    ("anpd:n=4,k=7,cost_aware=False", "anpd:n=4,cost_aware=False"),  # only what differs, in field order
+    ("hybrid:k=8,nodes=8,depth=4,width=4,cost_aware=True,suffix_k=16,factor=1.0,min_match=1,min_prob=0.1,index_tokens=65536@int4", "hybrid@int4"),
+    ("draft:model=qwen2.5-coder-0.5b,k=5", "draft:model=qwen2.5-coder-0.5b"),  # a name has no default to drop
+    ("hf-pld:tokens=5,max_ngram=2@bfloat16", "hf-pld:tokens=5@bfloat16"),  # the variant stays
+    ("anpd@torch+int4", "anpd@torch+int4"),
+    ("ar", "ar"),
+    ("ar@llama.cpp", "llama.cpp plain"),  # llama.cpp computing the passes, not this engine's plain decoding on torch
+    ("gone:x=1", "gone:x=1"),  # a method that no longer parses keeps its recorded string
+])
+def test_short_label_keeps_only_what_differs_from_the_defaults(label, short) -> None:
+    from leapdecode.bench.labels import short_label
+
+    assert short_label(label) == short
+
+
+def test_the_plain_decoding_of_a_llamacpp_run_is_named_for_it() -> None:
+    from leapdecode.bench.labels import run_backend, short_label
+
+    assert short_label("ar", "llama.cpp") == "llama.cpp plain" and short_label("ar@torch", "llama.cpp") == "ar@torch"
+    assert short_label("llama-cpp", "llama.cpp") == "llama-cpp"  # llama-cpp-python's own generator, a peer
+    assert run_backend({"backend": "llama.cpp"}) == run_backend({"weights": "llama.cpp gguf"}) == "llama.cpp"
+    assert run_backend({}) == "torch"
+
+
+@pytest.mark.parametrize("cls", METHODS, ids=[m.name for m in METHODS])
+def test_a_short_label_names_the_same_method(cls) -> None:
+    """Parsing a short label gives its method back: entries with different strings keep different labels."""
+    import dataclasses
+
+    from leapdecode.bench.labels import short_label, short_method
+    from leapdecode.methods import parse_method
+
+    required = {"rest": "datastore=ds", "layerskip": "exit=2", "hf-assisted": "model=m", "draft": "model=m"}
+    method = parse_method(f"{cls.name}:{required[cls.name]}" if cls.name in required else cls.name)
+    assert parse_method(short_method(method)) == method
+    length = cls.length_field or next((f.name for f in dataclasses.fields(cls) if f.type in (int, "int")), "")
+    if length:
+        other = dataclasses.replace(method, **{length: getattr(method, length) + 1})
+        assert short_label(str(other)) != short_label(str(method)) and parse_method(short_label(str(other))) == other
+
+
+def test_peers_that_differ_are_listed_apart_and_do_not_fail_the_check() -> None:
+    samples = [
+        sample("ar", "a", "qa", 2.0),
+        sample("anpd", "a", "qa", 1.0, equal=True),
+        sample("hf", "a", "qa", 2.5, equal=False, diff=7),
+        sample("hf-pld:tokens=5,max_ngram=2", "a", "qa", 2.0, equal=True),
+        sample("llama-cpp@llama.cpp", "a", "qa", 2.0, equal=False, diff=3),
+        sample("calm:threshold=0.9", "a", "qa", 1.0, equal=False, diff=2, lossless=False),
+    ]
+    text = report.mismatch_report(samples)
+    assert text.startswith("Lossless check: all 1 samples equal plain decoding")
+    assert "FAILED" not in text
+    assert "Peers that differ from plain decoding: 2 of 3 samples" in text
+    assert "| `hf` | a | qa | 7 |" in text and "| `llama-cpp@llama.cpp` | a | qa | 3 |" in text
+    assert "Lossy methods: 1 of 1 samples differ" in text
+    assert report.lossless_failures(samples) == []
+    # what `leapdecode bench` exits 1 on: a lossless method of this engine among the mismatches
+    assert not any(s.lossless for s in report.mismatches(samples))
+    assert [s.method for s in report.peer_differences(samples)] == ["hf", "llama-cpp@llama.cpp"]
+    broken = [*samples, sample("pld", "a", "qa", 1.0, equal=False, diff=5)]
+    text = report.mismatch_report(broken)
+    assert "**Lossless check FAILED: 1 of 2 samples differ from plain decoding.**" in text and "| `pld` | a | qa | 5 |" in text
+    assert "Peers that differ" in text and [s.method for s in report.lossless_failures(broken)] == ["pld"]
+    assert any(s.lossless for s in report.mismatches(broken))
+    table = report.markdown_table(broken)
+    assert "| 0/1 | – |" in next(line for line in table.splitlines() if line.startswith("| `hf` |"))  # a peer: not flagged
+    assert "**0/1**" in next(line for line in table.splitlines() if line.startswith("| `pld` |"))
+
+
+def test_summary_records_when_where_and_from_what_a_run_came(tmp_path, samples) -> None:
+    import leapdecode
+    from leapdecode.bench.harness import run_meta
+
+    meta = run_meta("m", "humaneval", "3", 8, 2, 3, "torch int4 row-exact")
+    paths = report.write_outputs(tmp_path, samples, meta, {"anpd:n=5,k=7": 7})
+    recorded = json.loads(paths["summary"].read_text())["meta"]
+    assert {"date", "commit", "version", "machine", "threads", "weights"} <= set(recorded)
+    assert recorded["date"].endswith("+00:00") and recorded["version"] == leapdecode.__version__
+    assert recorded["threads"] == 2 and recorded["weights"] == "torch int4 row-exact"
+    assert "cores" in recorded["machine"] and "torch" in recorded["machine"]
+    commit = recorded["commit"]
+    assert commit is None or len(commit.removesuffix("-dirty")) >= 4
+    header = paths["table"].read_text().split("\n\n")[0]
+    assert recorded["date"] in header and f"leapdecode {recorded['version']}" in header and "(torch int4 row-exact)" in header
+    assert all(r["label"] == "anpd" for r in json.loads(paths["summary"].read_text())["results"] if r["method"] == "anpd:n=5,k=7")
+
+
+def test_the_commit_is_marked_dirty_when_tracked_files_changed(tmp_path, monkeypatch) -> None:
+    import subprocess
+
+    from leapdecode.bench import harness
+
+    answers = {"--show-toplevel": str(harness.Path(harness.leapdecode.__file__).resolve().parent.parent),
+               "--short": "abc1234", "--porcelain": " M leapdecode/x.py"}
+
+    def fake_run(args, **kwargs):
+        out = next((v for k, v in answers.items() if k in args), "")
+        return subprocess.CompletedProcess(args, 0, stdout=out + "\n", stderr="")
+
+    monkeypatch.setattr(harness.subprocess, "run", fake_run)
+    assert harness.source_commit() == "abc1234-dirty"
+    answers["--porcelain"] = ""
+    assert harness.source_commit() == "abc1234"
+    answers["--show-toplevel"] = str(tmp_path)  # a checkout of something else around an installed package
+    assert harness.source_commit() is None
+
+
+def _write_old_run(folder, samples) -> None:
+    """A run as an older version wrote it: full method strings, no date, commit or version."""
+    folder.mkdir()
+    (folder / "samples.jsonl").write_text("".join(json.dumps(s.to_dict()) + "\n" for s in samples))
+    meta = {"model": "m", "weights": "torch float32", "dataset": "d", "limit": "1", "max_new_tokens": 8, "threads": 2,
+            "prompts": 2, "machine": "cpu, 2 cores, no GPU, torch 2, 2 threads", "backend": "torch"}
+    (folder / "summary.json").write_text(json.dumps({"meta": meta, "results": []}))
+
+
+def test_report_re_renders_an_old_run_with_the_current_labels(tmp_path) -> None:
+    from typer.testing import CliRunner
+
+    from leapdecode.cli import app
+
+    samples = [
+        sample("ar", "a", "qa", 2.0), sample("ar", "b", "humaneval", 4.0),
+        sample("anpd:n=5,k=7,cost_aware=True", "a", "qa", 1.0, passes=5, drafted=14, accepted=5, equal=True),
+        sample("anpd:n=5,k=7,cost_aware=True", "b", "humaneval", 2.0, passes=4, drafted=14, accepted=6, equal=True),
+        sample("hf", "a", "qa", 2.0, equal=False, diff=4), sample("hf", "b", "humaneval", 4.0, equal=True),
+    ]
+    run = tmp_path / "run"
+    _write_old_run(run, samples)
+    again = tmp_path / "again"
+    result = CliRunner().invoke(app, ["report", str(run), "--out", str(again)], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    table = (again / "results.md").read_text()
+    assert "| `anpd` |" in table and "cost_aware" not in table
+    assert "Lossless check: all 2 samples equal plain decoding" in table and "Peers that differ from plain decoding: 1 of 2" in table
+    meta = json.loads((again / "summary.json").read_text())["meta"]
+    assert "date" not in meta and "commit" not in meta  # not invented
+    assert (again / "speedup_by_category.png").stat().st_size > 0 and (again / "accepted_lengths.png").stat().st_size > 0
+    assert [json.loads(line)["method"] for line in (again / "samples.jsonl").read_text().splitlines()] == [s.method for s in samples]
+    assert not (run / "results.md").exists()  # --out leaves the run's folder as it was
+
+    result = CliRunner().invoke(app, ["report", str(run), "--date", "2025-05-06T07:08:09+00:00", "--commit", "0ba77a7"])
+    assert result.exit_code == 0, result.output
+    meta = json.loads((run / "summary.json").read_text())["meta"]
+    assert meta["date"] == "2025-05-06T07:08:09+00:00" and meta["commit"] == "0ba77a7"
+    assert "Run 2025-05-06T07:08:09+00:00, commit 0ba77a7." in (run / "results.md").read_text()

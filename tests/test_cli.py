@@ -40,16 +40,18 @@ def test_generate_samples_reproducibly_with_a_seed() -> None:
     first, second = runner.invoke(app, args), runner.invoke(app, args)
     assert first.exit_code == 0, first.output
     assert first.stdout == second.stdout and first.stdout.strip()  # stdout is the text alone
+    plain = runner.invoke(app, ["generate", "--method", "ar", *args[3:]])
+    assert plain.stdout == first.stdout  # the same seed, the same text, whatever was drafted
     assert "anpd-tree:" in first.stderr and "anpd-tree:" not in first.stdout
     bad = runner.invoke(app, ["generate", "--temperature", "0.5", "--top-p", "1.5", "hi"])
     assert bad.exit_code == 2 and "top_p" in bad.output
 
 
 def test_forward_cost_command(tmp_path) -> None:
-    result = runner.invoke(app, ["forward-cost", "--tokens", "1,4", "--context", "20", "--repeats", "1", "--out", str(tmp_path)])
+    result = runner.invoke(app, ["forward-cost", "--tokens", "1,4", "--context", "20", "--repeats", "1", "--dtype", "float32", "--out", str(tmp_path)])
     assert result.exit_code == 0, result.output
     table = (tmp_path / "forward_cost.md").read_text()
-    assert "| 4 |" in table and "row-exact" in table and "nn.Linear" in table and "(torch float32 row-exact)" in table
+    assert "| 4 |" in table and "row-exact" in table and "nn.Linear" in table and "(torch float32 row-exact" in table
     assert (tmp_path / "forward_cost.png").stat().st_size > 0
 
 

@@ -9,9 +9,9 @@ import pytest
 from leapdecode.drafters import Draft, Drafter
 from leapdecode.drafters.cost_aware import AcceptanceEstimate, CostAwareDrafter
 from leapdecode.engine import cost as cost_module
-from leapdecode.engine.backend import Sequence as CacheSequence
+from leapdecode.engine.backend import CacheState
 from leapdecode.engine.cost import ForwardCost, measure_forward_cost, nondecreasing_fit
-from tests.conftest import GREEDY
+from tests.helpers import GREEDY
 
 
 def test_flat_cost_keeps_every_token_a_linear_cost_keeps_only_sure_ones() -> None:
@@ -86,7 +86,7 @@ def test_a_decoders_greedy_requests_share_what_cutting_learned() -> None:
 
     cost = ForwardCost((0.047, 0.070, 0.093, 0.115, 0.155))
     greedy, sampled = SamplingParams(), SamplingParams(temperature=0.8)
-    factory = cost_aware_factory(lambda sampling, generator: FixedDrafter([5, 6, 7, 8], evidence=(9, 9, 9, 9)), cost)
+    factory = cost_aware_factory(lambda sampling, noise: FixedDrafter([5, 6, 7, 8], evidence=(9, 9, 9, 9)), cost)
     first = factory(greedy, None)
     first.reset([1, 2])
     first.propose(10)
@@ -99,7 +99,7 @@ def test_a_decoders_greedy_requests_share_what_cutting_learned() -> None:
     second.propose(10)
     assert second.estimate is first.estimate and second.kept_lengths == [0]
     # a sampled request starts afresh: its drafts, so its draws, depend on its prompt and seed only
-    for fresh in (factory(sampled, None), cost_aware_factory(lambda sampling, generator: FixedDrafter([5, 6]), cost)(greedy, None)):
+    for fresh in (factory(sampled, None), cost_aware_factory(lambda sampling, noise: FixedDrafter([5, 6]), cost)(greedy, None)):
         fresh.reset([3, 4])
         fresh.propose(10)
         assert fresh.estimate is not first.estimate and fresh.kept_lengths[-1] > 0
@@ -110,7 +110,7 @@ def test_cost_aware_anpd_equals_plain_greedy_on_tiny_models(tiny_model, curve) -
     from leapdecode.drafters import AnpdDrafter
     from leapdecode.engine import StopCriteria, TorchBackend, decode
     from leapdecode.engine.reference import greedy_reference
-    from tests.conftest import prompts
+    from tests.helpers import prompts
 
     drafted = 0
     for prompt in prompts(8):
@@ -136,7 +136,7 @@ def test_tree_methods_cut_by_a_curve_of_tree_passes_cached_apart_from_chains(tin
     from leapdecode.engine import TorchBackend
     from leapdecode.methods import parse_method
     from leapdecode.methods.base import cached_cost
-    from tests.conftest import tiny_lm
+    from tests.helpers import tiny_lm
 
     lm, backend, quiet = tiny_lm(tiny_model), TorchBackend(tiny_model), (lambda m: None)
     chain = cached_cost(lm, backend, 5, quiet)
@@ -166,15 +166,15 @@ class ClockedBackend:
     def __init__(self, clock: list[float], slow: int) -> None:
         self.clock, self.slow, self.passes = clock, slow, 0
 
-    def prefill(self, prompt_ids: list[int]) -> tuple[CacheSequence, None]:
-        return CacheSequence(cache=None, length=len(prompt_ids)), None
+    def prefill(self, prompt_ids: list[int]) -> tuple[CacheState, None]:
+        return CacheState(cache=None, length=len(prompt_ids)), None
 
-    def forward(self, seq: CacheSequence, token_ids: list[int], **kwargs: object) -> None:
+    def forward(self, seq: CacheState, token_ids: list[int], **kwargs: object) -> None:
         self.passes += 1
         self.clock[0] += len(token_ids) + (50.0 if self.slow <= self.passes < self.slow + 3 else 0.0)
         seq.length += len(token_ids)
 
-    def rollback(self, seq: CacheSequence, length: int) -> None:
+    def rollback(self, seq: CacheState, length: int) -> None:
         seq.length = length
 
 

@@ -13,13 +13,14 @@ import torch
 from leapdecode import wrap
 from leapdecode.drafters import DraftModelDrafter
 from leapdecode.engine import StopCriteria, TorchBackend, decode
-from leapdecode.engine.reference import greedy_reference
+from leapdecode.engine.noise import PositionNoise
+from leapdecode.engine.reference import greedy_reference, sample_reference
 from leapdecode.errors import MethodError, ModelLoadError
 from leapdecode.methods import DraftModel, parse_method
 from leapdecode.models import LoadedModel
 from leapdecode.verifiers import SamplingParams, verify_speculative
-from tests.conftest import GREEDY, TINY_VOCAB, make_tiny_model
-from tests.conftest import assert_follows_exact, exact_joint, prompts
+from tests.helpers import GREEDY, TINY_VOCAB, make_tiny_model
+from tests.helpers import assert_follows_exact, exact_joint, prompts, sampled_tokens
 
 VARIANTS = [
     dict(k=4),
@@ -99,22 +100,28 @@ def test_threshold_stops_the_draft_after_a_doubtful_token(random_draft) -> None:
     assert max(lengths) < 8  # a random draft model is rarely 99% sure
 
 
-def test_draft_model_sampling_keeps_the_target_distribution(tiny_model) -> None:
-    # q close to p but not equal: the target with noise on its output layer
-    draft = copy.deepcopy(tiny_model)
+def _noisy_copy(model, scale: float = 1.0):
+    """q close to p but not equal: the model with noise on its output layer."""
+    draft = copy.deepcopy(model)
     with torch.no_grad():
         head = draft.get_output_embeddings().weight
-        head.add_(torch.randn(head.shape, generator=torch.Generator().manual_seed(2)) * head.std())
+        head.add_(torch.randn(head.shape, generator=torch.Generator().manual_seed(2)) * head.std() * scale)
+    return draft
+
+
+@pytest.mark.parametrize("coupled", [True, False])
+def test_draft_model_sampling_keeps_the_target_distribution(tiny_model, coupled: bool) -> None:
+    draft = _noisy_copy(tiny_model)
     prompt = list(range(2, TINY_VOCAB)) + [7, 8, 9]
     params = SamplingParams(temperature=1.5, top_k=3)
     exact = exact_joint(tiny_model, prompt, params, 3)
-    g = torch.Generator().manual_seed(11)
-    verifier = functools.partial(verify_speculative, params=params, generator=g)
     counts: dict[tuple[int, ...], int] = {}
     draws = 600
     accepted = drafted = 0
     for i in range(draws):
-        drafter = DraftModelDrafter(TorchBackend(draft), k=3, sampling=params, generator=g, cascade_n=3 if i % 2 else 0)
+        noise = PositionNoise(11_000 + i)
+        verifier = functools.partial(verify_speculative, params=params, noise=noise)
+        drafter = DraftModelDrafter(TorchBackend(draft), k=3, sampling=params, noise=noise, coupled=coupled, cascade_n=3 if i % 2 else 0)
         steps = list(decode(TorchBackend(tiny_model), prompt, drafter, StopCriteria(frozenset(), 3), verifier, GREEDY[1]))
         key = tuple(t for s in steps for t in s.tokens)
         counts[key] = counts.get(key, 0) + 1
@@ -124,9 +131,23 @@ def test_draft_model_sampling_keeps_the_target_distribution(tiny_model) -> None:
     assert drafted > 0 and 0 < accepted < drafted
 
 
+def test_coupled_draft_model_sampling_equals_plain_sampling(tiny_model) -> None:
+    """Coupled, the draft model chooses with the target's own uniforms: the text is plain
+    sampling's with the same seed, token for token (with and without the cascade)."""
+    draft = _noisy_copy(tiny_model, 0.5)
+    for i, prompt in enumerate(prompts(3, seed=31)):
+        params = SamplingParams(0.8, top_k=8) if i % 2 else SamplingParams(1.0, top_p=0.9)
+        for seed in range(40 * i, 40 * i + 2):  # the drafter shares the request's noise: one per seed
+            expected = sample_reference(tiny_model, prompt, 20, params, PositionNoise(seed))
+            drafter = DraftModelDrafter(
+                TorchBackend(draft), k=4, sampling=params, noise=PositionNoise(seed), coupled=True, cascade_n=3 * (i % 2),
+            )
+            assert sampled_tokens(tiny_model, prompt, params, drafter, seed, 20) == expected
+
+
 def test_sampled_drafts_carry_q_rows_of_the_draft_distribution(tiny_model) -> None:
     params = SamplingParams(temperature=0.8, top_p=0.9)
-    drafter = DraftModelDrafter(TorchBackend(tiny_model), k=4, sampling=params, generator=torch.Generator().manual_seed(0))
+    drafter = DraftModelDrafter(TorchBackend(tiny_model), k=4, sampling=params, noise=PositionNoise(0), coupled=False)
     drafter.reset([3, 4, 5])
     with torch.inference_mode():
         draft = drafter.propose(10)
@@ -147,7 +168,7 @@ def test_a_draft_model_with_another_vocabulary_is_refused(tiny_model) -> None:
 
 def test_draft_method_parameters_are_validated() -> None:
     assert str(parse_method("draft:model=qwen2.5-coder-0.5b,k=5,cascade=true")) == (
-        "draft:model=qwen2.5-coder-0.5b,k=5,schedule=constant,threshold=0.0,cascade=True"
+        "draft:model=qwen2.5-coder-0.5b,k=5,schedule=constant,threshold=0.0,cascade=True,coupled=True"
     )
     for bad in ("draft:k=0", "draft:schedule=sometimes", "draft:threshold=1.5", "draft:cascade=maybe"):
         with pytest.raises(MethodError):

@@ -22,8 +22,8 @@ from leapdecode.engine.reference import agreement, full_model_predictions, greed
 from leapdecode.errors import MethodError
 from leapdecode.methods import parse_method
 from leapdecode.models import LoadedModel
-from tests.conftest import GREEDY, make_tiny_model
-from tests.conftest import prompts as tiny_prompts
+from tests.helpers import GREEDY, make_tiny_model
+from tests.helpers import prompts as tiny_prompts
 
 LAYERS = 6
 
@@ -298,7 +298,7 @@ def test_calibrate_commands_on_the_real_model(real_lm, tmp_path, monkeypatch) ->
     monkeypatch.setattr("leapdecode.models.default_cache_dir", lambda: tmp_path)
     runner = CliRunner()
     out = tmp_path / "calibration.json"
-    result = runner.invoke(app, ["calibrate", "layer-skip", "-n", "4", "--fractions", "0.1", "--out", str(out)])
+    result = runner.invoke(app, ["calibrate", "layer-skip", "-n", "4", "--fractions", "0.1", "--dtype", "float32", "--out", str(out)])
     assert result.exit_code == 0, result.output
     saved = json.loads(out.read_text())
     assert saved["num_layers"] == 30 and len(saved["trials"]) == 1 and saved["skip"]
@@ -307,7 +307,7 @@ def test_calibrate_commands_on_the_real_model(real_lm, tmp_path, monkeypatch) ->
     fast = wrap(real_lm, "self-spec")
     assert fast.backend.draft_layers == tuple(i for i in range(30) if i not in parse_layer_set(saved["skip"]))
     assert fast.generate(REAL_PROMPTS[0], max_new_tokens=12).token_ids == wrap(real_lm, "ar").generate(REAL_PROMPTS[0], max_new_tokens=12).token_ids
-    result = runner.invoke(app, ["calibrate", "calm", "-n", "4", "--first", "20", "--every", "4", "--epsilon", "0.1"])
+    result = runner.invoke(app, ["calibrate", "calm", "-n", "4", "--first", "20", "--every", "4", "--epsilon", "0.1", "--dtype", "float32"])
     assert result.exit_code == 0, result.output
     assert "calm:threshold=" in result.stdout
     bad = runner.invoke(app, ["calibrate", "calm", "--measure", "entropy"])
@@ -320,19 +320,21 @@ def test_self_drafting_with_sampling_keeps_the_distribution(deep_model) -> None:
     import functools
 
     from leapdecode.verifiers import SamplingParams, verify_speculative
-    from tests.conftest import assert_follows_exact, exact_joint
+    from tests.helpers import assert_follows_exact, exact_joint
 
     prompt = [5, 17, 33, 5, 17, 40, 8]
     params = SamplingParams(temperature=1.5, top_k=3)
     exact = exact_joint(deep_model, prompt, params, 3)
+    from leapdecode.engine.noise import PositionNoise
+
     draws = 500
-    g = torch.Generator().manual_seed(3)
-    verifier = functools.partial(verify_speculative, params=params, generator=g)
     backend = SelfDraftBackend(deep_model, (0, 1, 2, 4))
     counts: dict[tuple[int, ...], int] = {}
     drafted = 0
-    for _ in range(draws):
-        drafter = SelfDrafter(k=3, sampling=params, generator=g)
+    for i in range(draws):
+        noise = PositionNoise(3_000 + i)
+        verifier = functools.partial(verify_speculative, params=params, noise=noise)
+        drafter = SelfDrafter(k=3, sampling=params, noise=noise, coupled=i % 2 == 0)
         steps = list(decode(backend, prompt, drafter, StopCriteria(frozenset(), 3), verifier, GREEDY[1]))
         key = tuple(t for s in steps for t in s.tokens)
         counts[key] = counts.get(key, 0) + 1

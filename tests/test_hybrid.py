@@ -18,7 +18,7 @@ from leapdecode.engine import StopCriteria, TorchBackend, compile_tree, decode
 from leapdecode.engine.cost import ForwardCost
 from leapdecode.methods import parse_method
 from leapdecode.verifiers import SamplingParams, verify_greedy, verify_tree_greedy
-from tests.conftest import drafted_matching_plain, sample_sequences, assert_follows_exact, exact_joint, prompts
+from tests.helpers import drafted_matching_plain, sample_sequences, assert_follows_exact, exact_joint, prompts
 
 STEEP = ForwardCost((0.047, 0.070, 0.093, 0.115, 0.155, 0.195, 0.236, 0.278))
 FLAT = ForwardCost((1.0,) * 8)

@@ -13,8 +13,8 @@ from leapdecode.drafters import AnpdDrafter
 from leapdecode.engine import StopCriteria, TorchBackend, decode
 from leapdecode.engine.reference import greedy_reference
 from leapdecode.models import SmallBatchLinear, use_small_batch_linear
-from tests.conftest import GREEDY, make_tiny_model
-from tests.conftest import prompts
+from tests.helpers import GREEDY, make_tiny_model
+from tests.helpers import prompts
 
 
 @pytest.mark.parametrize("bias", [True, False])

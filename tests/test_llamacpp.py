@@ -16,7 +16,9 @@ from leapdecode.engine.cost import measure_forward_cost
 from leapdecode.engine.llamacpp_backend import LlamaCppBackend
 from leapdecode.errors import MethodError, ModelLoadError
 from leapdecode.models import load_model
-from tests.conftest import GREEDY, ScriptedDrafter
+from tests.helpers import GREEDY, ScriptedDrafter
+
+pytestmark = [pytest.mark.llamacpp, pytest.mark.real_model]
 
 PROMPTS = [
     "def fibonacci(n):\n    if n < 2:\n        return n\n    return",

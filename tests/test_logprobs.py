@@ -8,7 +8,7 @@ import torch
 
 from leapdecode.api import Decoder
 from leapdecode.errors import InputError
-from tests.conftest import make_tiny_model, prompts, tiny_lm
+from tests.helpers import make_tiny_model, prompts, tiny_lm
 
 METHODS = ["ar", "anpd:n=3,k=6,cost_aware=false", "pld", "anpd-tree", "lookahead", "draft:k=3"]
 

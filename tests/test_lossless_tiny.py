@@ -12,7 +12,7 @@ import torch
 from leapdecode.drafters import AnpdDrafter, NoDrafter, PromptLookupDrafter
 from leapdecode.engine import StopCriteria, TorchBackend, decode
 from leapdecode.engine.reference import greedy_reference
-from tests.conftest import GREEDY, TINY_VOCAB, ScriptedDrafter, prompts
+from tests.helpers import GREEDY, TINY_VOCAB, ScriptedDrafter, prompts
 
 EOS = 1
 

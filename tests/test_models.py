@@ -11,7 +11,7 @@ from leapdecode import load_model, wrap
 from leapdecode.engine.reference import greedy_reference
 from leapdecode.errors import ModelLoadError
 from leapdecode.models import presets
-from tests.conftest import make_tiny_model
+from tests.helpers import make_tiny_model
 
 QUIET = dict(log=lambda msg: None)
 
@@ -161,12 +161,11 @@ def test_dtype_names_auto_and_bad_values(tmp_path, real_lm, monkeypatch) -> None
     from leapdecode.models import loading
 
     cpu = torch.device("cpu")
-    assert loading.resolve_dtype("bfloat16", cpu) is torch.bfloat16
-    assert loading.resolve_dtype(torch.float16, cpu) is torch.float16
     monkeypatch.setattr(loading, "cpu_flags", lambda: frozenset({"avx2", "avx512_bf16"}))
-    assert loading.resolve_dtype("auto", cpu) is torch.bfloat16
+    assert loading.hardware_of(cpu).native_bf16 and not loading.hardware_of(cpu).native_fp16
     monkeypatch.setattr(loading, "cpu_flags", lambda: frozenset({"avx2"}))  # bf16 would be emulated: slower
-    assert loading.resolve_dtype("auto", cpu) is torch.float32
+    assert not loading.hardware_of(cpu).native_bf16
+    monkeypatch.undo()
     with pytest.raises(ModelLoadError, match="unknown dtype 'fp8'"):
         load_model("smollm2-135m", dtype="fp8", **QUIET)
     folder = save_tiny_folder(tmp_path, real_lm)

@@ -21,8 +21,8 @@ from leapdecode.engine import StopCriteria, TorchBackend, compile_tree, decode
 from leapdecode.engine.reference import greedy_reference
 from leapdecode.methods import parse_method
 from leapdecode.verifiers import SamplingParams, verify_speculative, verify_tree_speculative
-from tests.conftest import assert_follows_exact, exact_joint, prompts
-from tests.conftest import GREEDY
+from tests.helpers import assert_follows_exact, assert_sampled_like_plain, exact_joint, prompts, sample_sequences
+from tests.helpers import GREEDY
 
 DRAFTERS = {
     "jacobi-sliding-repeat": lambda: JacobiDrafter(block=6, mode="sliding", init="repeat"),
@@ -138,13 +138,8 @@ def test_sampling_with_parallel_drafts_keeps_the_distribution(tiny_model, name) 
     prompt = [7, 8, 9, 7, 8, 9, 7, 8]
     params = SamplingParams(temperature=1.5, top_k=3)
     exact = exact_joint(tiny_model, prompt, params, 3)
-    g = torch.Generator().manual_seed(11)
-    verifier = functools.partial(verify_speculative, params=params, generator=g)
-    tree_verifier = functools.partial(verify_tree_speculative, params=params, generator=g)
     draws = 600
-    counts: dict[tuple[int, ...], int] = {}
-    for _ in range(draws):
-        steps = list(decode(TorchBackend(tiny_model), prompt, DRAFTERS[name](), StopCriteria(frozenset(), 3), verifier, tree_verifier))
-        key = tuple(t for s in steps for t in s.tokens)
-        counts[key] = counts.get(key, 0) + 1
+    counts = sample_sequences(tiny_model, prompt, params, DRAFTERS[name], draws=draws, length=3, seed=11)
     assert_follows_exact(counts, exact, draws)
+    # and each seeded run is plain sampling's, token for token
+    assert_sampled_like_plain(tiny_model, prompt, SamplingParams(0.9, top_p=0.9), DRAFTERS[name], seeds=range(3), length=16)

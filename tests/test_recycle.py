@@ -15,7 +15,7 @@ from leapdecode.drafters.recycle import RecycleDrafter, RecycleTable
 from leapdecode.engine import StopCriteria, TorchBackend, compile_tree, decode
 from leapdecode.methods import parse_method
 from leapdecode.verifiers import SamplingParams, verify_greedy, verify_tree_greedy
-from tests.conftest import drafted_matching_plain, sample_sequences, assert_follows_exact, exact_joint, prompts
+from tests.helpers import drafted_matching_plain, sample_sequences, assert_follows_exact, exact_joint, prompts
 
 
 def test_the_drafted_tree_follows_the_table_wide_at_the_root() -> None:

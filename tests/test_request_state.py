@@ -10,7 +10,7 @@ import torch
 from leapdecode.api import Decoder
 from leapdecode.engine import TreeMaskBuffer, compile_tree
 from leapdecode.models import LoadedModel
-from tests.conftest import make_tiny_model, tiny_lm
+from tests.helpers import make_tiny_model, tiny_lm
 
 
 def test_tree_mask_buffer_equals_the_whole_mask_pass_after_pass() -> None:
@@ -54,7 +54,7 @@ def test_fingerprint_follows_the_weights_not_the_name(tmp_path) -> None:
 
 
 def test_hf_assisted_peer_leaves_the_shared_draft_model_alone() -> None:
-    from leapdecode.bench.runner import HfRunner
+    from leapdecode.bench.peers import HfRunner
     from leapdecode.methods import parse_method
 
     target, draft = make_tiny_model(seed=0), make_tiny_model(seed=1)
@@ -90,18 +90,22 @@ def test_every_verifier_makes_one_host_transfer() -> None:
     from leapdecode.engine.sampling import SamplingParams
     from leapdecode.verifiers import verify_greedy, verify_speculative, verify_tree_greedy, verify_tree_speculative
 
-    g = torch.Generator().manual_seed(0)
+    from leapdecode.engine.noise import PositionNoise
+
+    g = PositionNoise(0)
     logits = torch.randn(5, 50)  # [D+1, vocab]
     tree = compile_tree((-1, -1, 0, 2))
     params = SamplingParams(temperature=0.8, top_p=0.9)
     calls = {
         "greedy": lambda: verify_greedy([3, 4, 5, 6], logits),
-        "speculative": lambda: verify_speculative([3, 4, 5, 6], logits, None, params, g),
-        "speculative with q": lambda: verify_speculative([3, 4, 5, 6], logits, torch.softmax(torch.randn(4, 50), -1), params, g),
+        "speculative": lambda: verify_speculative([3, 4, 5, 6], logits, None, params, g, position=3),
+        "speculative with q": lambda: verify_speculative([3, 4, 5, 6], logits, torch.softmax(torch.randn(4, 50), -1), params, g, position=3),
+        "speculative, logprobs": lambda: verify_speculative([3, 4, 5, 6], logits, None, params, g, position=3, logprobs=2),
         "tree greedy": lambda: verify_tree_greedy([3, 4, 5, 6], tree, logits),
         "greedy, candidates and logprobs": lambda: verify_greedy([3, 4, 5, 6], logits, logprobs=2, candidates=4),
         "tree greedy, candidates": lambda: verify_tree_greedy([3, 4, 5, 6], tree, logits, candidates=4),
-        "tree speculative": functools.partial(verify_tree_speculative, [3, 4, 5, 6], tree, logits, params, g),
+        "tree speculative": functools.partial(verify_tree_speculative, [3, 4, 5, 6], tree, logits, params, g, position=3),
+        "tree speculative, logprobs": functools.partial(verify_tree_speculative, [3, 4, 5, 6], tree, logits, params, g, position=3, logprobs=2),
     }
     for name, call in calls.items():
         with CountTransfers() as counter:

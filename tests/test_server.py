@@ -30,7 +30,7 @@ def free_port() -> int:
 def server():
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "leapdecode", "serve", "--model", MODEL, "--port", str(port), "--max-queue", "4", "--timeout", "60"],
+        [sys.executable, "-m", "leapdecode", "serve", "--model", MODEL, "--dtype", "float32", "--port", str(port), "--max-queue", "4", "--timeout", "60"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
     url = f"http://127.0.0.1:{port}"
@@ -135,6 +135,12 @@ def test_per_request_method_and_seeded_sampling(client) -> None:
     s1 = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=16, temperature=0.9, seed=7)
     s2 = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=16, temperature=0.9, seed=7)
     assert s1.choices[0].message.content == s2.choices[0].message.content
+    # a seed gives the same text whatever the method drafted: plain sampling's
+    for method in ("ar", "suffix", "anpd-tree"):
+        s3 = client.chat.completions.create(
+            model=MODEL, messages=messages, max_tokens=16, temperature=0.9, seed=7, extra_body={"leapdecode": {"method": method}},
+        )
+        assert s3.choices[0].message.content == s1.choices[0].message.content, method
 
 
 @pytest.mark.parametrize(

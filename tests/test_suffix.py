@@ -15,7 +15,7 @@ from leapdecode.drafters.suffix import SuffixAutomaton, SuffixDrafter, SuffixInd
 from leapdecode.engine import StopCriteria, TorchBackend, decode
 from leapdecode.methods import parse_method
 from leapdecode.verifiers import SamplingParams
-from tests.conftest import drafted_matching_plain, sample_sequences, GREEDY, assert_follows_exact, exact_joint, prompts, tiny_lm
+from tests.helpers import drafted_matching_plain, sample_sequences, GREEDY, assert_follows_exact, exact_joint, prompts, tiny_lm
 
 streams = st.lists(st.integers(0, 3), min_size=1, max_size=60)
 

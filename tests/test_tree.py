@@ -12,8 +12,9 @@ import torch
 from leapdecode.drafters import Draft, Drafter
 from leapdecode.engine import StopCriteria, TorchBackend, chain_parents, compile_tree, decode, keep_cache_entries
 from leapdecode.engine.reference import greedy_reference
+from leapdecode.engine.noise import PositionNoise
 from leapdecode.verifiers import SamplingParams, verify_speculative, verify_tree_greedy, verify_tree_speculative
-from tests.conftest import GREEDY, TINY_VOCAB
+from tests.helpers import GREEDY, TINY_VOCAB
 from tests.test_sampling import assert_follows_exact, exact_joint, tv, tv_bound
 
 #        root
@@ -107,11 +108,10 @@ def test_tree_speculative_sampling_keeps_p_over_siblings() -> None:
     tokens = torch.tensor([1, 4, 0])
     logits = p.log().expand(4, -1)
     params = SamplingParams(temperature=1.0)
-    g = torch.Generator().manual_seed(0)
     draws = 8000
     counts = torch.zeros(5)
-    for _ in range(draws):
-        kept = verify_tree_speculative(tokens, tree, logits, params, g).tokens
+    for i in range(draws):
+        kept = verify_tree_speculative(tokens, tree, logits, params, PositionNoise(i), position=0).tokens
         counts[int(kept[0])] += 1
     assert tv(counts / draws, p) <= tv_bound(p, draws)
 
@@ -144,13 +144,13 @@ def test_tree_sampling_end_to_end_keeps_the_sequence_distribution(tiny_model) ->
     prompt = [7, 8, 9, 10]
     params = SamplingParams(temperature=2.0, top_k=4)
     exact = exact_joint(tiny_model, prompt, params, 3)
-    g = torch.Generator().manual_seed(3)
-    verifier = functools.partial(verify_speculative, params=params, generator=g)
-    tree_verifier = functools.partial(verify_tree_speculative, params=params, generator=g)
     draws = 1200
     counts: dict[tuple[int, ...], int] = {}
     accepted = second_child = 0
-    for _ in range(draws):
+    for i in range(draws):
+        noise = PositionNoise(3_000 + i)
+        verifier = functools.partial(verify_speculative, params=params, noise=noise)
+        tree_verifier = functools.partial(verify_tree_speculative, params=params, noise=noise)
         steps = list(decode(TorchBackend(tiny_model), prompt, ModelTree(tiny_model), StopCriteria(frozenset(), 3), verifier, tree_verifier))
         key = tuple(t for s in steps for t in s.tokens)
         counts[key] = counts.get(key, 0) + 1

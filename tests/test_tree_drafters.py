@@ -21,7 +21,7 @@ from leapdecode.drafters.rest import KEY, sort_suffixes
 from leapdecode.engine import StopCriteria, TorchBackend, decode
 from leapdecode.engine.reference import greedy_reference
 from leapdecode.methods import parse_method
-from tests.conftest import GREEDY, TINY_VOCAB
+from tests.helpers import GREEDY, TINY_VOCAB
 from tests.test_lossless_tiny import prompts
 
 

@@ -13,6 +13,8 @@ from types import TracebackType
 import psutil
 import torch
 
+from leapdecode.models import LoadedModel
+
 MB = 1024 * 1024
 
 
@@ -20,6 +22,15 @@ def parameter_mb(model: torch.nn.Module) -> float:
     """Bytes held by a model's parameters and buffers, in MiB."""
     tensors = [*model.parameters(), *model.buffers()]
     return sum(t.numel() * t.element_size() for t in tensors) / MB
+
+
+def weights_mb(lm: LoadedModel) -> float:
+    """Memory of a model's parameters: float tensors for PyTorch, the GGUF file for llama.cpp."""
+    if lm.backend == "llama.cpp":
+        from leapdecode.models.llamacpp import parameter_mb as gguf_mb
+
+        return gguf_mb(lm.model)
+    return parameter_mb(lm.model)
 
 
 class PeakRss:

@@ -12,11 +12,13 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from leapdecode.bench.labels import short_label  # noqa: E402
 from leapdecode.bench.report import CATEGORY_TITLES, aggregate, categories_in, methods_in  # noqa: E402
 from leapdecode.bench.runner import BASELINE, Sample  # noqa: E402
 
 
 def speedup_by_category(samples: Sequence[Sample], path: Path, title: str) -> Path:
+    """Speed-up of each method per category and overall, methods by their short labels."""
     aggs = aggregate(samples)
     cats = [*categories_in(samples), "overall"]
     methods = [m for m in methods_in(samples) if m != BASELINE]
@@ -25,7 +27,7 @@ def speedup_by_category(samples: Sequence[Sample], path: Path, title: str) -> Pa
     x = np.arange(len(cats))
     for i, method in enumerate(methods):
         values = [aggs[(method, c)].speedup if (method, c) in aggs else 0.0 for c in cats]
-        bars = ax.bar(x + (i - (len(methods) - 1) / 2) * width, values, width, label=method)
+        bars = ax.bar(x + (i - (len(methods) - 1) / 2) * width, values, width, label=short_label(method))
         ax.bar_label(bars, fmt="%.2f", fontsize=7, padding=1)
     ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--", label="plain decoding")
     ax.set_xticks(x, [CATEGORY_TITLES.get(c, c.title()) for c in cats])
@@ -49,7 +51,8 @@ def accepted_length_histogram(samples: Sequence[Sample], path: Path, title: str)
     width = 0.8 / max(1, len(methods))
     for i, method in enumerate(methods):
         total = sum(counts[method].values()) or 1
-        ax.bar(x + (i - (len(methods) - 1) / 2) * width, [100 * counts[method][n] / total for n in x], width, label=method)
+        shares = [100 * counts[method][n] / total for n in x]
+        ax.bar(x + (i - (len(methods) - 1) / 2) * width, shares, width, label=short_label(method))
     ax.set_xticks(x)
     ax.set_xlabel("tokens emitted per forward pass (accepted drafts + bonus token)")
     ax.set_ylabel("% of forward passes")

@@ -17,7 +17,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from leapdecode.bench.runner import group_method_strings
+from leapdecode.bench.entries import group_method_strings
+from leapdecode.bench.labels import short_label
 from leapdecode.errors import MethodError
 from leapdecode.integrations.vllm_run import VllmResult, VllmRun, run_in_subprocess
 from leapdecode.integrations.vllm_setup import vllm_method
@@ -110,7 +111,7 @@ def vllm_table(rows: Sequence[VllmRow], categories: Sequence[str]) -> str:
     for r in rows:
         res = r.result
         ratio = res.tokens_per_second / base[r.concurrency] if base.get(r.concurrency) else 0.0
-        lines.append(f"| {r.concurrency} | `{r.label}` | {res.tokens_per_second:.1f} | {ratio:.2f}x | "
+        lines.append(f"| {r.concurrency} | `{short_label(r.label)}` | {res.tokens_per_second:.1f} | {ratio:.2f}x | "
                      f"{res.mean_acceptance_length:.2f} | {res.latency_p50:.2f} | {r.identical}/{len(res.outputs)} |")
     singles = [r for r in rows if r.concurrency == 1 and len(r.result.latencies) == len(categories)]
     if singles:
@@ -120,7 +121,7 @@ def vllm_table(rows: Sequence[VllmRow], categories: Sequence[str]) -> str:
         rates = {r.label: _category_rates(r.result, categories) for r in singles}
         for r in singles:
             cells = [f"{rates[r.label][c] / rates[PLAIN][c]:.2f}x" if rates.get(PLAIN, {}).get(c) else "–" for c in names]
-            lines.append(f"| `{r.label}` | " + " | ".join(cells) + " |")
+            lines.append(f"| `{short_label(r.label)}` | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 

@@ -38,9 +38,13 @@ def bench(
     plot: Annotated[bool, typer.Option("--plots/--no-plots", help="Write PNG plots.")] = True,
     backend: BackendOpt = "torch",
     repeats: Annotated[int, typer.Option("--repeats", help="Timed runs per method and prompt (median; the overall speed-up shows the spread).")] = 1,
-    dtype: DtypeOpt = "float32",
+    dtype: DtypeOpt = "auto",
     row_exact: RowExactOpt = None,
-    quantize: QuantizeOpt = "none",
+    quantize: QuantizeOpt = "auto",
+    temperature: Annotated[float, typer.Option("--temperature", help="0: greedy; above 0: every method samples prompt i with seed SEED+i (lossless methods must give plain sampling's text).")] = 0.0,
+    top_k: Annotated[int, typer.Option("--top-k", help="Sample from the k most likely tokens (0: off).")] = 0,
+    top_p: Annotated[float, typer.Option("--top-p", help="Sample from the smallest set of tokens with this much probability (1: off).")] = 1.0,
+    seed: Annotated[int, typer.Option("--seed", help="The first prompt's seed when sampling.")] = 0,
 ) -> None:
     """Run methods and peers side by side (interleaved, one run) and write tables and plots.
     `--backend`, `--dtype` and `--quantize` say what runs the model (and `ar`, the baseline); a
@@ -50,10 +54,13 @@ def bench(
     from leapdecode.bench import plots, report
     from leapdecode.bench.datasets import load_dataset
     from leapdecode.bench.harness import run_meta, run_with_progress, use_threads
-    from leapdecode.bench.runner import Variant, parse_entries
+    from leapdecode.bench.entries import Variant, parse_entries
     from leapdecode.models import LoadedModel
 
+    from leapdecode.engine.sampling import SamplingParams
+
     chosen = parse_entries(methods)
+    sampling = SamplingParams(temperature, top_k, top_p, seed)
     prompts = load_dataset(dataset, limit)
     if max_new_tokens <= 0:
         raise InputError(f"max_new_tokens must be a positive integer, got {max_new_tokens}")
@@ -71,14 +78,15 @@ def bench(
         return loaded[arguments]
 
     lm = loaded[own]
-    samples = run_with_progress(console, lm, chosen, prompts, max_new_tokens, load_variant, repeats=repeats)
+    samples = run_with_progress(console, lm, chosen, prompts, max_new_tokens, load_variant, repeats=repeats, sampling=sampling)
     meta = run_meta(lm.name, dataset, limit, max_new_tokens, n_threads, len(prompts), lm.describe)
     meta["backend"] = backend
     meta["repeats"] = repeats
+    meta["decoding"] = "greedy" if sampling.greedy else f"sampled: temperature {temperature}, top_k {top_k}, top_p {top_p}, seeds {seed}+"
     k = {**{str(e.method): e.method.draft_length for e in chosen}, **{e.label: e.method.draft_length for e in chosen}}
     paths = report.write_outputs(out, samples, meta, k)
     if plot:
-        title = f"{lm.name}, {len(prompts)} prompts, {max_new_tokens} new tokens, greedy"
+        title = f"{lm.name}, {len(prompts)} prompts, {max_new_tokens} new tokens, {meta['decoding']}"
         paths["speedup_plot"] = plots.speedup_by_category(samples, out / "speedup_by_category.png", title)
         paths["hist_plot"] = plots.accepted_length_histogram(samples, out / "accepted_lengths.png", title)
     console.print(Markdown(paths["table"].read_text(encoding="utf-8")))
@@ -89,27 +97,35 @@ def bench(
 
 @friendly
 def report_command(
-    out: Annotated[Path, typer.Argument(help="A `leapdecode bench` output folder.")],
+    run: Annotated[Path, typer.Argument(help="A `leapdecode bench` output folder (samples.jsonl and summary.json).")],
+    out: Annotated[Path | None, typer.Option("--out", help="Write the re-rendered outputs here instead of into RUN.")] = None,
     readme: Annotated[Path | None, typer.Option("--readme", help="Also write the compact table into this README's results section.")] = None,
+    date: Annotated[str | None, typer.Option("--date", help="The run's date (ISO), for a run recorded without one.")] = None,
+    commit: Annotated[str | None, typer.Option("--commit", help="The commit the run came from, for a run recorded without one.")] = None,
 ) -> None:
-    """Re-render results.md and the plots of a bench run from its samples.jsonl (no re-run)."""
+    """Re-render a bench run's results.md, summary.json and plots from its samples.jsonl with the
+    current labels and checks (no re-run). Meta the run did not record stays missing unless given."""
     from leapdecode.bench import plots, report
-    from leapdecode.bench.runner import parse_entries
+    from leapdecode.bench.labels import method_of
 
-    samples_path, summary_path = out / "samples.jsonl", out / "summary.json"
+    samples_path, summary_path = run / "samples.jsonl", run / "summary.json"
     if not samples_path.is_file() or not summary_path.is_file():
-        raise InputError(f"{out} is not a bench output folder (needs samples.jsonl and summary.json)")
+        raise InputError(f"{run} is not a bench output folder (needs samples.jsonl and summary.json)")
     samples = report.read_samples(samples_path)
     meta = json.loads(summary_path.read_text(encoding="utf-8"))["meta"]
-    draft_lengths = {e.label: e.method.draft_length for e in parse_entries(report.methods_in(samples))}
-    report.write_outputs(out, samples, meta, draft_lengths)
-    title = f"{meta['model']}, {meta['prompts']} prompts, {meta['max_new_tokens']} new tokens, greedy"
-    plots.speedup_by_category(samples, out / "speedup_by_category.png", title)
-    plots.accepted_length_histogram(samples, out / "accepted_lengths.png", title)
+    meta.update({key: value for key, value in (("date", date), ("commit", commit)) if value is not None})
+    methods = {label: method_of(label) for label in report.methods_in(samples)}
+    draft_lengths = {label: method.draft_length for label, method in methods.items() if method is not None}
+    target = out or run
+    paths = report.write_outputs(target, samples, meta, draft_lengths)
+    title = f"{meta.get('model')}, {meta.get('prompts')} prompts, {meta.get('max_new_tokens')} new tokens, greedy"
+    paths["speedup_plot"] = plots.speedup_by_category(samples, target / "speedup_by_category.png", title)
+    paths["hist_plot"] = plots.accepted_length_histogram(samples, target / "accepted_lengths.png", title)
     if readme is not None:
         report.update_readme(readme, report.readme_table(samples, meta))
         console.print(f"updated {readme}")
-    console.print(Markdown((out / "results.md").read_text(encoding="utf-8")))
+    console.print(Markdown(paths["table"].read_text(encoding="utf-8")))
+    console.print("wrote " + ", ".join(str(p) for p in paths.values()))
 
 
 @friendly
@@ -122,8 +138,8 @@ def sweep(
     max_new_tokens: MaxNewOpt = 128,
     out: OutOpt = Path("out/sweep"),
     threads: BenchThreadsOpt = 0,
-    dtype: DtypeOpt = "float32",
-    quantize: QuantizeOpt = "none",
+    dtype: DtypeOpt = "auto",
+    quantize: QuantizeOpt = "auto",
     backend: BackendOpt = "torch",
 ) -> None:
     """Speed-up of one method over a grid of its parameters (the ANPD paper's Figures 3-5), on
@@ -184,6 +200,8 @@ def trace(
     chat: ChatOpt = False,
     out: Annotated[Path | None, typer.Option("--out", help="Write a self-contained HTML page here.")] = None,
     show_rejected: Annotated[bool, typer.Option("--rejected/--no-rejected", help="Show rejected drafts.")] = True,
+    dtype: DtypeOpt = "auto",
+    quantize: QuantizeOpt = "auto",
 ) -> None:
     """Show step by step which drafted tokens were accepted, rejected, and the bonus tokens."""
     from leapdecode.methods import parse_method
@@ -192,7 +210,7 @@ def trace(
 
     text = read_prompt(prompt)
     parse_method(method)
-    decoder = wrap(load_with_progress(model), method)
+    decoder = wrap(load_with_progress(model, dtype=dtype, quantize=quantize), method)
     result = decoder.generate(text, max_new_tokens=max_new_tokens, chat=chat)
     steps = trace_steps(result, decoder.lm.tokenizer)
     console.print(render_terminal(steps, show_rejected))
@@ -212,10 +230,10 @@ def forward_cost(
     repeats: Annotated[int, typer.Option("--repeats", help="Timed passes per size (median).")] = 5,
     out: Annotated[Path | None, typer.Option("--out", help="Also write the table (markdown) and a plot here (folder).")] = None,
     threads: BenchThreadsOpt = 0,
-    dtype: DtypeOpt = "float32",
+    dtype: DtypeOpt = "auto",
     backend: BackendOpt = "torch",
     row_exact: RowExactOpt = None,
-    quantize: QuantizeOpt = "none",
+    quantize: QuantizeOpt = "auto",
 ) -> None:
     """Time one forward pass against the number of tokens it scores (draft and tree sizes)."""
     from leapdecode.bench import plots

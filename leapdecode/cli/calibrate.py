@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.table import Table
 
-from leapdecode.cli.common import DEFAULT_MODEL, ModelOpt, ThreadsOpt, console, err_console, friendly, load_with_progress, set_threads
+from leapdecode.cli.common import DEFAULT_MODEL, DtypeOpt, ModelOpt, QuantizeOpt, ThreadsOpt, console, err_console, friendly, load_with_progress, set_threads
 
 if TYPE_CHECKING:
     from leapdecode.models import LoadedModel
@@ -36,6 +36,8 @@ def calibrate_layer_skip_cmd(
     out: Annotated[Path | None, typer.Option("--out", help="Also write the calibration JSON here.")] = None,
     fractions: Annotated[str, typer.Option("--fractions", help="Shares of the layers to try skipping, comma-separated.")] = "0.1,0.2,0.3,0.4,0.5",
     threads: ThreadsOpt = 0,
+    dtype: DtypeOpt = "auto",
+    quantize: QuantizeOpt = "auto",
 ) -> None:
     """Find the layers `self-spec` should skip on this machine (block influence ranking, then timed
     trials), and save them for `--method self-spec`."""
@@ -51,7 +53,7 @@ def calibrate_layer_skip_cmd(
     if not shares or not all(0 < f < 1 for f in shares):
         raise InputError(f"--fractions must be shares in (0, 1), got {fractions!r}")
     set_threads(threads)
-    lm = load_with_progress(model)
+    lm = load_with_progress(model, dtype=dtype, quantize=quantize)
     prompts = _calibration_ids(lm, per_category)
     result = calibrate_layer_skip(
         lm, prompts, max_new_tokens=max_new_tokens, fractions=shares, k=k, threshold=threshold,
@@ -79,6 +81,8 @@ def calibrate_calm_cmd(
     per_category: PerCategoryOpt = 1,
     max_new_tokens: MaxNewOpt = 48,
     threads: ThreadsOpt = 0,
+    dtype: DtypeOpt = "auto",
+    quantize: QuantizeOpt = "auto",
 ) -> None:
     """Pick a CALM threshold whose simulated agreement with the full model stays >= 1 - epsilon."""
     import torch
@@ -93,7 +97,7 @@ def calibrate_calm_cmd(
     if not 0 < epsilon < 1:
         raise InputError(f"--epsilon must be in (0, 1), got {epsilon}")
     set_threads(threads)
-    lm = load_with_progress(model)
+    lm = load_with_progress(model, dtype=dtype, quantize=quantize)
     backend = LayerBackend(lm.model)
     candidates = exit_candidates(backend.runner.num_layers, first, every)
     if not candidates:

@@ -38,8 +38,8 @@ MethodOpt = Annotated[str, typer.Option("--method", help="Method string, e.g. an
 MaxNewOpt = Annotated[int, typer.Option("--max-new-tokens", "-n", help="Most new tokens to generate.")]
 ChatOpt = Annotated[bool, typer.Option("--chat/--raw", help="Apply the model's chat template to the prompt.")]
 BackendOpt = Annotated[str, typer.Option("--backend", help="What runs the model: torch, or llama.cpp (GGUF presets and files; the llamacpp extra).")]
-DtypeOpt = Annotated[str, typer.Option("--dtype", help="auto, float32, bfloat16 or float16 (auto: bfloat16 where the CPU or GPU computes it natively).")]
-QuantizeOpt = Annotated[str, typer.Option("--quantize", help="none, int8, int4 or auto (int4 on CPU in float32, else none): group-quantized linear layers on CPU for the torch backend (int4 keeps the LM head at int8; a GGUF source gives its own blocks); rows stay bit-exact.")]
+DtypeOpt = Annotated[str, typer.Option("--dtype", help="auto, float32, bfloat16 or float16. auto: a GGUF runs its own quantized blocks; a checkpoint its own dtype where the hardware computes it natively, else float32. A dtype alone runs unquantized.")]
+QuantizeOpt = Annotated[str, typer.Option("--quantize", help="auto, none, int8 or int4: group-quantized linear layers on CPU for the torch backend (auto: a GGUF's own blocks, a checkpoint unquantized; int4 keeps the LM head at int8 or a GGUF's 6 bits); rows stay bit-exact.")]
 RowExactOpt = Annotated[bool | None, typer.Option("--row-exact/--no-row-exact", help="Score every row of a verification pass bit-identically to a one-token pass: lossless by construction (default: on for float32 on CPU, and bfloat16 on CPUs with AVX512-BF16, when its kernel builds).", show_default=False)]
 ThreadsOpt = Annotated[int, typer.Option("--threads", help="Torch CPU threads (0: leave torch's default).")]
 
@@ -83,7 +83,7 @@ def set_threads(threads: int) -> None:
 
 
 def load_with_progress(
-    spec: str, backend: str = "torch", dtype: str = "float32", row_exact: bool | None = None, quantize: str = "none",
+    spec: str, backend: str = "torch", dtype: str = "auto", row_exact: bool | None = None, quantize: str = "auto",
 ) -> LoadedModel:
     from leapdecode.models import load_model
 
@@ -93,7 +93,7 @@ def load_with_progress(
             err_console.log(msg)
 
         lm = load_model(spec, log=log, backend=backend, dtype=dtype, row_exact=row_exact, quantize=quantize)
-        err_console.log(f"{lm.name}: {lm.describe}")
+        err_console.log(f"{lm.name} runs on {lm.describe}")
         return lm
 
 

@@ -33,9 +33,9 @@ def generate(
     top_p: Annotated[float, typer.Option("--top-p", help="Sample from the smallest set of tokens with this much probability (1: off).")] = 1.0,
     seed: Annotated[int | None, typer.Option("--seed", help="Make a sampled run reproducible.")] = None,
     backend: BackendOpt = "torch",
-    dtype: DtypeOpt = "float32",
+    dtype: DtypeOpt = "auto",
     row_exact: RowExactOpt = None,
-    quantize: QuantizeOpt = "none",
+    quantize: QuantizeOpt = "auto",
 ) -> None:
     """Stream a completion and print one line of statistics."""
     from leapdecode.api import wrap
@@ -112,12 +112,12 @@ def demo(
     method: MethodOpt = "anpd:n=5,k=7",
     max_new_tokens: MaxNewOpt = 128,
     threads: ThreadsOpt = 0,
-    dtype: DtypeOpt = "float32",
+    dtype: DtypeOpt = "auto",
     row_exact: RowExactOpt = None,
     quantize: QuantizeOpt = "auto",
 ) -> None:
-    """Show the method against plain decoding on a few chat prompts: speed-up and equality (on
-    int4 layers by default on CPU, this engine's fastest path there; `--quantize none` for float32)."""
+    """Show the method against plain decoding on a few chat prompts: speed-up and equality (on the
+    model's fastest path by default: a GGUF preset's own int4 blocks on CPU; `--dtype float32` for float32)."""
     from leapdecode.api import wrap
     from leapdecode.methods import parse_method
 

@@ -27,9 +27,9 @@ def serve(
     api_key: Annotated[str | None, typer.Option("--api-key", envvar="LEAPDECODE_API_KEY", help="Require `Authorization: Bearer KEY` on /v1 requests.")] = None,
     allowed_host: Annotated[list[str] | None, typer.Option("--allowed-host", help="Host header accepted (repeatable; default: any). Guards against DNS rebinding.")] = None,
     max_body_bytes: Annotated[int, typer.Option("--max-body-bytes", help="Largest request body accepted (413 beyond it).")] = 4 << 20,
-    dtype: DtypeOpt = "float32",
+    dtype: DtypeOpt = "auto",
     row_exact: RowExactOpt = None,
-    quantize: QuantizeOpt = "none",
+    quantize: QuantizeOpt = "auto",
 ) -> None:
     """Serve the model over an OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions)."""
     import uvicorn

@@ -74,7 +74,7 @@ def vllm_bench(
         raise LeapDecodeError(VLLM_MISSING)
     prompts = [p for p in load_dataset(dataset, limit) if not p.earlier]  # later turns need answers from a target: not here
     source = huggingface_source(model, log=err_console.log)
-    lm = load_model(source, log=err_console.log, row_exact=False, small_batch_linear=False)  # the tokenizer and chat template
+    lm = load_model(source, log=err_console.log, dtype="float32", quantize="none", row_exact=False, small_batch_linear=False)  # the tokenizer and chat template
     from leapdecode.api import encode_prompt
 
     ids = [encode_prompt(lm, p.text, chat=p.chat) for p in prompts]

@@ -1,17 +1,52 @@
-"""Drafters: one module each. A drafter proposes tokens and is told what was accepted."""
+"""Drafters: one module each. A drafter proposes tokens and is told what was accepted.
 
-from leapdecode.drafters.anpd_tree import AnpdTreeDrafter
-from leapdecode.drafters.base import Draft, Drafter, NoDrafter
-from leapdecode.drafters.draft_model import DraftModelDrafter
-from leapdecode.drafters.jacobi import JacobiDrafter
-from leapdecode.drafters.lookahead import LookaheadDrafter
-from leapdecode.drafters.ngram import AnpdDrafter, NGramModule, Prediction
-from leapdecode.drafters.prompt_lookup import PromptLookupDrafter
-from leapdecode.drafters.rest import Datastore, RestDrafter, build_datastore
-from leapdecode.drafters.trie import TokenTrie, TrieDrafter
+The names below are imported on first use: the drafters import torch (and some the early-exit
+backends), and `leapdecode.methods` names these modules without wanting either loaded.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from leapdecode.drafters.anpd_tree import AnpdTreeDrafter
+    from leapdecode.drafters.arctic_suffix import ArcticSuffixDrafter
+    from leapdecode.drafters.base import Draft, Drafter, NoDrafter
+    from leapdecode.drafters.cost_aware import CostAwareDrafter
+    from leapdecode.drafters.draft_model import DraftModelDrafter
+    from leapdecode.drafters.hybrid import HybridDrafter
+    from leapdecode.drafters.jacobi import JacobiDrafter
+    from leapdecode.drafters.lookahead import LookaheadDrafter
+    from leapdecode.drafters.ngram import AnpdDrafter, NGramModule, Prediction
+    from leapdecode.drafters.prompt_lookup import PromptLookupDrafter
+    from leapdecode.drafters.recycle import RecycleDrafter
+    from leapdecode.drafters.rest import Datastore, RestDrafter, build_datastore
+    from leapdecode.drafters.self_draft import SelfDrafter
+    from leapdecode.drafters.suffix import SuffixDrafter
+    from leapdecode.drafters.trie import TokenTrie, TrieDrafter
+
+_LAZY = {
+    "AnpdTreeDrafter": "anpd_tree", "ArcticSuffixDrafter": "arctic_suffix",
+    "Draft": "base", "Drafter": "base", "NoDrafter": "base",
+    "CostAwareDrafter": "cost_aware", "DraftModelDrafter": "draft_model", "HybridDrafter": "hybrid",
+    "JacobiDrafter": "jacobi", "LookaheadDrafter": "lookahead",
+    "AnpdDrafter": "ngram", "NGramModule": "ngram", "Prediction": "ngram",
+    "PromptLookupDrafter": "prompt_lookup", "RecycleDrafter": "recycle",
+    "Datastore": "rest", "RestDrafter": "rest", "build_datastore": "rest",
+    "SelfDrafter": "self_draft", "SuffixDrafter": "suffix", "TokenTrie": "trie", "TrieDrafter": "trie",
+}
 
 __all__ = [
-    "AnpdDrafter", "AnpdTreeDrafter", "Datastore", "Draft", "DraftModelDrafter", "Drafter", "JacobiDrafter", "LookaheadDrafter",
-    "NGramModule", "NoDrafter",
-    "Prediction", "PromptLookupDrafter", "RestDrafter", "TokenTrie", "TrieDrafter", "build_datastore",
+    "AnpdDrafter", "AnpdTreeDrafter", "ArcticSuffixDrafter", "CostAwareDrafter", "Datastore", "Draft", "DraftModelDrafter",
+    "Drafter", "HybridDrafter", "JacobiDrafter", "LookaheadDrafter", "NGramModule", "NoDrafter", "Prediction",
+    "PromptLookupDrafter", "RecycleDrafter", "RestDrafter", "SelfDrafter", "SuffixDrafter", "TokenTrie", "TrieDrafter",
+    "build_datastore",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """Import the drafter modules on first use (PEP 562)."""
+    if name in _LAZY:
+        return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

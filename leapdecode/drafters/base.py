@@ -16,7 +16,7 @@ import torch
 
 if TYPE_CHECKING:
     from leapdecode.engine.backend import Backend
-    from leapdecode.engine.backend import Sequence as CacheSequence
+    from leapdecode.engine.backend import CacheState
 
 
 @dataclass(frozen=True)
@@ -73,7 +73,7 @@ class Drafter(ABC):
         """`tokens` were appended to the stream: the first `num_accepted` were drafted tokens
         the target accepted, the last one is the target's own (bonus) token."""
 
-    def attach(self, backend: Backend, seq: CacheSequence) -> None:  # noqa: B027 - optional hook, no-op by default
+    def attach(self, backend: Backend, seq: CacheState) -> None:  # noqa: B027 - optional hook, no-op by default
         """The target's backend and this request's cache, right after the prefill: drafters
         that draft with the target's own layers (self-speculative, early exit) share them."""
 

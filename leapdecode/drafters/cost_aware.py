@@ -28,7 +28,7 @@ from collections.abc import Hashable, Sequence
 
 from leapdecode.drafters.base import Draft, Drafter
 from leapdecode.engine.backend import Backend
-from leapdecode.engine.backend import Sequence as CacheSequence
+from leapdecode.engine.backend import CacheState
 from leapdecode.engine.cost import PassCost
 
 
@@ -73,7 +73,7 @@ class CostAwareDrafter(Drafter):
         self.kept_lengths = []
         self.local = AcceptanceEstimate(self.estimate.decay)
 
-    def attach(self, backend: Backend, seq: CacheSequence) -> None:
+    def attach(self, backend: Backend, seq: CacheState) -> None:
         self.inner.attach(backend, seq)
 
     def finish(self) -> None:

@@ -32,8 +32,9 @@ import torch
 from leapdecode.drafters.base import Draft, Drafter
 from leapdecode.drafters.ngram import NGramModule
 from leapdecode.engine.backend import Backend
-from leapdecode.engine.backend import Sequence as CacheSequence
+from leapdecode.engine.backend import CacheState
 from leapdecode.engine.sampling import SamplingParams, logits_to_probs
+from leapdecode.engine.noise import PositionNoise, Stream
 from leapdecode.verifiers import Verdict, verify_greedy, verify_speculative
 
 SCHEDULES = ("constant", "heuristic")
@@ -48,7 +49,8 @@ class DraftModelDrafter(Drafter):
         k: int = 5,
         *,
         sampling: SamplingParams = SamplingParams(),
-        generator: torch.Generator | None = None,
+        noise: PositionNoise | None = None,
+        coupled: bool = True,
         schedule: str = "constant",
         threshold: float = 0.0,
         cascade_n: int = 0,
@@ -61,18 +63,25 @@ class DraftModelDrafter(Drafter):
         self.k = k
         self.k_max = 4 * k
         self.sampling = sampling
-        self.generator = generator
+        # coupled: the draft model picks its token at output position t with the target's own
+        # uniform u_t, so the target keeps it iff it would have sampled it (q stays out of the
+        # verdict, and the text is plain sampling's); else its own noise and min(1, p/q)
+        self.coupled = coupled
+        noise = noise if noise is not None else PositionNoise(0)
+        self.noise = noise if coupled else noise.derived(Stream.DRAFT)
+        self.prompt_len = 0
         self.schedule = schedule
         self.threshold = threshold
         self.ngram = NGramModule(cascade_n) if cascade_n else None
         self.stream: list[int] = []
-        self.seq: CacheSequence | None = None
+        self.seq: CacheState | None = None
         self.last_draft: list[int] = []
         self.k_now = k
         self.draft_passes = 0  # draft-model forward passes, for statistics and tests
 
     def reset(self, prompt_ids: Sequence[int]) -> None:
         self.stream = list(prompt_ids)
+        self.prompt_len = len(self.stream)
         self.seq = None
         self.last_draft = []
         self.k_now = self.k
@@ -80,11 +89,12 @@ class DraftModelDrafter(Drafter):
         if self.ngram is not None:
             self.ngram.initialise(prompt_ids)
 
-    def _verify(self, lower: list[int], logits: torch.Tensor) -> Verdict:
-        """The draft model judging the n-gram drafts: the target's rule, one level down."""
+    def _verify(self, lower: list[int], logits: torch.Tensor, position: int) -> Verdict:
+        """The draft model judging the n-gram drafts (none: sampling its next token), with the
+        target's rule one level down; row 0 decides output position `position`."""
         if self.sampling.greedy:
             return verify_greedy(lower, logits)
-        return verify_speculative(lower, logits, None, self.sampling, self.generator)
+        return verify_speculative(lower, logits, None, self.sampling, self.noise, position=position)
 
     def _probs(self, logits: torch.Tensor) -> torch.Tensor:
         """q for the rows of `logits`; greedy runs use the plain softmax (for the threshold)."""
@@ -122,12 +132,12 @@ class DraftModelDrafter(Drafter):
             self.draft_passes += 1
             logits = scores.logits[-(len(lower) + 1) :]  # [len(lower)+1, vocab]
             # 3. Keep the lower drafts the draft model agrees with, plus its own next token.
-            verdict = self._verify(lower, logits)
+            verdict = self._verify(lower, logits, len(self.stream) - self.prompt_len + len(drafted))
             num_kept, new = verdict.num_accepted, verdict.tokens
             self.backend.rollback(self.seq, self.seq.length - (len(lower) - num_kept))
             drafted.extend(new)
-            if self.sampling.greedy and self.threshold == 0.0:
-                continue  # greedy verification needs no q
+            if (self.sampling.greedy or self.coupled) and self.threshold == 0.0:
+                continue  # greedy and coupled verification need no q
             probs = self._probs(logits[: num_kept + 1])  # [num_kept+1, vocab]
             q_rows.append(probs)
             # 4. Stop after a token the draft model itself doubts.
@@ -142,7 +152,7 @@ class DraftModelDrafter(Drafter):
                     self.backend.rollback(self.seq, min(self.seq.length, len(self.stream) + cut))
                     break
         self.last_draft = drafted
-        q = None if self.sampling.greedy else torch.cat(q_rows)  # [D, vocab]
+        q = None if self.sampling.greedy or self.coupled else torch.cat(q_rows)  # [D, vocab]
         return Draft(drafted, q)
 
     def update(self, tokens: Sequence[int], num_accepted: int) -> None:

@@ -20,8 +20,9 @@ import torch
 from leapdecode.drafters.base import Draft, Drafter
 from leapdecode.early_exit.backend import LayeredSequence, SelfDraftBackend
 from leapdecode.engine.backend import Backend
-from leapdecode.engine.backend import Sequence as CacheSequence
+from leapdecode.engine.backend import CacheState
 from leapdecode.errors import MethodError
+from leapdecode.engine.noise import PositionNoise, Stream, choose
 from leapdecode.engine.sampling import SamplingParams, logits_to_probs
 
 
@@ -34,26 +35,33 @@ class SelfDrafter(Drafter):
         threshold: float = 0.0,
         *,
         sampling: SamplingParams = SamplingParams(),
-        generator: torch.Generator | None = None,
+        noise: PositionNoise | None = None,
+        coupled: bool = True,
     ) -> None:
         if k < 1:
             raise ValueError(f"k must be >= 1, got {k}")
         self.k = k
         self.threshold = threshold
         self.sampling = sampling
-        self.generator = generator
+        # coupled: each drafted token is chosen with the target's own uniform at its output
+        # position (q stays out of the verdict); else with the draft's own noise, for min(1, p/q)
+        self.coupled = coupled
+        noise = noise if noise is not None else PositionNoise(0)
+        self.noise = noise if coupled else noise.derived(Stream.DRAFT)
+        self.emitted = 0
         self.backend: SelfDraftBackend | None = None
         self.seq: LayeredSequence | None = None
         self.pending = -1  # the last emitted token: the target has not cached it yet
         self.draft_passes = 0
 
-    def attach(self, backend: Backend, seq: CacheSequence) -> None:
+    def attach(self, backend: Backend, seq: CacheState) -> None:
         if not isinstance(backend, SelfDraftBackend) or not isinstance(seq, LayeredSequence):
             raise MethodError("self-speculative drafting needs the target run by a SelfDraftBackend")
         self.backend, self.seq = backend, seq
 
     def reset(self, prompt_ids: Sequence[int]) -> None:
         self.pending = -1
+        self.emitted = 0
         self.draft_passes = 0
 
     def propose(self, max_tokens: int) -> Draft:
@@ -70,8 +78,9 @@ class SelfDrafter(Drafter):
                 token = int(logits[0].argmax())
             else:
                 probs = logits_to_probs(logits, self.sampling)  # [1, vocab]
-                token = int(torch.multinomial(probs[0], 1, generator=self.generator))
-                q_rows.append(probs)
+                token = int(choose(probs, self.noise.uniforms([self.emitted + len(drafted)], device=probs.device))[0])
+                if not self.coupled:
+                    q_rows.append(probs)
             drafted.append(token)
             if probs is not None and float(probs[0, token]) < self.threshold:
                 break
@@ -80,3 +89,4 @@ class SelfDrafter(Drafter):
 
     def update(self, tokens: Sequence[int], num_accepted: int) -> None:
         self.pending = int(tokens[-1])
+        self.emitted += len(tokens)

@@ -20,13 +20,13 @@ from typing import Any
 import torch
 
 from leapdecode.early_exit.runner import LayerRunner
-from leapdecode.engine.backend import Scores, Sequence, keep_cache_entries
+from leapdecode.engine.backend import CacheState, Scores, keep_cache_entries
 from leapdecode.engine.tree import TreeLayout
 from leapdecode.errors import MethodError
 
 
 @dataclass
-class LayeredSequence(Sequence):
+class LayeredSequence(CacheState):
     """A sequence whose cache layers may run ahead of `length` with drafted tokens."""
 
     drafted: list[int] = field(default_factory=list)  # tokens the draft layers consumed after `length`
@@ -51,7 +51,7 @@ class LayerBackend:
         return seq, Scores(logits=self.runner.head(hidden[:, -1:]))  # [1, vocab]
 
     @torch.inference_mode()
-    def forward(self, seq: Sequence, token_ids: list[int], *, hidden: bool = False, tree: TreeLayout | None = None) -> Scores:
+    def forward(self, seq: CacheState, token_ids: list[int], *, hidden: bool = False, tree: TreeLayout | None = None) -> Scores:
         self._drop_draft(seq)
         positions = self.runner.positions(seq.length, len(token_ids))
         if tree is not None and not tree.is_chain:
@@ -64,24 +64,24 @@ class LayerBackend:
         normed = self.runner.norm(states)  # [1, n, hidden]
         return Scores(logits=self.runner.lm_head(normed)[0], hidden=normed[0] if hidden else None)
 
-    def _drop_draft(self, seq: Sequence) -> None:
+    def _drop_draft(self, seq: CacheState) -> None:
         """Cut every cache layer back to the sequence's length (drop draft-only entries)."""
         self.runner.crop(seq.cache, self.all_layers, seq.length)
         if isinstance(seq, LayeredSequence):
             seq.drafted, seq.prefix_states = [], None
 
-    def rollback(self, seq: Sequence, length: int) -> None:
+    def rollback(self, seq: CacheState, length: int) -> None:
         if not 0 <= length <= seq.length:
             raise ValueError(f"cannot roll a cache of {seq.length} tokens back to {length}")
         seq.length = length
         self._drop_draft(seq)
 
     @torch.inference_mode()
-    def keep(self, seq: Sequence, start: int, nodes: list[int]) -> None:
+    def keep(self, seq: CacheState, start: int, nodes: list[int]) -> None:
         self._drop_draft(seq)
         keep_cache_entries(seq, start, nodes)
 
-    def draft_limit(self, seq: Sequence) -> int | None:
+    def draft_limit(self, seq: CacheState) -> int | None:
         return None
 
 
@@ -114,7 +114,7 @@ class SelfDraftBackend(LayerBackend):
         return self.runner.head(self.runner.run(seq.cache, states, self.draft_rest, positions))
 
     @torch.inference_mode()
-    def forward(self, seq: Sequence, token_ids: list[int], *, hidden: bool = False, tree: TreeLayout | None = None) -> Scores:
+    def forward(self, seq: CacheState, token_ids: list[int], *, hidden: bool = False, tree: TreeLayout | None = None) -> Scores:
         """Verification: reuse the exact prefix's work on tokens the draft already ran, run the
         prefix over the rest, then the remaining layers over all of them in one pass."""
         if not isinstance(seq, LayeredSequence) or not seq.drafted or (tree is not None and not tree.is_chain):

@@ -24,7 +24,7 @@ import torch
 
 from leapdecode.early_exit.backend import LayerBackend, LayeredSequence
 from leapdecode.engine.backend import Scores
-from leapdecode.engine.backend import Sequence as CacheSequence
+from leapdecode.engine.backend import CacheState
 from leapdecode.engine.reference import agreement
 from leapdecode.engine.tree import TreeLayout
 from leapdecode.errors import MethodError
@@ -63,7 +63,7 @@ class CalmBackend(LayerBackend):
         self.candidates = frozenset(exit_candidates(self.runner.num_layers, first, every))
 
     @torch.inference_mode()
-    def forward(self, seq: CacheSequence, token_ids: list[int], *, hidden: bool = False, tree: TreeLayout | None = None) -> Scores:
+    def forward(self, seq: CacheState, token_ids: list[int], *, hidden: bool = False, tree: TreeLayout | None = None) -> Scores:
         if len(token_ids) != 1 or self.threshold >= 1.0 or hidden or tree is not None:
             scores = super().forward(seq, token_ids, hidden=hidden, tree=tree)
             self._record(seq, self.runner.num_layers)
@@ -87,7 +87,7 @@ class CalmBackend(LayerBackend):
         return Scores(logits=runner.head(state))
 
     @staticmethod
-    def _record(seq: CacheSequence, layers: int) -> None:
+    def _record(seq: CacheState, layers: int) -> None:
         if isinstance(seq, LayeredSequence):
             seq.exit_layers.append(layers)
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from leapdecode.engine.backend import AttentionLayout
+from leapdecode.engine.backend import AttentionLayout, cache_argument
 from leapdecode.engine.tree import TreeLayout, chain_parents, compile_tree
 from leapdecode.errors import MethodError
 
@@ -47,6 +47,7 @@ class LayerRunner:
         self.config = config
         self.embed_tokens = inner.embed_tokens
         self.layers = inner.layers
+        self.cache_argument = cache_argument(self.layers[0].forward)
         self.norm = inner.norm
         self.rotary_emb = inner.rotary_emb
         self.lm_head = model.get_output_embeddings()
@@ -104,8 +105,8 @@ class LayerRunner:
             if past not in masks:
                 masks[past] = None if layout is None else layout.attention_mask(past, self.dtype, self.device)  # [1, 1, n, past+n]
             out = self.layers[i](
-                hidden, attention_mask=masks[past], position_ids=position_ids, past_key_values=cache,
-                use_cache=True, position_embeddings=position_embeddings,
+                hidden, attention_mask=masks[past], position_ids=position_ids, use_cache=True,
+                position_embeddings=position_embeddings, **{self.cache_argument: cache},
             )
             hidden = out[0] if isinstance(out, tuple) else out
         return hidden

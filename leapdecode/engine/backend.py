@@ -1,6 +1,6 @@
 """The model side of the decode loop: score tokens over a KV cache, and cut the cache back.
 
-A backend is stateless with respect to sequences: `prefill` returns a `Sequence` that owns
+A backend is stateless with respect to sequences: `prefill` returns a `CacheState` that owns
 its KV cache, and every later call takes it. Nothing is stored on the model object, so one
 loaded model can serve several sequences one after another.
 """
@@ -8,6 +8,7 @@ loaded model can serve several sequences one after another.
 from __future__ import annotations
 
 import functools
+import inspect
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -18,7 +19,7 @@ from leapdecode.errors import InputError, ModelLoadError
 
 
 @dataclass
-class Sequence:
+class CacheState:
     """One sequence's KV cache. `length` is how many tokens the cache holds."""
 
     cache: Any
@@ -40,25 +41,25 @@ class Backend(Protocol):
     vocab_size: int
     device: torch.device
 
-    def prefill(self, prompt_ids: list[int]) -> tuple[Sequence, Scores]:
+    def prefill(self, prompt_ids: list[int]) -> tuple[CacheState, Scores]:
         """Run the prompt; return its cache and the scores of the last prompt position only."""
         ...
 
-    def forward(self, seq: Sequence, token_ids: list[int], *, hidden: bool = False, tree: TreeLayout | None = None) -> Scores:
+    def forward(self, seq: CacheState, token_ids: list[int], *, hidden: bool = False, tree: TreeLayout | None = None) -> Scores:
         """Append `token_ids` to the cache and score every one of them; with `tree`, the tokens
         are a tree's nodes (root first) and each attends only to its own path."""
         ...
 
-    def rollback(self, seq: Sequence, length: int) -> None:
+    def rollback(self, seq: CacheState, length: int) -> None:
         """Cut the cache back to its first `length` tokens (drop rejected drafts)."""
         ...
 
-    def keep(self, seq: Sequence, start: int, nodes: list[int]) -> None:
+    def keep(self, seq: CacheState, start: int, nodes: list[int]) -> None:
         """Keep the cache entries at `start + i` for i in `nodes` (in order) right after the first
         `start` tokens, and drop everything else after `start` (an accepted tree path)."""
         ...
 
-    def draft_limit(self, seq: Sequence) -> int | None:
+    def draft_limit(self, seq: CacheState) -> int | None:
         """The most drafted tokens the next pass can verify exactly as plain decoding would score
         them (None: any number)."""
         ...
@@ -97,6 +98,17 @@ class AttentionLayout:
         return {"full_attention": full, "sliding_attention": sliding} if self.mixed else sliding
 
 
+def cache_argument(forward: Any) -> str:
+    """The name under which `forward` takes its KV cache: `cache` (transformers 5.24 on, where
+    `past_key_values` is deprecated), else `past_key_values` (earlier releases, which vLLM's CPU
+    build pins, and models with their own modeling code). Read from the signature, once per model."""
+    try:
+        parameters = inspect.signature(forward).parameters
+    except (TypeError, ValueError):
+        return "past_key_values"
+    return "cache" if "cache" in parameters else "past_key_values"
+
+
 class TorchBackend:
     """A `transformers` causal LM, driven only through its public forward and cache objects."""
 
@@ -109,9 +121,10 @@ class TorchBackend:
         self.vocab_size: int = int(model.config.get_text_config().vocab_size)
         self.layout = AttentionLayout(model.config)
         self.attention = str(getattr(model.config, "_attn_implementation", None) or "eager")
+        self.cache_argument = cache_argument(model.forward)
 
     def _run(
-        self, seq: Sequence, token_ids: list[int], logits_to_keep: int, hidden: bool, tree: TreeLayout | None = None,
+        self, seq: CacheState, token_ids: list[int], logits_to_keep: int, hidden: bool, tree: TreeLayout | None = None,
     ) -> Scores:
         input_ids = torch.tensor([token_ids], dtype=torch.long, device=self.device)  # [1, n]
         extra: dict[str, Any] = {}
@@ -130,10 +143,10 @@ class TorchBackend:
             extra["position_ids"] = (seq.length + tree.depth_on(self.device))[None]  # [1, n]
         out = self.model(
             input_ids=input_ids,
-            past_key_values=seq.cache,
             use_cache=True,
             logits_to_keep=logits_to_keep,
             output_hidden_states=hidden,
+            **{self.cache_argument: seq.cache},
             **extra,
         )
         seq.length += len(token_ids)
@@ -141,27 +154,27 @@ class TorchBackend:
         return Scores(logits=out.logits[0], hidden=states)  # logits: [n or 1, vocab]
 
     @torch.inference_mode()
-    def prefill(self, prompt_ids: list[int]) -> tuple[Sequence, Scores]:
+    def prefill(self, prompt_ids: list[int]) -> tuple[CacheState, Scores]:
         # Every layer keeps every position, sliding-window layers too (their window is applied by
         # the attention mask, by the model for chains and by `AttentionLayout` for trees): a
         # window-sized cache drops entries that rollback and tree compaction must keep, as Hugging
         # Face's assisted generation also finds.
-        seq = Sequence(cache=new_growing_cache(), length=0)
+        seq = CacheState(cache=new_growing_cache(), length=0)
         # Only the last position's logits are needed: skips a [prompt, vocab] matmul.
         return seq, self._run(seq, prompt_ids, logits_to_keep=1, hidden=False)
 
     @torch.inference_mode()
-    def forward(self, seq: Sequence, token_ids: list[int], *, hidden: bool = False, tree: TreeLayout | None = None) -> Scores:
+    def forward(self, seq: CacheState, token_ids: list[int], *, hidden: bool = False, tree: TreeLayout | None = None) -> Scores:
         return self._run(seq, token_ids, logits_to_keep=0, hidden=hidden, tree=tree)
 
-    def rollback(self, seq: Sequence, length: int) -> None:
+    def rollback(self, seq: CacheState, length: int) -> None:
         rollback_cache(seq, length)
 
-    def draft_limit(self, seq: Sequence) -> int | None:
+    def draft_limit(self, seq: CacheState) -> int | None:
         return None if self.exact_tokens is None else self.exact_tokens - 1
 
     @torch.inference_mode()
-    def keep(self, seq: Sequence, start: int, nodes: list[int]) -> None:
+    def keep(self, seq: CacheState, start: int, nodes: list[int]) -> None:
         keep_cache_entries(seq, start, nodes)
 
 
@@ -207,7 +220,7 @@ def _growing_layer_class() -> type:
     return GrowingLayer
 
 
-def rollback_cache(seq: Sequence, length: int) -> None:
+def rollback_cache(seq: CacheState, length: int) -> None:
     """Cut a `transformers` cache back to `length` tokens; the one place a cache shrinks."""
     if not 0 <= length <= seq.length:
         raise ValueError(f"cannot roll a cache of {seq.length} tokens back to {length}")
@@ -216,7 +229,7 @@ def rollback_cache(seq: Sequence, length: int) -> None:
         seq.length = length
 
 
-def keep_cache_entries(seq: Sequence, start: int, nodes: list[int]) -> None:
+def keep_cache_entries(seq: CacheState, start: int, nodes: list[int]) -> None:
     """Move the entries `start + nodes[j]` to `start + j` in every layer, then cut the rest:
     after a tree pass, only the root and the accepted path stay, in order. A chain's path is
     already in place, so this is then a plain rollback."""

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from leapdecode.engine.backend import Scores, Sequence
+from leapdecode.engine.backend import CacheState, Scores
 from leapdecode.engine.tree import TreeLayout
 from leapdecode.errors import InputError
 from leapdecode.models.llamacpp import MAX_SEQUENCES, LlamaCppModel, import_llama_cpp
@@ -107,7 +107,7 @@ class LlamaCppBackend:
             exact = min(exact, batch)
         return exact
 
-    def draft_limit(self, seq: Sequence) -> int | None:
+    def draft_limit(self, seq: CacheState) -> int | None:
         # With no exact batch here, a draft would cost one pass per token: draft nothing.
         return None if self.exact_batch(seq.length + PROBE_BATCH) > 1 else 0
 
@@ -138,7 +138,7 @@ class LlamaCppBackend:
         self.model.exact_batches = tuple(ladder)
         return self.model.exact_batches
 
-    def _extend(self, seq: Sequence, tokens: list[int]) -> None:
+    def _extend(self, seq: CacheState, tokens: list[int]) -> None:
         """Append `tokens` to the cache as a prefill does (batches, no logits)."""
         step = self.model.n_batch
         for start in range(0, len(tokens), step):
@@ -147,7 +147,7 @@ class LlamaCppBackend:
             self._decode(chunk, list(range(first, first + len(chunk))), [(0,)] * len(chunk), [False] * len(chunk))
             seq.length += len(chunk)
 
-    def forward_one(self, seq: Sequence, token: int) -> torch.Tensor:
+    def forward_one(self, seq: CacheState, token: int) -> torch.Tensor:
         self._decode([token], [seq.length], [(0,)], [True])
         seq.length += 1
         return self._logits(1)[0]
@@ -157,7 +157,7 @@ class LlamaCppBackend:
         array = np.ctypeslib.as_array(pointer, shape=(rows, self.vocab_size))
         return torch.from_numpy(array.copy())  # [rows, vocab]: llama.cpp reuses its buffer
 
-    def _check(self, seq: Sequence) -> _State:
+    def _check(self, seq: CacheState) -> _State:
         state = seq.cache
         if not isinstance(state, _State) or state is not self.model.holder:
             raise RuntimeError("this llama.cpp sequence was replaced by a newer prefill on the same backend")
@@ -165,7 +165,7 @@ class LlamaCppBackend:
 
     # -- the Backend protocol ------------------------------------------------------------
 
-    def prefill(self, prompt_ids: list[int]) -> tuple[Sequence, Scores]:
+    def prefill(self, prompt_ids: list[int]) -> tuple[CacheState, Scores]:
         if len(prompt_ids) >= self.model.n_ctx:
             raise InputError(f"the prompt has {len(prompt_ids)} tokens; this llama.cpp context holds {self.model.n_ctx}")
         state = _State()
@@ -177,9 +177,9 @@ class LlamaCppBackend:
             last = start + len(chunk) == len(prompt_ids)
             wanted = [last and i == len(chunk) - 1 for i in range(len(chunk))]
             self._decode(chunk, list(range(start, start + len(chunk))), [(0,)] * len(chunk), wanted)
-        return Sequence(cache=state, length=len(prompt_ids)), Scores(logits=self._logits(1))
+        return CacheState(cache=state, length=len(prompt_ids)), Scores(logits=self._logits(1))
 
-    def forward(self, seq: Sequence, token_ids: list[int], *, hidden: bool = False, tree: TreeLayout | None = None) -> Scores:
+    def forward(self, seq: CacheState, token_ids: list[int], *, hidden: bool = False, tree: TreeLayout | None = None) -> Scores:
         state = self._check(seq)
         if hidden:
             raise InputError("the llama.cpp backend does not return hidden states")
@@ -215,14 +215,14 @@ class LlamaCppBackend:
         state.leaf_of = {node: ids[0] for node, ids in enumerate(below)}
         return [tuple(ids) for ids in below]
 
-    def rollback(self, seq: Sequence, length: int) -> None:
+    def rollback(self, seq: CacheState, length: int) -> None:
         self._check(seq)
         if not 0 <= length <= seq.length:
             raise ValueError(f"cannot roll a cache of {seq.length} tokens back to {length}")
         self.llama_cpp.llama_memory_seq_rm(self.model.memory, -1, length, -1)
         seq.length = length
 
-    def keep(self, seq: Sequence, start: int, nodes: list[int]) -> None:
+    def keep(self, seq: CacheState, start: int, nodes: list[int]) -> None:
         state = self._check(seq)
         if not state.leaf_of:  # a chain: the kept entries are already in place
             if nodes != list(range(len(nodes))):

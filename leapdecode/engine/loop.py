@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
@@ -29,10 +29,17 @@ if TYPE_CHECKING:
     from leapdecode.drafters.base import Drafter
     from leapdecode.verifiers.verdict import TokenLogprob, Verdict
 
-# (drafted tokens [D], target logits [D+1, vocab], draft probs q [D, vocab] or None) -> Verdict
-Verifier = Callable[[Sequence[int], torch.Tensor, "torch.Tensor | None"], "Verdict"]
-# (drafted tokens [D], their tree, target logits [D+1, vocab]) -> Verdict
-TreeVerifier = Callable[[Sequence[int], TreeLayout, torch.Tensor], "Verdict"]
+class Verifier(Protocol):
+    """(drafted tokens [D], target logits [D+1, vocab], draft probs q [D, vocab] or None) -> Verdict;
+    `position`: the output position the first row decides (a sampled request's noise is per position)."""
+
+    def __call__(self, draft: Sequence[int], logits: torch.Tensor, q: torch.Tensor | None, *, position: int) -> Verdict: ...
+
+
+class TreeVerifier(Protocol):
+    """(drafted tokens [D], their tree, target logits [D+1, vocab]) -> Verdict; `position` as above."""
+
+    def __call__(self, draft: Sequence[int], tree: TreeLayout, logits: torch.Tensor, *, position: int) -> Verdict: ...
 
 
 @dataclass(frozen=True)
@@ -59,7 +66,7 @@ def decode(
     """Generate after `prompt_ids`, yielding one `Step` per target forward pass."""
     # 1. Prefill: the prompt's pass also gives the first new token.
     seq, scores = backend.prefill(list(prompt_ids))
-    verdict = verifier((), scores.logits[-1:], None)
+    verdict = verifier((), scores.logits[-1:], None, position=0)
     new_tokens = verdict.tokens
     drafter.reset(prompt_ids)
     drafter.attach(backend, seq)
@@ -90,10 +97,11 @@ def decode(
         scores = backend.forward(seq, [new_tokens[-1], *draft.tokens], tree=tree)
         # 5. Verify: the longest prefix (tree: root-to-node path) the target agrees with, plus
         #    its bonus token; the step's one device-to-host transfer.
+        #    Row 0 decides output position len(generated): the pending token is already emitted.
         if tree is None:
-            verdict = verifier(draft.tokens, scores.logits, draft.q)
+            verdict = verifier(draft.tokens, scores.logits, draft.q, position=len(generated))
         else:
-            verdict = tree_verifier(draft.tokens, tree, scores.logits)
+            verdict = tree_verifier(draft.tokens, tree, scores.logits, position=len(generated))
         path, new_tokens = verdict.path, verdict.tokens
         drafted, parents = tuple(draft.tokens), draft.parents
         # 6. Keep the root and the accepted path in the cache; the bonus token is not cached yet.

@@ -29,17 +29,17 @@ def greedy_reference(model: Any, prompt_ids: Sequence[int], max_new_tokens: int,
 
 
 @torch.inference_mode()
-def sample_reference(
-    model: Any, prompt_ids: Sequence[int], max_new_tokens: int, params: Any, generator: torch.Generator | None = None
-) -> list[int]:
-    """Plain sampling without a KV cache: each token drawn from the shaped target distribution."""
+def sample_reference(model: Any, prompt_ids: Sequence[int], max_new_tokens: int, params: Any, noise: Any) -> list[int]:
+    """Plain sampling without a KV cache: the token at output position t is chosen from the
+    shaped target distribution with the request's uniform u_t (`leapdecode.engine.noise`)."""
+    from leapdecode.engine.noise import choose
     from leapdecode.engine.sampling import logits_to_probs
 
     ids = torch.tensor([list(prompt_ids)], dtype=torch.long, device=model.device)  # [1, T]
     generated: list[int] = []
-    for _ in range(max_new_tokens):
+    for position in range(max_new_tokens):
         probs = logits_to_probs(model(input_ids=ids, use_cache=False).logits[0, -1:], params)  # [1, vocab]
-        token = int(torch.multinomial(probs[0], 1, generator=generator))
+        token = int(choose(probs, noise.uniforms([position], device=probs.device))[0])
         generated.append(token)
         ids = torch.cat([ids, ids.new_tensor([[token]])], dim=1)
     return generated

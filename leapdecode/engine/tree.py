@@ -26,6 +26,7 @@ class TreeLayout:
     parents: tuple[int, ...]  # per drafted token: parent among drafted tokens, -1 for the root
     children: tuple[tuple[int, ...], ...]  # per node: child nodes, in draft order
     depth: torch.Tensor  # [D+1] long: root 0
+    depths: tuple[int, ...]  # the same on the host: a node's output position is the first row's + its depth
     ancestors: torch.Tensor  # [D+1, D+1] bool: [i, j] is True when node j is node i or above it
     is_chain: bool
     # device copies of `depth` and of the blocked (non-ancestor) pairs, made once per device
@@ -111,7 +112,7 @@ def compile_tree(parents: tuple[int, ...]) -> TreeLayout:
         ancestors[node, node] = True
     is_chain = all(p == i - 1 for i, p in enumerate(parents))
     return TreeLayout(
-        parents=parents, children=tuple(tuple(c) for c in children), depth=torch.tensor(depth),
+        parents=parents, children=tuple(tuple(c) for c in children), depth=torch.tensor(depth), depths=tuple(depth),
         ancestors=ancestors, is_chain=is_chain,
     )
 

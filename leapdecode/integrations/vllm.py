@@ -47,6 +47,7 @@ class LeapdecodeProposer:
     default_method = "anpd"
 
     def __init__(self, vllm_config: Any) -> None:
+        from leapdecode.engine.noise import PositionNoise
         from leapdecode.engine.sampling import SamplingParams
         from leapdecode.integrations.slots import SlotDrafters
         from leapdecode.integrations.step_cost import StepCost
@@ -61,7 +62,7 @@ class LeapdecodeProposer:
             factory = cost_aware_factory(factory, cost)
         greedy = SamplingParams()  # chain drafters draft the same whatever vLLM samples
         self.slots = SlotDrafters(
-            lambda: factory(greedy, None),
+            lambda: factory(greedy, PositionNoise(0)),  # these drafters draw no noise
             max_tokens=min(vllm_config.speculative_config.num_speculative_tokens, self.method.draft_length),
             max_len=vllm_config.model_config.max_model_len,
             capacity=max(64, 4 * vllm_config.scheduler_config.max_num_seqs),

@@ -1,9 +1,10 @@
 """Methods and their parameters, named by one string everywhere: `anpd:n=5,k=7`.
 
-One module per family (plain, n-gram, trees, parallel, draft model, layers, peers), each
+One module per family (plain, n-gram, suffix, trees, parallel, draft model, layers, peers), each
 method's frozen parameters next to the code that builds its drafter; `registry` lists them all
 and parses method strings. A new method goes into its family's module and into
-`registry.METHODS` (docs/ARCHITECTURE.md).
+`registry.METHODS` (docs/ARCHITECTURE.md). No module here imports torch at import time, so
+these imports stay eager.
 """
 
 from leapdecode.methods.base import DRAFT_SHAPES, DrafterFactory, Method, backend_for
@@ -14,11 +15,12 @@ from leapdecode.methods.parallel import Jacobi, Lookahead
 from leapdecode.methods.peers import HfAssisted, HfGenerate, HfPromptLookup, LlamaCppPlain, LlamaCppPromptLookup
 from leapdecode.methods.plain import Autoregressive
 from leapdecode.methods.registry import METHODS, method_class, method_names, parse_method
-from leapdecode.methods.trees import AnpdTree, Rest, Trie
+from leapdecode.methods.suffix import ArcticSuffix, Suffix
+from leapdecode.methods.trees import AnpdTree, Hybrid, Recycle, Rest, Trie
 
 __all__ = [
-    "DRAFT_SHAPES", "METHODS", "Anpd", "AnpdTree", "Autoregressive", "Calm", "DraftModel", "DrafterFactory", "HfAssisted",
-    "HfGenerate", "HfPromptLookup", "Jacobi", "LayerSkip", "LlamaCppPlain", "LlamaCppPromptLookup", "Lookahead", "Method",
-    "PromptLookup", "Rest", "SelfSpec", "Trie", "backend_for", "check_same_vocabulary", "method_class", "method_names",
-    "parse_method",
+    "DRAFT_SHAPES", "METHODS", "Anpd", "AnpdTree", "ArcticSuffix", "Autoregressive", "Calm", "DraftModel",
+    "DrafterFactory", "HfAssisted", "HfGenerate", "HfPromptLookup", "Hybrid", "Jacobi", "LayerSkip", "LlamaCppPlain",
+    "LlamaCppPromptLookup", "Lookahead", "Method", "PromptLookup", "Recycle", "Rest", "SelfSpec", "Suffix", "Trie",
+    "backend_for", "check_same_vocabulary", "method_class", "method_names", "parse_method",
 ]

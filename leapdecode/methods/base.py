@@ -27,16 +27,19 @@ if TYPE_CHECKING:
     from leapdecode.drafters.base import Drafter
     from leapdecode.engine.backend import Backend
     from leapdecode.engine.cost import ForwardCost, PassCost
+    from leapdecode.engine.noise import PositionNoise
     from leapdecode.engine.sampling import SamplingParams
     from leapdecode.models.loading import LoadedModel
 
 # Builds a fresh drafter for one request, given how that request samples.
-DrafterFactory = Callable[["SamplingParams", "torch.Generator | None"], "Drafter"]
+# (the request's sampling, its per-position noise) -> a fresh drafter for that request
+DrafterFactory = Callable[["SamplingParams", "PositionNoise"], "Drafter"]
 Log = Callable[[str], None]
 
 logger = logging.getLogger("leapdecode")
 
 DRAFT_SHAPES = ("none", "chain", "tree")
+MAX_DRAFT = 128  # longest chain a method may draft per pass
 
 
 @dataclass(frozen=True)
@@ -56,7 +59,7 @@ class Method:
     def drafter_factory(self, target: LoadedModel, *, draft_model: LoadedModel | None, log: Log) -> DrafterFactory:
         """Load what the method needs once per model (a draft model, a datastore) and return a
         per-request drafter factory. The default builds `build_drafter()` for each request."""
-        return lambda sampling, generator: self.build_drafter()
+        return lambda sampling, noise: self.build_drafter()
 
     def prepare(
         self, target: LoadedModel, *, draft_model: LoadedModel | None = None, log: Log | None = None,
@@ -148,14 +151,15 @@ def cost_aware_factory(factory: DrafterFactory, cost: PassCost) -> DrafterFactor
     """Wrap every drafter `factory` builds in a `CostAwareDrafter` over `cost`: each step keeps
     only the part of a draft worth its cost (past the measured sizes, the curve's last slope goes
     on). Greedy requests share one acceptance estimate: each starts from what earlier ones learned
-    (their output does not depend on the drafts). A sampled request keeps its own, so that its
-    drafts, and with them its draws, depend only on its prompt and seed: a seed reproduces it."""
+    (their output does not depend on the drafts). A sampled request keeps its own: sampled
+    acceptance differs from greedy's (its text does not depend on the drafts either: the noise
+    is per position, `leapdecode.engine.noise`)."""
     from leapdecode.drafters.cost_aware import AcceptanceEstimate, CostAwareDrafter
 
     shared = AcceptanceEstimate()
 
-    def build(sampling: SamplingParams, generator: torch.Generator | None) -> Drafter:
+    def build(sampling: SamplingParams, noise: PositionNoise) -> Drafter:
         estimate = shared if sampling.greedy else AcceptanceEstimate()
-        return CostAwareDrafter(factory(sampling, generator), cost, estimate)
+        return CostAwareDrafter(factory(sampling, noise), cost, estimate)
 
     return build

@@ -9,9 +9,8 @@ from leapdecode.errors import MethodError, ModelLoadError
 from leapdecode.methods.base import DrafterFactory, Log, Method
 
 if TYPE_CHECKING:
-    import torch
-
     from leapdecode.drafters.base import Drafter
+    from leapdecode.engine.noise import PositionNoise
     from leapdecode.engine.sampling import SamplingParams
     from leapdecode.models.loading import LoadedModel
 
@@ -33,6 +32,9 @@ class DraftModel(Method):
     schedule: str = "constant"  # or "heuristic": adapt k from the last verdict
     threshold: float = 0.0  # stop drafting after a token the draft model gives less than this
     cascade: bool = False  # ANPD drafts for the draft model (vertical cascade)
+    # sampling: the draft model picks with the target's own per-position uniforms, so a sampled
+    # text equals plain sampling's (False: its own noise, verified by min(1, p/q))
+    coupled: bool = True
 
     def __post_init__(self) -> None:
         self._require(1 <= self.k <= 64, f"k must be between 1 and 64, got {self.k}")
@@ -54,9 +56,9 @@ class DraftModel(Method):
         backend = TorchBackend(draft_model.model)
         cascade_n = CASCADE_N if self.cascade else 0
 
-        def factory(sampling: SamplingParams, generator: torch.Generator | None) -> Drafter:
+        def factory(sampling: SamplingParams, noise: PositionNoise) -> Drafter:
             return DraftModelDrafter(
-                backend, self.k, sampling=sampling, generator=generator, schedule=self.schedule,
+                backend, self.k, sampling=sampling, noise=noise, coupled=self.coupled, schedule=self.schedule,
                 threshold=self.threshold, cascade_n=cascade_n,
             )
 

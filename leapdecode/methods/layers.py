@@ -32,6 +32,7 @@ class _OwnLayerDrafting(Method):
     length_field: ClassVar[str] = "k"
     k: int  # fields of the dataclasses below
     threshold: float
+    coupled: bool
 
     def _check_drafting(self) -> None:
         self._require(1 <= self.k <= 64, f"k must be between 1 and 64, got {self.k}")
@@ -40,7 +41,7 @@ class _OwnLayerDrafting(Method):
     def drafter_factory(self, target: LoadedModel, *, draft_model: LoadedModel | None, log: Log) -> DrafterFactory:
         from leapdecode.drafters.self_draft import SelfDrafter
 
-        return lambda sampling, generator: SelfDrafter(self.k, self.threshold, sampling=sampling, generator=generator)
+        return lambda sampling, noise: SelfDrafter(self.k, self.threshold, sampling=sampling, noise=noise, coupled=self.coupled)
 
     def _backend(self, target: LoadedModel, draft_layers: tuple[int, ...]) -> Backend:
         from leapdecode.early_exit.backend import SelfDraftBackend
@@ -57,6 +58,7 @@ class SelfSpec(_OwnLayerDrafting):
     skip: str = ""  # layers to skip, e.g. 4-9/12; empty: the set saved by `leapdecode calibrate layer-skip`
     k: int = 4
     threshold: float = 0.5  # stop drafting after a token the draft gives less than this
+    coupled: bool = True  # sampling: draft with the target's per-position uniforms (see DraftModel)
 
     def __post_init__(self) -> None:
         if self.skip:
@@ -108,6 +110,7 @@ class LayerSkip(_OwnLayerDrafting):
     exit: int = 0  # drafting layers: 0..exit-1, then the final norm and LM head
     k: int = 4
     threshold: float = 0.0
+    coupled: bool = True  # sampling: draft with the target's per-position uniforms (see DraftModel)
 
     def __post_init__(self) -> None:
         self._require(self.exit >= 1, f"needs exit=E, the number of layers that draft (>= 1), got {self.exit}")

@@ -1,18 +1,14 @@
-"""Drafting by copying text: ANPD's n-grams, prompt lookup, suffix matching (chains)."""
+"""Drafting by copying text: ANPD's n-grams and prompt lookup (chains)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
-from leapdecode.methods.base import DrafterFactory, Log, Method
+from leapdecode.methods.base import MAX_DRAFT, Method
 
 if TYPE_CHECKING:
     from leapdecode.drafters.base import Drafter
-    from leapdecode.methods.trees import Hybrid
-    from leapdecode.models.loading import LoadedModel
-
-MAX_DRAFT = 128  # longest chain a method may draft per pass
 
 
 @dataclass(frozen=True)
@@ -26,7 +22,7 @@ class Anpd(Method):
     n: int = 5
     k: int = 7
     # Keep only the part of each draft worth its measured cost: on by default, as it never lost to
-    # plain decoding on any Spec-Bench category on either backend and the uncut draft did (BENCHMARKS.md).
+    # plain decoding on any Spec-Bench category on either backend and the uncut draft did (docs/benchmarks.md).
     cost_aware: bool = True
 
     def __post_init__(self) -> None:
@@ -63,52 +59,3 @@ class PromptLookup(Method):
         from leapdecode.drafters.prompt_lookup import PromptLookupDrafter
 
         return PromptLookupDrafter(k=self.k, max_ngram=self.max_ngram, min_ngram=self.min_ngram)
-
-
-def check_suffix_fields(method: Suffix | Hybrid) -> None:
-    """The suffix drafter's fields, shared by `suffix` and `hybrid`."""
-    method._require(0.0 < method.factor <= 64.0, f"factor must be in (0, 64], got {method.factor}")
-    method._require(1 <= method.min_match <= 1024, f"min_match must be between 1 and 1024, got {method.min_match}")
-    method._require(0.0 <= method.min_prob <= 1.0, f"min_prob must be between 0 and 1, got {method.min_prob}")
-    method._require(1024 <= method.index_tokens <= 1 << 24, f"index_tokens must be between 1024 and {1 << 24}, got {method.index_tokens}")
-
-
-@dataclass(frozen=True)
-class Suffix(Method):
-    """SuffixDecoding-style drafting: what followed earlier matches of the suffix, from a suffix automaton."""
-
-    name: ClassVar[str] = "suffix"
-    summary: ClassVar[str] = "suffix automaton: a tree of what most often followed an earlier match (any length), optionally across requests"
-    length_field: ClassVar[str] = "k"
-    k: int = 16  # most tokens drafted per pass (the tree's nodes)
-    factor: float = 1.0  # draft at most factor × match length + offset tokens
-    offset: float = 0.0
-    min_match: int = 1
-    min_prob: float = 0.1  # no drafted token whose estimated probability is lower
-    tree: bool = True  # False: the most probable path only, a chain
-    # One index of finished requests' outputs for every request of this decoder: drafts may copy
-    # one user's output into another's request (README, "Sharing drafts across requests").
-    shared: bool = False
-    index_tokens: int = 1 << 16  # tokens the shared index keeps, oldest outputs dropped first
-    cost_aware: bool = True
-
-    def __post_init__(self) -> None:
-        self._require(1 <= self.k <= MAX_DRAFT, f"k must be between 1 and {MAX_DRAFT}, got {self.k}")
-        self._require(0.0 <= self.offset <= MAX_DRAFT, f"offset must be between 0 and {MAX_DRAFT}, got {self.offset}")
-        check_suffix_fields(self)
-
-    @property
-    def drafts(self) -> str:  # type: ignore[override]  # a chain or a tree, as asked
-        return "tree" if self.tree else "chain"
-
-    @property
-    def pass_size(self) -> int:
-        return self.k + 1
-
-    def drafter_factory(self, target: LoadedModel, *, draft_model: LoadedModel | None, log: Log) -> DrafterFactory:
-        from leapdecode.drafters.suffix import SuffixDrafter, SuffixIndex
-
-        index = SuffixIndex(self.index_tokens) if self.shared else None  # one per decoder, or none
-        return lambda sampling, generator: SuffixDrafter(
-            self.k, self.factor, self.offset, self.min_match, index, min_prob=self.min_prob, tree=self.tree,
-        )

@@ -9,11 +9,12 @@ from leapdecode.errors import MethodError
 from leapdecode.methods.base import Method
 from leapdecode.methods.draft_model import DraftModel
 from leapdecode.methods.layers import Calm, LayerSkip, SelfSpec
-from leapdecode.methods.ngram import Anpd, PromptLookup, Suffix
+from leapdecode.methods.ngram import Anpd, PromptLookup
 from leapdecode.methods.parallel import Jacobi, Lookahead
 from leapdecode.methods.peers import HfAssisted, HfGenerate, HfPromptLookup, LlamaCppPlain, LlamaCppPromptLookup
 from leapdecode.methods.plain import Autoregressive
-from leapdecode.methods.trees import AnpdTree, ArcticSuffix, Hybrid, Recycle, Rest, Trie
+from leapdecode.methods.suffix import ArcticSuffix, Suffix
+from leapdecode.methods.trees import AnpdTree, Hybrid, Recycle, Rest, Trie
 
 # Every method, in the order `leapdecode methods` and error messages list them.
 METHODS: tuple[type[Method], ...] = (

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 from leapdecode.methods.base import DrafterFactory, Log, Method
-from leapdecode.methods.ngram import check_suffix_fields
+from leapdecode.methods.suffix import check_suffix_fields
 
 if TYPE_CHECKING:
     from leapdecode.drafters.base import Drafter
@@ -97,7 +97,7 @@ class Rest(_TreeMethod):
 
         store = Datastore.load(self.datastore)
         store.check_tokenizer(target.tokenizer, target.name)
-        return lambda sampling, generator: RestDrafter(
+        return lambda sampling, noise: RestDrafter(
             store, self.nodes, self.depth, self.matches, self.max_suffix, self.min_suffix,
         )
 
@@ -124,7 +124,7 @@ class Recycle(_TreeMethod):
         from leapdecode.drafters.recycle import RecycleDrafter, RecycleTable
 
         table = RecycleTable(self.k) if self.shared else None  # one table for every request of this decoder
-        return lambda sampling, generator: RecycleDrafter(self.k, self.nodes, self.depth, self.width, table)
+        return lambda sampling, noise: RecycleDrafter(self.k, self.nodes, self.depth, self.width, table)
 
 
 @dataclass(frozen=True)
@@ -156,44 +156,7 @@ class Hybrid(Recycle):
         # shared=true: one recycling table and one suffix index for every request of this decoder
         table = RecycleTable(self.k) if self.shared else None
         index = SuffixIndex(self.index_tokens) if self.shared else None
-        return lambda sampling, generator: HybridDrafter(
+        return lambda sampling, noise: HybridDrafter(
             SuffixDrafter(self.suffix_k, self.factor, 0.0, self.min_match, index, min_prob=self.min_prob),
             RecycleDrafter(self.k, self.nodes, self.depth, self.width, table),
-        )
-
-
-@dataclass(frozen=True)
-class ArcticSuffix(_TreeMethod):
-    """Peer: SuffixDecoding's own implementation (arctic-inference) drafting in our engine."""
-
-    name: ClassVar[str] = "arctic-suffix"
-    summary: ClassVar[str] = "peer: SuffixDecoding by arctic-inference (`make peers`), verified by this engine"
-    k: int = 16  # most tokens drafted per pass (their max_spec_tokens)
-    depth: int = 24  # their suffix trees' depth: the longest match
-    factor: float = 1.0
-    offset: float = 0.0
-    min_prob: float = 0.1
-    tree: bool = True
-    shared: bool = False  # their global tree of earlier responses, across this decoder's requests
-    cost_aware: bool = False  # as they draft, uncut
-
-    def __post_init__(self) -> None:
-        self._require(1 <= self.k <= 128, f"k must be between 1 and 128, got {self.k}")
-        self._require(1 <= self.depth <= 64, f"depth must be between 1 and 64, got {self.depth}")
-        self._require(0.0 < self.factor <= 64.0, f"factor must be in (0, 64], got {self.factor}")
-        self._require(0.0 <= self.offset <= 128.0, f"offset must be between 0 and 128, got {self.offset}")
-        self._require(0.0 <= self.min_prob <= 1.0, f"min_prob must be between 0 and 1, got {self.min_prob}")
-
-    @property
-    def pass_size(self) -> int:
-        return self.k + 1
-
-    def drafter_factory(self, target: LoadedModel, *, draft_model: LoadedModel | None, log: Log) -> DrafterFactory:
-        from leapdecode.drafters.arctic_suffix import ArcticSuffixDrafter, suffix_cache
-
-        shared = suffix_cache(self.depth, 10000) if self.shared else None  # 10000: as vLLM sets it
-        suffix_cache(self.depth, 0)  # fails now, with a clear message, when the package is missing
-        return lambda sampling, generator: ArcticSuffixDrafter(
-            shared if shared is not None else suffix_cache(self.depth, 0),
-            self.k, self.factor, self.offset, self.min_prob, self.tree,
         )

@@ -25,7 +25,8 @@ from safetensors.torch import save_file
 from leapdecode.errors import ModelLoadError
 from leapdecode.models import presets
 from leapdecode.models.linear import use_small_batch_linear
-from leapdecode.models.quantize import QUANTIZE_MODES, load_quantized, quantize_model, save_quantized
+from leapdecode.models.precision import Hardware, Source, check_choices, checkpoint_dtype, gguf_is_quantized, resolve_precision
+from leapdecode.models.quantize import load_quantized, quantize_model, save_quantized
 
 GGUF_MAGIC = b"GGUF"
 _PROBE = "leapdecode-probe-reply"
@@ -42,7 +43,6 @@ def default_device() -> torch.device:
 
 BACKENDS = ("torch", "llama.cpp")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-DTYPE_NAMES = ("auto", *DTYPES)
 
 
 def cpu_flags() -> frozenset[str]:
@@ -57,24 +57,16 @@ def cpu_flags() -> frozenset[str]:
     return frozenset()
 
 
-def native_bf16(device: torch.device) -> bool:
-    """Whether `device` computes bfloat16 products natively: a CUDA GPU that supports it, or a
-    CPU with AVX512-BF16 or AMX (elsewhere bfloat16 is emulated and slower than float32)."""
+def hardware_of(device: torch.device) -> Hardware:
+    """What `device` computes natively: bfloat16 products on a CUDA GPU that supports them or a
+    CPU with AVX512-BF16 or AMX; float16 on CUDA or a CPU with AVX512-FP16 or AMX-FP16. Elsewhere
+    those types are emulated and slower than float32."""
     if device.type == "cuda":
-        return bool(torch.cuda.is_bf16_supported())
-    return device.type == "cpu" and bool(cpu_flags() & {"avx512_bf16", "amx_bf16"})
-
-
-def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
-    """A torch dtype from a name (`auto`: bfloat16 where `native_bf16`, else float32)."""
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    name = str(dtype).strip().lower()
-    if name == "auto":
-        return torch.bfloat16 if native_bf16(device) else torch.float32
-    if name not in DTYPES:
-        raise ModelLoadError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPE_NAMES)}")
-    return DTYPES[name]
+        return Hardware("cuda", native_bf16=bool(torch.cuda.is_bf16_supported()), native_fp16=True)
+    if device.type == "cpu":
+        flags = cpu_flags()
+        return Hardware("cpu", native_bf16=bool(flags & {"avx512_bf16", "amx_bf16"}), native_fp16=bool(flags & {"avx512_fp16", "amx_fp16"}))
+    return Hardware("mps" if device.type == "mps" else "other", native_bf16=False, native_fp16=device.type == "mps")
 
 
 @dataclass(frozen=True)
@@ -91,6 +83,7 @@ class LoadedModel:
     costs: dict[tuple[str, int], Any] = field(default_factory=dict, repr=False, compare=False)
     row_exact: bool = False  # verification rows bitwise one-token passes (`leapdecode.models.row_exact`)
     quantize: str = "none"  # "int8"/"int4": group-quantized linear layers (`leapdecode.models.quantize`)
+    precision: str = ""  # why it runs in this dtype and quantization (`leapdecode.models.precision`)
 
     @property
     def device(self) -> torch.device:
@@ -118,9 +111,11 @@ class LoadedModel:
 
     @property
     def describe(self) -> str:
-        """What runs, in a few words: `torch float32 row-exact`, `torch int4 row-exact`, `llama.cpp gguf`."""
+        """What runs, in a few words, and why: `torch int4 row-exact (the GGUF's own blocks)`,
+        `torch float32 row-exact (float32 asked for)`, `llama.cpp gguf`."""
         weights = self.quantize if self.quantize != "none" else self.dtype
-        return f"{self.backend} {weights}{' row-exact' if self.row_exact else ''}"
+        why = f" ({self.precision})" if self.precision else ""
+        return f"{self.backend} {weights}{' row-exact' if self.row_exact else ''}{why}"
 
     @property
     def vocab_size(self) -> int:
@@ -169,7 +164,7 @@ logger = logging.getLogger("leapdecode")
 def load_model(
     spec: str | os.PathLike[str],
     *,
-    dtype: str | torch.dtype = "float32",
+    dtype: str | torch.dtype = "auto",
     device: str | torch.device | None = None,
     cache_dir: str | os.PathLike[str] | None = None,
     download: bool = True,
@@ -177,70 +172,49 @@ def load_model(
     small_batch_linear: bool = True,
     backend: str = "torch",
     row_exact: bool | None = None,
-    quantize: str | None = None,
+    quantize: str | None = "auto",
 ) -> LoadedModel:
-    """Load a causal LM and its tokenizer.
+    """Load a causal LM and its tokenizer, by default on its fastest path here.
 
     `spec` is a preset name (`smollm2-135m`, see `PRESETS`), a path to a `.gguf` file, a local
-    Hugging Face folder, or a hub id. `dtype` is a torch dtype or a name: `float32`, `bfloat16`,
-    `float16`, or `auto` (bfloat16 on CUDA and on CPUs with native bf16 products, else float32);
-    the llama.cpp backend runs the GGUF's own types and ignores it. `row_exact` (float32, or
-    bfloat16 on a CPU with AVX512-BF16) makes every row of a verification pass bit-identical to a one-token pass
+    Hugging Face folder, or a hub id. `dtype` (`auto`, `float32`, `bfloat16`, `float16` or a torch
+    dtype) and `quantize` (`auto`, `none`, `int8`, `int4`) are resolved with the source and the
+    hardware by `leapdecode.models.precision.resolve_precision`: by default a GGUF source runs its
+    own quantized blocks on CPU, a checkpoint its own dtype where the hardware computes it
+    natively, else float32; `dtype=X` alone runs X, not quantized; `quantize="int4"` quantizes a
+    float checkpoint. The llama.cpp backend (`backend="llama.cpp"`, the `llamacpp` extra) runs a
+    preset or .gguf file's own types. `row_exact` (float32, or bfloat16 on a CPU with
+    AVX512-BF16) makes every row of a verification pass bit-identical to a one-token pass
     (`leapdecode.models.row_exact`), so greedy drafting is lossless by construction; None (the
-    default) turns it on wherever it applies and its kernel builds. With
-    `download`, a preset that is not installed yet is pulled (pip) first. `quantize` ("int8",
-    "int4"; "auto": int4 where it applies, on CPU in float32; None or "none": off) swaps the linear layers for group-quantized ones on CPU
-    (`leapdecode.models.quantize`); their rows are bit-exact by construction, and the attention
-    too when `row_exact` is not False. Otherwise, on CPU in
-    float32, `small_batch_linear` swaps the linear layers for ones that score 2-16 tokens at
-    nearly the cost of one (see `leapdecode.models.linear`). `backend="llama.cpp"`
-    runs a preset or .gguf file in llama.cpp instead (the `llamacpp` extra). Raises
-    `ModelLoadError` with a message saying what to do.
+    default) turns it on wherever it applies and its kernel builds; quantized layers are
+    row-exact by construction. Otherwise, on CPU in float32, `small_batch_linear` swaps the
+    linear layers for ones that score 2-16 tokens at nearly the cost of one. With `download`, a
+    preset that is not installed yet is pulled (pip) first. Raises `ModelLoadError` with a
+    message saying what to do; a bad choice fails before anything loads.
     """
     if backend not in BACKENDS:
         raise ModelLoadError(f"unknown backend {backend!r}; known: {', '.join(BACKENDS)}")
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     target_device = torch.device(device) if device is not None else default_device()
-    quantize = quantize or "none"
-    if quantize == "auto":  # the fastest path where it applies: int4 layers on CPU (torch, float32)
-        cpu_float = target_device.type == "cpu" and str(dtype).lower() in ("auto", "float32", "torch.float32")
-        quantize = "int4" if cpu_float and backend == "torch" else "none"
-    if quantize not in QUANTIZE_MODES:
-        raise ModelLoadError(f"unknown quantization {quantize!r}; choose one of {', '.join(QUANTIZE_MODES)}")
-    if quantize != "none":
-        if target_device.type != "cpu":
-            raise ModelLoadError(f"quantized layers run on CPU, not {target_device.type}")
-        if str(dtype).lower() not in ("auto", "float32", "torch.float32"):
-            raise ModelLoadError(f"quantized layers compute in float32; drop dtype={str(dtype).removeprefix('torch.')} or quantize")
-        dtype = torch.float32
-        if backend == "llama.cpp":
-            raise ModelLoadError("the llama.cpp backend runs the GGUF's own quantization; quantize is for the torch backend")
-    dtype = resolve_dtype(dtype, target_device)
+    hardware = hardware_of(target_device)
+    check_choices(dtype, quantize, backend, hardware)
     src = _resolve(spec, cache, download=download, log=log, backend=backend)
     if backend == "llama.cpp":
         assert src.gguf is not None
         return _load_llamacpp(src.gguf, src.sha256, cache, src.name, log)
     source_gguf, source_sha, name, source = src.gguf, src.sha256, src.name, src.source
-    model, tokenizer = _from_pretrained(source, dtype, log)
+    config = _load_config(source)
+    found = Source(gguf_quantized=source_gguf is not None and gguf_is_quantized(source_gguf), dtype=checkpoint_dtype(config))
+    precision = resolve_precision(found, hardware, dtype, quantize, backend)
+    log(f"running {precision.quantize if precision.quantize != 'none' else precision.dtype}: {precision.reason}")
+    model, tokenizer = _from_pretrained(source, DTYPES[precision.dtype], log, config=config)
     model.to(target_device)
     model.eval()
-    if quantize != "none":
-        log(f"quantizing the linear layers to {quantize} (the kernel is built once, then cached)")
-        _quantize(model, quantize, source_gguf, source_sha, cache, log)
-    applies = target_device.type == "cpu" and dtype in (torch.float32, torch.bfloat16)
-    if row_exact and not applies:
-        raise ModelLoadError(f"row_exact runs float32 or bfloat16 on CPU, not {str(dtype).removeprefix('torch.')} on {target_device.type}")
-    if row_exact is None and applies:
-        from leapdecode.models.row_exact import bf16_linear_available, kernel
-
-        log("preparing the row-exact kernel (built once, then cached)")
-        # bfloat16 without AVX512-BF16: the kernel's portable path is exact but slower than nn.Linear
-        row_exact = kernel() is not None and (dtype == torch.float32 or bf16_linear_available())
-    if row_exact:
-        from leapdecode.models.row_exact import use_row_exact
-
-        use_row_exact(model)
-    elif target_device.type == "cpu" and small_batch_linear and dtype == torch.float32:
+    if precision.quantize != "none":
+        log(f"quantizing the linear layers to {precision.quantize} (the kernel is built once, then cached)")
+        _quantize(model, precision.quantize, source_gguf, source_sha, cache, log)
+    row_exact = _row_exact(model, row_exact, target_device, log)
+    if not row_exact and target_device.type == "cpu" and small_batch_linear and model.dtype == torch.float32:
         # measured for float32 only: in bfloat16 without native bf16 products the thin-operand
         # product is slower than nn.Linear's (smollm2, AVX2: 2 rows 137 ms against 73 ms)
         use_small_batch_linear(model)
@@ -250,9 +224,28 @@ def load_model(
         name=name,
         eos_token_ids=frozenset(end_of_turn_ids(model, tokenizer)),
         max_context=context_length(model, tokenizer),
-        row_exact=bool(row_exact),
-        quantize=quantize,
+        row_exact=row_exact,
+        quantize=precision.quantize,
+        precision=precision.reason,
     )
+
+
+def _row_exact(model: Any, wanted: bool | None, device: torch.device, log: Callable[[str], None]) -> bool:
+    """Turn the row-exact kernel on where asked, or (None) wherever it applies and builds."""
+    applies = device.type == "cpu" and model.dtype in (torch.float32, torch.bfloat16)
+    if wanted and not applies:
+        raise ModelLoadError(f"row_exact runs float32 or bfloat16 on CPU, not {str(model.dtype).removeprefix('torch.')} on {device.type}")
+    if wanted is None and applies:
+        from leapdecode.models.row_exact import bf16_linear_available, kernel
+
+        log("preparing the row-exact kernel (built once, then cached)")
+        # bfloat16 without AVX512-BF16: the kernel's portable path is exact but slower than nn.Linear
+        wanted = kernel() is not None and (model.dtype == torch.float32 or bf16_linear_available())
+    if wanted:
+        from leapdecode.models.row_exact import use_row_exact
+
+        use_row_exact(model)
+    return bool(wanted)
 
 
 class _Source(NamedTuple):
@@ -376,21 +369,27 @@ def _quiet_progress() -> Iterator[None]:
             hf_logging.enable_progress_bar()
 
 
-def _from_pretrained(source: str, dtype: torch.dtype, log: Callable[[str], None], **kwargs: Any) -> tuple[Any, Any]:
+def _load_config(source: str) -> Any:
+    """The checkpoint's transformers config (says its dtype and architecture; weights not read)."""
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(source)
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"could not load model {source!r}: {_first_line(exc)}") from exc
+
+
+def _from_pretrained(source: str, dtype: torch.dtype, log: Callable[[str], None], config: Any) -> tuple[Any, Any]:
     with _quiet_progress():
-        return _load_pretrained(source, dtype, log, **kwargs)
+        return _load_pretrained(source, dtype, log, config)
 
 
-def _load_pretrained(source: str, dtype: torch.dtype, log: Callable[[str], None], **kwargs: Any) -> tuple[Any, Any]:
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+def _load_pretrained(source: str, dtype: torch.dtype, log: Callable[[str], None], config: Any) -> tuple[Any, Any]:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     log(f"loading {source}")
     try:
-        config = AutoConfig.from_pretrained(source, **kwargs)
-    except (OSError, ValueError) as exc:
-        raise ModelLoadError(f"could not load model {source!r}: {_first_line(exc)}") from exc
-    try:
-        model = AutoModelForCausalLM.from_pretrained(source, config=config, dtype=dtype, **kwargs)
+        model = AutoModelForCausalLM.from_pretrained(source, config=config, dtype=dtype)
     except ValueError as exc:
         if "Unrecognized configuration class" in str(exc):
             raise ModelLoadError(
@@ -400,7 +399,7 @@ def _load_pretrained(source: str, dtype: torch.dtype, log: Callable[[str], None]
     except (OSError, RuntimeError, KeyError) as exc:
         raise ModelLoadError(f"could not load model weights from {source!r}: {_first_line(exc)}") from exc
     try:
-        tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
+        tokenizer = AutoTokenizer.from_pretrained(source)
     except (OSError, ValueError, KeyError) as exc:
         raise ModelLoadError(f"could not load the tokenizer of {source!r}: {_first_line(exc)}") from exc
     return model, tokenizer

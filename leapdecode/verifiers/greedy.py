@@ -19,6 +19,7 @@ def verify_greedy(
     target_logits: torch.Tensor,  # [D+1, vocab]
     draft_probs: torch.Tensor | None = None,  # [D, vocab]; unused: greedy needs only p's argmax
     *,
+    position: int = 0,  # the first row's output position; unused: greedy draws no noise
     logprobs: int | None = None,
     candidates: int = 0,
 ) -> Verdict:

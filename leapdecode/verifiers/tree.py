@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 import torch
 
+from leapdecode.engine.noise import PositionNoise, Stream, choose
 from leapdecode.engine.sampling import SamplingParams, logits_to_probs
 from leapdecode.engine.tree import TreeLayout
 from leapdecode.verifiers.verdict import (
@@ -27,6 +28,7 @@ def verify_tree_greedy(
     tree: TreeLayout,
     target_logits: torch.Tensor,  # [D+1, vocab]: row i predicts the token after node i
     *,
+    position: int = 0,  # the root row's output position; unused: greedy draws no noise
     logprobs: int | None = None,
     candidates: int = 0,
 ) -> Verdict:
@@ -58,64 +60,42 @@ def verify_tree_speculative(
     tree: TreeLayout,
     target_logits: torch.Tensor,  # [D+1, vocab]
     params: SamplingParams,
-    generator: torch.Generator | None = None,
+    noise: PositionNoise,
     *,
+    position: int,
     logprobs: int | None = None,
 ) -> Verdict:
-    """Recursive rejection over siblings (SpecInfer, 2305.09781) with one-hot q: at a node, try
-    its children in order, accepting child x with probability p(x); after a rejection p becomes
-    norm(p with x removed), the residual for a one-hot q, so the j-th child is accepted with
-    probability p(x_j) / (1 - sum of the rejected siblings' p). The first accepted child becomes
-    the node; when every child is rejected the bonus token is drawn from p without any of the
-    children. Each emitted token is therefore distributed exactly as p.
-
-    All random draws are made up front on the device (one uniform per drafted token, one residual
-    sample per node: a node's residual is used only when all its children were rejected, so it
-    does not depend on the walk), then copied to the host with p at each drafted token in one
-    transfer; the walk itself runs on the host."""
+    """Coupled verification over a tree (`leapdecode.verifiers.sampling`): node i's row decides
+    output position `position + depth(i)`, where the target chooses y_i = choose(p_i, u); walk
+    down from the root into the child that carries y at each node, and emit y at the first node
+    without one. A child x is taken with probability p(x); with siblings carrying distinct tokens
+    the walk is SpecInfer's recursive rejection with one-hot q (2305.09781), each emitted token
+    distributed exactly as p, and the emitted tokens are those of plain sampling with the same
+    seed. One device-to-host transfer; the walk runs on the host."""
     tokens = host_tokens(draft_tokens)
-    num_nodes = len(tokens) + 1
     p = logits_to_probs(target_logits, params)  # [D+1, vocab]
-    device = p.device
-    draft = torch.tensor(tokens, dtype=torch.long, device=device)  # [D]
-    parent_rows = torch.tensor([parent + 1 for parent in tree.parents], dtype=torch.long, device=device)  # [D]
-    child_p = p[parent_rows, draft]  # [D]: p at the parent of each drafted token, of that token
-    u = torch.rand(len(tokens), device=device, generator=generator)  # [D]
-    residual = p.index_put((parent_rows, draft), torch.zeros_like(child_p))  # [D+1, vocab]: children removed
-    total = residual.sum(-1, keepdim=True)  # [D+1, 1]
-    residual = torch.where(total > 0, residual / total.clamp_min(1e-30), p)
-    fallback = torch.multinomial(residual, 1, generator=generator)[:, 0]  # [D+1]
+    u = noise.uniforms([position + d for d in tree.depths], Stream.TARGET, p.device)  # [D+1]
+    chosen = choose(p, u)  # [D+1]: the target's token after each node
     predicted = target_logits.argmax(dim=-1)  # [D+1]
-    parts = [child_p.double(), u.double(), fallback.double(), predicted.double()]
+    parts = [chosen.double(), predicted.double()]
     if logprobs is not None:
         logp = log_probs(target_logits)  # [D+1, vocab]
-        child_logp = logp[parent_rows, draft]  # [D]: each drafted token at its parent's row
-        fallback_logp = logp.gather(-1, fallback[:, None])[:, 0]  # [D+1]
-        parts += [child_logp.double(), fallback_logp.double(), top_logprobs(logp, logprobs)]
+        parts += [logp.gather(-1, chosen[:, None])[:, 0].double(), top_logprobs(logp, logprobs)]
     host = torch.cat(parts).tolist()  # the one device-to-host transfer
-    d = len(tokens)
-    child_p_h, u_h = host[:d], host[d : 2 * d]
-    fallback_h = [int(x) for x in host[2 * d : 2 * d + num_nodes]]
-    predicted_h = [int(x) for x in host[2 * d + num_nodes : 2 * d + 2 * num_nodes]]
+    num_nodes = len(tokens) + 1
+    chosen_h = [int(x) for x in host[:num_nodes]]
+    predicted_h = [int(x) for x in host[num_nodes : 2 * num_nodes]]
     node, path = 0, []
     while True:
-        accepted, removed = None, 0.0
-        for child in tree.children[node]:
-            i = child - 1
-            if u_h[i] * max(1.0 - removed, 1e-30) < child_p_h[i]:
-                accepted = child
-                break
-            removed += child_p_h[i]
-        if accepted is None:
-            last = fallback_h[node]
+        child = next((c for c in tree.children[node] if tokens[c - 1] == chosen_h[node]), None)
+        if child is None:
             break
-        path.append(accepted - 1)
-        node = accepted
-    emitted = [tokens[i] for i in path] + [last]
+        path.append(child - 1)
+        node = child
+    emitted = [tokens[i] for i in path] + [chosen_h[node]]
     if logprobs is None:
         return Verdict(path, emitted, predicted_h)
-    base = 2 * d + 2 * num_nodes
-    chosen = [host[base + i] for i in path] + [host[base + d + node]]
-    scored_at = [0, *(i + 1 for i in path)]
-    record = emitted_logprobs(emitted, scored_at, chosen, host[base + d + num_nodes :], logprobs)
+    scored_at = [0, *(i + 1 for i in path)]  # the row that decided each emitted token: its parent node
+    base = 2 * num_nodes
+    record = emitted_logprobs(emitted, scored_at, [host[base + r] for r in scored_at], host[base + num_nodes :], logprobs)
     return Verdict(path, emitted, predicted_h, record)

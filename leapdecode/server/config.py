@@ -1,0 +1,38 @@
+"""What a server is started with: its configuration, and the defaults it derives from it."""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass
+
+from leapdecode.methods import METHODS, Method
+
+
+@dataclass
+class ServerConfig:
+    model_name: str
+    default_method: str = "anpd"
+    max_queue: int = 8
+    timeout_s: float = 120.0
+    # Method names a request may choose (`leapdecode.method`); None: the served method and every
+    # lossless method that needs no file or model of its own.
+    allow_methods: tuple[str, ...] | None = None
+    api_key: str | None = None  # when set, every /v1 request needs `Authorization: Bearer KEY`
+    allowed_hosts: tuple[str, ...] = ()  # when set, the Host header must be one of these (DNS rebinding)
+    max_body_bytes: int = 4 << 20
+
+
+def default_allowed_methods(served: Method) -> tuple[str, ...]:
+    """The served method, plus the lossless engine methods that load no files or models."""
+    names = [m.name for m in METHODS if m.lossless and not m.peer and not m.loads_files]
+    return tuple(dict.fromkeys([served.name, *names]))
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` is reachable only from this machine (the CLI warns when serving beyond it with no key)."""
+    if host in ("localhost", ""):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False

@@ -1,0 +1,59 @@
+"""The server's Prometheus metrics, and the one place it turns a request's steps into tau and alpha."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from leapdecode.engine import GenerationStats, Step
+
+
+def step_stats(steps: Sequence[Step]) -> GenerationStats:
+    """Counts, tau and alpha of one request's steps, as the engine defines them (the server times
+    requests itself, so no wall time)."""
+    return GenerationStats.from_steps(steps, wall_time_s=0.0)
+
+
+class Metrics:
+    """Prometheus metrics in a registry of this app's own (no process-global state)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter("leapdecode_requests", "HTTP requests by endpoint and status", ["endpoint", "status"], registry=r)
+        self.prompt_tokens = Counter("leapdecode_prompt_tokens", "Prompt tokens processed", registry=r)
+        self.generated_tokens = Counter("leapdecode_generated_tokens", "Tokens generated", registry=r)
+        self.forward_passes = Counter("leapdecode_forward_passes", "Target-model forward passes", registry=r)
+        self.drafted_tokens = Counter("leapdecode_drafted_tokens", "Drafted tokens", registry=r)
+        self.accepted_tokens = Counter("leapdecode_accepted_tokens", "Drafted tokens accepted", registry=r)
+        self.tau = Gauge("leapdecode_mean_accepted_tokens_per_pass", "Generated tokens / forward passes (tau)", registry=r)
+        self.alpha = Gauge("leapdecode_draft_hit_ratio", "Accepted / drafted tokens (alpha)", registry=r)
+        self.queue_depth = Gauge("leapdecode_queue_depth", "Admitted requests waiting for the model", registry=r)
+        self.running = Gauge("leapdecode_running_requests", "Requests being decoded", registry=r)
+        self.latency = Histogram(
+            "leapdecode_request_latency_seconds", "Request latency", ["endpoint"], registry=r,
+            buckets=(0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64, 128, float("inf")),
+        )
+        self.first_token = Histogram(
+            "leapdecode_time_to_first_token_seconds", "Time to first token (streaming)", registry=r,
+            buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 16, float("inf")),
+        )
+        self._total = step_stats(())  # every recorded request's counts, for the tau and alpha gauges
+
+    def record(self, prompt_tokens: int, steps: list[Step]) -> None:
+        """Count a finished request; tau and alpha are over every request recorded so far."""
+        done = step_stats(steps)
+        self.prompt_tokens.inc(prompt_tokens)
+        self.generated_tokens.inc(done.new_tokens)
+        self.forward_passes.inc(done.forward_passes)
+        self.drafted_tokens.inc(done.drafted_tokens)
+        self.accepted_tokens.inc(done.accepted_tokens)
+        total = self._total
+        self._total = dataclasses.replace(
+            total, new_tokens=total.new_tokens + done.new_tokens, forward_passes=total.forward_passes + done.forward_passes,
+            drafted_tokens=total.drafted_tokens + done.drafted_tokens, accepted_tokens=total.accepted_tokens + done.accepted_tokens,
+        )
+        self.tau.set(self._total.tau)
+        self.alpha.set(self._total.alpha)

@@ -1,0 +1,122 @@
+"""The HTTP routes: health, Prometheus metrics, models, completions and chat completions.
+
+Each route finds the app's `ServerState` on `app.state.server`, checks the request on the event
+loop (cheap), and hands the generation to the server's worker thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import PlainTextResponse, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from leapdecode.api import check_request, encode_prompt
+from leapdecode.server.errors import ApiError
+from leapdecode.server.openai_format import ChatFormat, CompletionFormat, StreamText, final_text, finish_reason
+from leapdecode.server.schemas import ChatCompletionRequest, CompletionRequest
+from leapdecode.server.worker import ServerState, Job
+
+DEFAULT_CHAT_MAX_TOKENS = 512  # when a chat request sets no limit (the OpenAI API allows up to the context)
+
+router = APIRouter()
+
+
+def state_of(request: Request) -> ServerState:
+    """The app's `ServerState`, set by `create_app`."""
+    state: ServerState = request.app.state.server
+    return state
+
+
+def check_model(state: ServerState, name: str) -> None:
+    if name not in (state.config.model_name, state.lm.name):
+        raise ApiError(404, f"The model '{name}' does not exist; this server serves '{state.config.model_name}'.",
+                       code="model_not_found", param="model")
+
+
+def check_body(state: ServerState, body: CompletionRequest | ChatCompletionRequest) -> None:
+    check_model(state, body.model)
+    unsupported = body.unsupported()
+    if unsupported:
+        raise ApiError(400, f"{', '.join(unsupported)} {'is' if len(unsupported) == 1 else 'are'} not supported by this server",
+                       param=unsupported[0], code="unsupported_parameter")
+
+
+def make_job(state: ServerState, body: CompletionRequest | ChatCompletionRequest, prompt_ids: list[int], max_tokens: int | None) -> Job:
+    """The request's generation, checked against the model's context before it is admitted."""
+    lm, config = state.lm, state.config
+    method = state.choose_method(body.leapdecode.method if body.leapdecode else None)
+    if len(prompt_ids) >= lm.max_context:
+        raise ApiError(400, f"The prompt is too long: {len(prompt_ids)} tokens; model {config.model_name!r} takes at most "
+                       f"{lm.max_context - 1}.", param="messages" if isinstance(body, ChatCompletionRequest) else "prompt",
+                       code="context_length_exceeded")
+    if max_tokens is None:
+        max_tokens = min(DEFAULT_CHAT_MAX_TOKENS, lm.max_context - len(prompt_ids))
+    if max_tokens <= 0:
+        raise ApiError(400, f"max_tokens must be at least 1, got {max_tokens}", param="max_tokens")
+    check_request(lm, prompt_ids, max_tokens)
+    return Job(method, state.decoder_for, prompt_ids, max_tokens, list(body.stop or []), body.temperature, body.top_p, body.seed,
+               timeout_s=config.timeout_s, logprobs=body.logprob_count)
+
+
+async def respond(
+    state: ServerState, job: Job, body: CompletionRequest | ChatCompletionRequest, form: CompletionFormat | ChatFormat,
+    endpoint: str, request: Request,
+) -> Any:
+    """Stream the job's chunks, or run it to the end and return the whole response."""
+    if body.stream:
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        text = StreamText(state.lm.tokenizer, job.stop, form.chunk)
+        events = state.stream(job, text, include_usage, endpoint)
+        return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+    steps = await state.complete(job, endpoint, request)
+    text = final_text(state.lm.tokenizer, steps, job.stop)
+    return form.response(text, finish_reason(job.finish_reason), steps, len(job.prompt_ids), job.method_name)
+
+
+@router.get("/health")
+async def health(request: Request) -> dict[str, Any]:
+    state = state_of(request)
+    return {"status": "ok", "model": state.config.model_name, "admitted": state.admitted, "max_queue": state.config.max_queue}
+
+
+@router.get("/metrics")
+async def prometheus(request: Request) -> PlainTextResponse:
+    return PlainTextResponse(generate_latest(state_of(request).metrics.registry).decode(), media_type=CONTENT_TYPE_LATEST)
+
+
+@router.get("/v1/models")
+async def models(request: Request) -> dict[str, Any]:
+    state = state_of(request)
+    card = {"id": state.config.model_name, "object": "model", "created": state.created, "owned_by": "leapdecode"}
+    return {"object": "list", "data": [card]}
+
+
+@router.get("/v1/models/{model_id:path}")
+async def model_card(model_id: str, request: Request) -> dict[str, Any]:
+    state = state_of(request)
+    check_model(state, model_id)
+    return {"id": state.config.model_name, "object": "model", "created": state.created, "owned_by": "leapdecode"}
+
+
+@router.post("/v1/completions")
+async def completions(body: CompletionRequest, request: Request) -> Any:
+    state = state_of(request)
+    check_body(state, body)
+    prompt_ids = await asyncio.to_thread(encode_prompt, state.lm, body.prompt)  # a long prompt must not stall the event loop
+    job = make_job(state, body, prompt_ids, body.max_tokens)
+    form = CompletionFormat(state.config.model_name, state.lm.tokenizer, job.logprobs is not None)
+    return await respond(state, job, body, form, "/v1/completions", request)
+
+
+@router.post("/v1/chat/completions")
+async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any:
+    state = state_of(request)
+    check_body(state, body)
+    messages = [{"role": m.role if m.role != "developer" else "system", "content": m.text()} for m in body.messages]
+    prompt_ids = await asyncio.to_thread(encode_prompt, state.lm, messages)
+    job = make_job(state, body, prompt_ids, body.token_limit)
+    form = ChatFormat(state.config.model_name, state.lm.tokenizer, job.logprobs is not None)
+    return await respond(state, job, body, form, "/v1/chat/completions", request)
