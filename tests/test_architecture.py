@@ -22,11 +22,11 @@ LAYERS = {
     "errors": 0, "textstream": 0, "data": 0,
     "models": 1,
     "engine": 2,
-    "early_exit": 3, "verifiers": 3,
+    "early_exit": 3, "verifiers": 3, "heads": 3,
     "drafters": 4,
     "methods": 5,
     "api": 6,
-    "bench": 7, "server": 7, "integrations": 7,
+    "bench": 7, "server": 7, "integrations": 7, "training": 7,
     "cli": 8, "__main__": 8,
 }
 

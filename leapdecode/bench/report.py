@@ -267,6 +267,9 @@ def results_header(meta: dict[str, object], samples: Sequence[Sample]) -> str:
         "agreement (lossy methods only) = share of generated tokens equal to the full model's greedy token "
         "after the same prefix.\n"
     )
+    heads = meta.get("heads")
+    if isinstance(heads, dict) and heads:
+        text += "Trained heads: " + "; ".join(f"{labels}: {about}" for labels, about in heads.items()) + ".\n"
     if LLAMACPP_PLAIN in labels:
         text += (
             f"`{LLAMACPP_PLAIN}` = this engine's plain decoding with llama.cpp computing each forward pass; "

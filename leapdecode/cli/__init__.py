@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import typer
 
-from leapdecode.cli import bench, calibrate, core, serve, vllm
+from leapdecode.cli import bench, calibrate, core, serve, train, vllm
 
 app = typer.Typer(
     name="leapdecode",
@@ -17,7 +17,7 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-for _module in (core, bench, calibrate, serve, vllm):
+for _module in (core, bench, calibrate, serve, train, vllm):
     _module.register(app)
 
 

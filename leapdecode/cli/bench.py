@@ -58,6 +58,8 @@ def bench(
     from leapdecode.models import LoadedModel
 
     from leapdecode.engine.sampling import SamplingParams
+    from leapdecode.bench.labels import short_label
+    from leapdecode.heads.store import describe_head
 
     chosen = parse_entries(methods)
     sampling = SamplingParams(temperature, top_k, top_p, seed)
@@ -83,6 +85,12 @@ def bench(
     meta["backend"] = backend
     meta["repeats"] = repeats
     meta["decoding"] = "greedy" if sampling.greedy else f"sampled: temperature {temperature}, top_k {top_k}, top_p {top_p}, seeds {seed}+"
+    heads: dict[str, list[str]] = {}  # which head each method ran with, once per head
+    for e in chosen:
+        if getattr(e.method, "head", None) is not None:
+            heads.setdefault(describe_head(e.method, lm), []).append(f"`{short_label(e.label, lm.backend)}`")
+    if heads:
+        meta["heads"] = {", ".join(labels): about for about, labels in heads.items()}
     k = {**{str(e.method): e.method.draft_length for e in chosen}, **{e.label: e.method.draft_length for e in chosen}}
     paths = report.write_outputs(out, samples, meta, k)
     if plot:

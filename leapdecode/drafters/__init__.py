@@ -15,9 +15,12 @@ if TYPE_CHECKING:
     from leapdecode.drafters.base import Draft, Drafter, NoDrafter
     from leapdecode.drafters.cost_aware import CostAwareDrafter
     from leapdecode.drafters.draft_model import DraftModelDrafter
+    from leapdecode.drafters.eagle3 import Eagle3Drafter
+    from leapdecode.drafters.head_suffix import HeadWithSuffix
     from leapdecode.drafters.hybrid import HybridDrafter
     from leapdecode.drafters.jacobi import JacobiDrafter
     from leapdecode.drafters.lookahead import LookaheadDrafter
+    from leapdecode.drafters.medusa import MedusaDrafter
     from leapdecode.drafters.ngram import AnpdDrafter, NGramModule, Prediction
     from leapdecode.drafters.prompt_lookup import PromptLookupDrafter
     from leapdecode.drafters.recycle import RecycleDrafter
@@ -30,6 +33,7 @@ _LAZY = {
     "AnpdTreeDrafter": "anpd_tree", "ArcticSuffixDrafter": "arctic_suffix",
     "Draft": "base", "Drafter": "base", "NoDrafter": "base",
     "CostAwareDrafter": "cost_aware", "DraftModelDrafter": "draft_model", "HybridDrafter": "hybrid",
+    "Eagle3Drafter": "eagle3", "HeadWithSuffix": "head_suffix", "MedusaDrafter": "medusa",
     "JacobiDrafter": "jacobi", "LookaheadDrafter": "lookahead",
     "AnpdDrafter": "ngram", "NGramModule": "ngram", "Prediction": "ngram",
     "PromptLookupDrafter": "prompt_lookup", "RecycleDrafter": "recycle",
@@ -39,7 +43,7 @@ _LAZY = {
 
 __all__ = [
     "AnpdDrafter", "AnpdTreeDrafter", "ArcticSuffixDrafter", "CostAwareDrafter", "Datastore", "Draft", "DraftModelDrafter",
-    "Drafter", "HybridDrafter", "JacobiDrafter", "LookaheadDrafter", "NGramModule", "NoDrafter", "Prediction",
+    "Drafter", "Eagle3Drafter", "HeadWithSuffix", "HybridDrafter", "JacobiDrafter", "LookaheadDrafter", "MedusaDrafter", "NGramModule", "NoDrafter", "Prediction",
     "PromptLookupDrafter", "RecycleDrafter", "RestDrafter", "SelfDrafter", "SuffixDrafter", "TokenTrie", "TrieDrafter",
     "build_datastore",
 ]

@@ -59,6 +59,10 @@ class Drafter(ABC):
     # Top-k token ids of every scored row the drafter wants from the (greedy) verifier, in its one
     # host transfer (`observe`'s `candidates`); 0: none.
     candidates: int = 0
+    # Trained heads draft from the target's own hidden states: the indices, into Hugging Face's
+    # `hidden_states` (0: the embeddings, i: what enters layer i, L: the final norm's output), of
+    # the states the drafter wants from every target pass (`take_features`); (): none.
+    feature_layers: tuple[int, ...] = ()
 
     @abstractmethod
     def reset(self, prompt_ids: Sequence[int]) -> None:
@@ -82,6 +86,12 @@ class Drafter(ABC):
         token first (index 0), then each drafted token (index i+1); with `candidates` (when the
         drafter asked for k and the verifier is greedy) each row's k best token ids too. Called
         before `update`, only when `observes_target` is set."""
+
+    def take_features(self, states: torch.Tensor) -> None:  # noqa: B027 - optional hook
+        """The target's states at the positions it just verified, for drafters with
+        `feature_layers`: after the prefill, one row per prompt token; after each pass, the
+        pending token's row and each accepted drafted token's, in order (`feature_layers`'
+        states side by side: [rows, len(feature_layers) * hidden]). Called before `update`."""
 
     def cut(self, kept: Sequence[int]) -> None:  # noqa: B027 - optional hook
         """Only these tokens of the last draft (indices, parents first) were scored: a wrapper cut

@@ -26,6 +26,8 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
 
+import torch
+
 from leapdecode.drafters.base import Draft, Drafter
 from leapdecode.engine.backend import Backend
 from leapdecode.engine.backend import CacheState
@@ -59,6 +61,7 @@ class CostAwareDrafter(Drafter):
         self.cost = cost
         self.candidates = inner.candidates
         self.observes_target = inner.observes_target  # type: ignore[misc] - as the inner drafter does
+        self.feature_layers = inner.feature_layers
         self.estimate = estimate if estimate is not None else AcceptanceEstimate()  # shared by a decoder's requests
         self.local = AcceptanceEstimate()  # this request's own outcomes
         self._full = Draft()
@@ -78,6 +81,9 @@ class CostAwareDrafter(Drafter):
 
     def finish(self) -> None:
         self.inner.finish()
+
+    def take_features(self, states: torch.Tensor) -> None:
+        self.inner.take_features(states)
 
     def buckets(self, draft: Draft, parents: Sequence[int]) -> list[Hashable]:
         if draft.evidence is not None:

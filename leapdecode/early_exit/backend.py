@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from leapdecode.early_exit.runner import LayerRunner
-from leapdecode.engine.backend import CacheState, Scores, keep_cache_entries
+from leapdecode.engine.backend import CacheState, Scores, keep_cache_entries, no_features
 from leapdecode.engine.tree import TreeLayout
 from leapdecode.errors import MethodError
 
@@ -44,14 +44,19 @@ class LayerBackend:
         self.all_layers = tuple(range(self.runner.num_layers))
 
     @torch.inference_mode()
-    def prefill(self, prompt_ids: list[int]) -> tuple[LayeredSequence, Scores]:
+    def prefill(self, prompt_ids: list[int], *, features: tuple[int, ...] = ()) -> tuple[LayeredSequence, Scores]:
+        no_features(features)
         seq = LayeredSequence(cache=self.runner.new_cache(), length=0)
         hidden = self.runner.run(seq.cache, self.runner.embed(prompt_ids), self.all_layers, self.runner.positions(0, len(prompt_ids)))
         seq.length = len(prompt_ids)
         return seq, Scores(logits=self.runner.head(hidden[:, -1:]))  # [1, vocab]
 
     @torch.inference_mode()
-    def forward(self, seq: CacheState, token_ids: list[int], *, hidden: bool = False, tree: TreeLayout | None = None) -> Scores:
+    def forward(
+        self, seq: CacheState, token_ids: list[int], *, hidden: bool = False, tree: TreeLayout | None = None,
+        features: tuple[int, ...] = (),
+    ) -> Scores:
+        no_features(features)
         self._drop_draft(seq)
         positions = self.runner.positions(seq.length, len(token_ids))
         if tree is not None and not tree.is_chain:
@@ -114,9 +119,13 @@ class SelfDraftBackend(LayerBackend):
         return self.runner.head(self.runner.run(seq.cache, states, self.draft_rest, positions))
 
     @torch.inference_mode()
-    def forward(self, seq: CacheState, token_ids: list[int], *, hidden: bool = False, tree: TreeLayout | None = None) -> Scores:
+    def forward(
+        self, seq: CacheState, token_ids: list[int], *, hidden: bool = False, tree: TreeLayout | None = None,
+        features: tuple[int, ...] = (),
+    ) -> Scores:
         """Verification: reuse the exact prefix's work on tokens the draft already ran, run the
         prefix over the rest, then the remaining layers over all of them in one pass."""
+        no_features(features)
         if not isinstance(seq, LayeredSequence) or not seq.drafted or (tree is not None and not tree.is_chain):
             return super().forward(seq, token_ids, hidden=hidden, tree=tree)
         reused = 0

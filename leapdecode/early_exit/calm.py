@@ -24,7 +24,7 @@ import torch
 
 from leapdecode.early_exit.backend import LayerBackend, LayeredSequence
 from leapdecode.engine.backend import Scores
-from leapdecode.engine.backend import CacheState
+from leapdecode.engine.backend import CacheState, no_features
 from leapdecode.engine.reference import agreement
 from leapdecode.engine.tree import TreeLayout
 from leapdecode.errors import MethodError
@@ -63,7 +63,11 @@ class CalmBackend(LayerBackend):
         self.candidates = frozenset(exit_candidates(self.runner.num_layers, first, every))
 
     @torch.inference_mode()
-    def forward(self, seq: CacheState, token_ids: list[int], *, hidden: bool = False, tree: TreeLayout | None = None) -> Scores:
+    def forward(
+        self, seq: CacheState, token_ids: list[int], *, hidden: bool = False, tree: TreeLayout | None = None,
+        features: tuple[int, ...] = (),
+    ) -> Scores:
+        no_features(features)
         if len(token_ids) != 1 or self.threshold >= 1.0 or hidden or tree is not None:
             scores = super().forward(seq, token_ids, hidden=hidden, tree=tree)
             self._record(seq, self.runner.num_layers)

@@ -33,6 +33,9 @@ class Scores:
 
     logits: torch.Tensor  # [n, vocab]: logits[i] predicts the token after input i
     hidden: torch.Tensor | None = None  # [n, hidden] last-layer states, when asked for
+    # [n, len(layers) * hidden]: the states named by `features=` side by side, for every input
+    # position (a prefill's too), when asked for
+    features: torch.Tensor | None = None
 
 
 class Backend(Protocol):
@@ -41,13 +44,18 @@ class Backend(Protocol):
     vocab_size: int
     device: torch.device
 
-    def prefill(self, prompt_ids: list[int]) -> tuple[CacheState, Scores]:
-        """Run the prompt; return its cache and the scores of the last prompt position only."""
+    def prefill(self, prompt_ids: list[int], *, features: tuple[int, ...] = ()) -> tuple[CacheState, Scores]:
+        """Run the prompt; return its cache and the scores of the last prompt position only
+        (with `features`, those states for every prompt position)."""
         ...
 
-    def forward(self, seq: CacheState, token_ids: list[int], *, hidden: bool = False, tree: TreeLayout | None = None) -> Scores:
+    def forward(
+        self, seq: CacheState, token_ids: list[int], *, hidden: bool = False, tree: TreeLayout | None = None,
+        features: tuple[int, ...] = (),
+    ) -> Scores:
         """Append `token_ids` to the cache and score every one of them; with `tree`, the tokens
-        are a tree's nodes (root first) and each attends only to its own path."""
+        are a tree's nodes (root first) and each attends only to its own path; with `features`,
+        the states of those layers (indices into Hugging Face's `hidden_states`) come back too."""
         ...
 
     def rollback(self, seq: CacheState, length: int) -> None:
@@ -98,6 +106,12 @@ class AttentionLayout:
         return {"full_attention": full, "sliding_attention": sliding} if self.mixed else sliding
 
 
+def no_features(features: tuple[int, ...]) -> None:
+    """A backend that cannot return the target's hidden states refuses a request for them."""
+    if features:
+        raise InputError("this backend does not return the target's hidden states: trained heads (eagle3, medusa) run on the torch backend")
+
+
 def cache_argument(forward: Any) -> str:
     """The name under which `forward` takes its KV cache: `cache` (transformers 5.24 on, where
     `past_key_values` is deprecated), else `past_key_values` (earlier releases, which vLLM's CPU
@@ -125,6 +139,7 @@ class TorchBackend:
 
     def _run(
         self, seq: CacheState, token_ids: list[int], logits_to_keep: int, hidden: bool, tree: TreeLayout | None = None,
+        features: tuple[int, ...] = (),
     ) -> Scores:
         input_ids = torch.tensor([token_ids], dtype=torch.long, device=self.device)  # [1, n]
         extra: dict[str, Any] = {}
@@ -145,27 +160,31 @@ class TorchBackend:
             input_ids=input_ids,
             use_cache=True,
             logits_to_keep=logits_to_keep,
-            output_hidden_states=hidden,
+            output_hidden_states=hidden or bool(features),
             **{self.cache_argument: seq.cache},
             **extra,
         )
         seq.length += len(token_ids)
         states = out.hidden_states[-1][0] if hidden else None  # [n, hidden]
-        return Scores(logits=out.logits[0], hidden=states)  # logits: [n or 1, vocab]
+        chosen = torch.cat([out.hidden_states[i][0] for i in features], dim=-1) if features else None  # [n, F]
+        return Scores(logits=out.logits[0], hidden=states, features=chosen)  # logits: [n or 1, vocab]
 
     @torch.inference_mode()
-    def prefill(self, prompt_ids: list[int]) -> tuple[CacheState, Scores]:
+    def prefill(self, prompt_ids: list[int], *, features: tuple[int, ...] = ()) -> tuple[CacheState, Scores]:
         # Every layer keeps every position, sliding-window layers too (their window is applied by
         # the attention mask, by the model for chains and by `AttentionLayout` for trees): a
         # window-sized cache drops entries that rollback and tree compaction must keep, as Hugging
         # Face's assisted generation also finds.
         seq = CacheState(cache=new_growing_cache(), length=0)
         # Only the last position's logits are needed: skips a [prompt, vocab] matmul.
-        return seq, self._run(seq, prompt_ids, logits_to_keep=1, hidden=False)
+        return seq, self._run(seq, prompt_ids, logits_to_keep=1, hidden=False, features=features)
 
     @torch.inference_mode()
-    def forward(self, seq: CacheState, token_ids: list[int], *, hidden: bool = False, tree: TreeLayout | None = None) -> Scores:
-        return self._run(seq, token_ids, logits_to_keep=0, hidden=hidden, tree=tree)
+    def forward(
+        self, seq: CacheState, token_ids: list[int], *, hidden: bool = False, tree: TreeLayout | None = None,
+        features: tuple[int, ...] = (),
+    ) -> Scores:
+        return self._run(seq, token_ids, logits_to_keep=0, hidden=hidden, tree=tree, features=features)
 
     def rollback(self, seq: CacheState, length: int) -> None:
         rollback_cache(seq, length)

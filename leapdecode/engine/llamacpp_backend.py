@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from leapdecode.engine.backend import CacheState, Scores
+from leapdecode.engine.backend import CacheState, Scores, no_features
 from leapdecode.engine.tree import TreeLayout
 from leapdecode.errors import InputError
 from leapdecode.models.llamacpp import MAX_SEQUENCES, LlamaCppModel, import_llama_cpp
@@ -165,7 +165,8 @@ class LlamaCppBackend:
 
     # -- the Backend protocol ------------------------------------------------------------
 
-    def prefill(self, prompt_ids: list[int]) -> tuple[CacheState, Scores]:
+    def prefill(self, prompt_ids: list[int], *, features: tuple[int, ...] = ()) -> tuple[CacheState, Scores]:
+        no_features(features)
         if len(prompt_ids) >= self.model.n_ctx:
             raise InputError(f"the prompt has {len(prompt_ids)} tokens; this llama.cpp context holds {self.model.n_ctx}")
         state = _State()
@@ -179,7 +180,11 @@ class LlamaCppBackend:
             self._decode(chunk, list(range(start, start + len(chunk))), [(0,)] * len(chunk), wanted)
         return CacheState(cache=state, length=len(prompt_ids)), Scores(logits=self._logits(1))
 
-    def forward(self, seq: CacheState, token_ids: list[int], *, hidden: bool = False, tree: TreeLayout | None = None) -> Scores:
+    def forward(
+        self, seq: CacheState, token_ids: list[int], *, hidden: bool = False, tree: TreeLayout | None = None,
+        features: tuple[int, ...] = (),
+    ) -> Scores:
+        no_features(features)
         state = self._check(seq)
         if hidden:
             raise InputError("the llama.cpp backend does not return hidden states")

@@ -65,11 +65,15 @@ def decode(
 ) -> Iterator[Step]:
     """Generate after `prompt_ids`, yielding one `Step` per target forward pass."""
     # 1. Prefill: the prompt's pass also gives the first new token.
-    seq, scores = backend.prefill(list(prompt_ids))
+    # trained heads draft from the target's own states (feature_layers); others ask for none
+    wants = {"features": drafter.feature_layers} if drafter.feature_layers else {}
+    seq, scores = backend.prefill(list(prompt_ids), **wants)
     verdict = verifier((), scores.logits[-1:], None, position=0)
     new_tokens = verdict.tokens
     drafter.reset(prompt_ids)
     drafter.attach(backend, seq)
+    if wants:
+        drafter.take_features(scores.features)  # [prompt, F]
     generated: list[int] = []
     drafted: tuple[int, ...] = ()
     parents: tuple[int, ...] | None = None
@@ -94,7 +98,7 @@ def decode(
         tree = compile_tree(draft.parents) if draft.parents is not None else None
         # 4. Score the pending token (emitted, not yet cached) and the draft in one pass.
         start = seq.length
-        scores = backend.forward(seq, [new_tokens[-1], *draft.tokens], tree=tree)
+        scores = backend.forward(seq, [new_tokens[-1], *draft.tokens], tree=tree, **wants)
         # 5. Verify: the longest prefix (tree: root-to-node path) the target agrees with, plus
         #    its bonus token; the step's one device-to-host transfer.
         #    Row 0 decides output position len(generated): the pending token is already emitted.
@@ -105,7 +109,10 @@ def decode(
         path, new_tokens = verdict.path, verdict.tokens
         drafted, parents = tuple(draft.tokens), draft.parents
         # 6. Keep the root and the accepted path in the cache; the bonus token is not cached yet.
-        backend.keep(seq, start, [0, *(i + 1 for i in path)])
+        kept = [0, *(i + 1 for i in path)]
+        backend.keep(seq, start, kept)
+        if wants:
+            drafter.take_features(scores.features[kept])  # [1 + accepted, F]
         # 7. Jacobi-style and recycling drafters learn from the target's own predictions.
         if drafter.observes_target:
             drafter.observe(verdict.predicted, verdict.candidates)  # [D+1], [D+1][k] or None

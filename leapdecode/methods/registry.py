@@ -8,6 +8,7 @@ from typing import Any
 from leapdecode.errors import MethodError
 from leapdecode.methods.base import Method
 from leapdecode.methods.draft_model import DraftModel
+from leapdecode.methods.heads import Eagle3, Medusa
 from leapdecode.methods.layers import Calm, LayerSkip, SelfSpec
 from leapdecode.methods.ngram import Anpd, PromptLookup
 from leapdecode.methods.parallel import Jacobi, Lookahead
@@ -18,7 +19,7 @@ from leapdecode.methods.trees import AnpdTree, Hybrid, Recycle, Rest, Trie
 
 # Every method, in the order `leapdecode methods` and error messages list them.
 METHODS: tuple[type[Method], ...] = (
-    Autoregressive, Anpd, PromptLookup, Suffix, AnpdTree, Trie, Recycle, Hybrid, Rest, Jacobi, Lookahead, DraftModel, SelfSpec, LayerSkip, Calm,
+    Autoregressive, Anpd, PromptLookup, Suffix, AnpdTree, Trie, Recycle, Hybrid, Rest, Jacobi, Lookahead, DraftModel, Eagle3, Medusa, SelfSpec, LayerSkip, Calm,
     ArcticSuffix, HfGenerate, HfPromptLookup, HfAssisted, LlamaCppPlain, LlamaCppPromptLookup,
 )
 
