@@ -28,6 +28,7 @@ def train_drafter(
     checkpoint_every: Annotated[int, typer.Option("--checkpoint-every", help="Steps between checkpoints.")] = 100,
     cache_gb: Annotated[float, typer.Option("--cache-gb", help="Most disk the cached target states take.")] = 4.0,
     seed: Annotated[int, typer.Option("--seed")] = 0,
+    mixed_precision: Annotated[bool, typer.Option("--mixed-precision/--float32", help="bfloat16 products where the hardware has them natively (float32 weights and optimizer state).")] = True,
     resume: Annotated[bool, typer.Option("--resume", help="Continue the run in --out from its checkpoint.")] = False,
     dtype: DtypeOpt = "auto",
     quantize: QuantizeOpt = "auto",
@@ -42,7 +43,7 @@ def train_drafter(
     settings = TrainSettings(
         method=method, data=data, steps=steps, lr=lr, max_tokens=max_tokens, ttt_steps=ttt_steps, draft_vocab=draft_vocab,
         intermediate_size=intermediate_size, medusa_heads=heads, limit=limit, eval_every=eval_every,
-        checkpoint_every=checkpoint_every, cache_gb=cache_gb, seed=seed,
+        checkpoint_every=checkpoint_every, cache_gb=cache_gb, seed=seed, mixed_precision=mixed_precision,
     )
     lm = load_with_progress(model, dtype=dtype, quantize=quantize)
     folder = out if out is not None else run_folder(lm.name, method)

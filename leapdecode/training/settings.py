@@ -31,6 +31,7 @@ class TrainSettings:
     eval_tokens: int = 48  # new tokens per held-out prompt when measuring acceptance
     checkpoint_every: int = 100
     cache_gb: float = 4.0  # the target's states kept on disk at most
+    mixed_precision: bool = True  # bfloat16 products where the hardware has them natively
     seed: int = 0
 
     def __post_init__(self) -> None:

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger("leapdecode")
 CHECKPOINT = "checkpoint.pt"
 # settings a resumed run may change: how long it goes on and how often it reports, not what it learns
-RESUMABLE = frozenset({"steps", "eval_every", "eval_tokens", "checkpoint_every", "cache_gb"})
+RESUMABLE = frozenset({"steps", "eval_every", "eval_tokens", "checkpoint_every", "cache_gb", "mixed_precision"})
 
 
 def train_drafter(target: LoadedModel, settings: TrainSettings, out: Path, *, resume: bool = False, log: Callable[[str], None] = logger.info, progress: bool = True) -> Path:
