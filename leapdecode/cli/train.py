@@ -23,7 +23,7 @@ def train_drafter(
     draft_vocab: Annotated[int, typer.Option("--draft-vocab", help="EAGLE-3: draft vocabulary size (0: min(32000, the model's)).")] = 0,
     intermediate_size: Annotated[int, typer.Option("--intermediate-size", help="EAGLE-3: the head's MLP width (0: the model's).")] = 0,
     heads: Annotated[int, typer.Option("--heads", help="Medusa: number of heads.")] = 4,
-    limit: Annotated[int, typer.Option("--limit", help="Conversations read (0: all).")] = 0,
+    limit: Annotated[int, typer.Option("--limit", help="Training conversations kept, a seeded sample (0: all); the whole source is still read, so the held-out set stays the same.")] = 0,
     eval_every: Annotated[int, typer.Option("--eval-every", help="Steps between held-out acceptance measurements.")] = 250,
     checkpoint_every: Annotated[int, typer.Option("--checkpoint-every", help="Steps between checkpoints.")] = 100,
     cache_gb: Annotated[float, typer.Option("--cache-gb", help="Most disk the cached target states take.")] = 4.0,
