@@ -8,6 +8,7 @@ restores its state, and exports the head in its published format with a short mo
 from __future__ import annotations
 
 import json
+from abc import ABC, abstractmethod
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -22,7 +23,7 @@ if TYPE_CHECKING:
     from leapdecode.models.loading import LoadedModel
 
 
-class Trainer:
+class Trainer(ABC):
     """What both heads share: the optimizer step, held-out acceptance, state and the card."""
 
     module: torch.nn.Module
@@ -46,9 +47,9 @@ class Trainer:
 
         return target_example(self.target.model, input_ids, loss_mask, self.layers, self.to_draft)
 
+    @abstractmethod
     def loss(self, example: Example) -> tuple[torch.Tensor, list[tuple[int, int]]]:
         """The head's loss on one example, and per step or head (hits, rows)."""
-        raise NotImplementedError
 
     def step(self, example: Example, lr: float) -> tuple[float, list[tuple[int, int]]]:
         """One AdamW step on one sequence; (loss, per step or head (hits, rows))."""
@@ -64,13 +65,13 @@ class Trainer:
         self.module.eval()
         return float(loss.detach()), stats
 
+    @abstractmethod
     def drafter(self) -> Drafter:
         """A drafter over the head as it is now, for held-out acceptance."""
-        raise NotImplementedError
 
+    @abstractmethod
     def export(self, folder: Path, settings: TrainSettings, progress: Progress, report: Any) -> Path:
         """The head in its published format, with a model card."""
-        raise NotImplementedError
 
     def evaluate(self, held: list[Conversation], settings: TrainSettings) -> dict[str, float]:
         """Greedy decoding of each held-out conversation's first user turn with the head drafting:
