@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Any, TypedDict, Union, Unpack
 
 import torch
 
-from leapdecode.engine import GenerationStats, SamplingParams, Step, StopCriteria, TreeVerifier, Verifier, decode, truncate_at_stop
+from leapdecode.engine import GenerationStats, SamplingParams, Step, StopCriteria, TreeVerifier, Verifier, truncate_at_stop
+from leapdecode.engine.loop import SequenceRun, decode_run
 from leapdecode.errors import InputError
 from leapdecode.methods import Method, parse_method
 from leapdecode.models import LoadedModel
@@ -201,25 +202,34 @@ class Decoder:
         tokens at its position (`Step.logprobs`); it changes no token.
         Bad arguments raise here, before the first step is asked for.
         """
-        sampling = SamplingParams(temperature, top_k, top_p, seed)
+        run = self.start(prompt, max_new_tokens=max_new_tokens, stop=stop, chat=chat, temperature=temperature, top_k=top_k,
+                         top_p=top_p, seed=seed, generator=generator, logprobs=logprobs)
+        return StepStream(run.prompt_ids, self._run(run))
+
+    def start(self, prompt: Prompt, **options: Unpack[GenerationOptions]) -> SequenceRun:
+        """The generation as a `SequenceRun` that has not run yet, for a batch scheduler
+        (`leapdecode.engine.scheduler`) to drive with others; `stream` drives one alone. Takes
+        `stream`'s options, checked here."""
+        sampling = SamplingParams(options.get("temperature", 0.0), options.get("top_k", 0), options.get("top_p", 1.0),
+                                  options.get("seed"))
+        logprobs = options.get("logprobs")
         if logprobs is not None and (
             isinstance(logprobs, bool) or not isinstance(logprobs, int) or not 0 <= logprobs <= MAX_TOP_LOGPROBS
         ):
             raise InputError(f"logprobs must be an integer from 0 to {MAX_TOP_LOGPROBS} or None, got {logprobs!r}")
-        prompt_ids = encode_prompt(self.lm, prompt, chat=chat)
+        max_new_tokens = options.get("max_new_tokens", 128)
+        prompt_ids = encode_prompt(self.lm, prompt, chat=options.get("chat", False))
         self.check_request(prompt_ids, max_new_tokens)
-        criteria = StopCriteria(self.lm.eos_token_ids, max_new_tokens, stop, self.lm.tokenizer)
+        criteria = StopCriteria(self.lm.eos_token_ids, max_new_tokens, options.get("stop", ()), self.lm.tokenizer)
         # greedy draws nothing: no seed is taken from torch's global generator
-        noise = PositionNoise(0) if sampling.greedy else PositionNoise.for_request(sampling.seed, generator)
+        noise = PositionNoise(0) if sampling.greedy else PositionNoise.for_request(sampling.seed, options.get("generator"))
         drafter = self._new_drafter(sampling, noise)
         verifier, tree_verifier = self._verifiers(sampling, noise, logprobs, drafter.candidates)
-        return StepStream(prompt_ids, self._run(prompt_ids, drafter, criteria, verifier, tree_verifier))
+        return SequenceRun(prompt_ids, drafter, criteria, verifier, tree_verifier)
 
-    def _run(
-        self, prompt_ids: list[int], drafter: Drafter, criteria: StopCriteria, verifier: Verifier, tree_verifier: TreeVerifier,
-    ) -> Iterator[Step]:
+    def _run(self, run: SequenceRun) -> Iterator[Step]:
         with torch.inference_mode():
-            yield from decode(self.backend, prompt_ids, drafter, criteria, verifier, tree_verifier)
+            yield from decode_run(self.backend, run)
 
     def generate(self, prompt: Prompt, **options: Unpack[GenerationOptions]) -> GenerationResult:
         """Generate a completion: `stream`, collected. See `stream` for the options."""

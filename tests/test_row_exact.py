@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from leapdecode import wrap
 from leapdecode.engine import TorchBackend, compile_tree
+from leapdecode.engine.batch import BatchItem, forward_batch
 from leapdecode.errors import ModelLoadError
 from leapdecode.models import load_model, row_exact
 from leapdecode.models.row_exact import RowExactLinear, RowExactRMSNorm, use_row_exact
@@ -308,3 +309,19 @@ def test_bf16_models_are_row_exact_by_default_where_the_cpu_has_avx512_bf16(kern
     other = load_model("smollm2-135m", log=lambda m: None, dtype="bfloat16")
     assert not other.row_exact
     assert all(type(m) is torch.nn.Linear for m in other.model.modules() if isinstance(m, torch.nn.Linear))
+
+
+def test_the_real_model_packs_sequences_bitwise_in_float32_bfloat16_and_int4(exact_lm) -> None:
+    backend = TorchBackend(exact_lm.model, exact_tokens=exact_lm.exact_tokens)
+    assert backend.batchable is None
+    ids = exact_lm.tokenizer("def fibonacci(n):\n    if n < 2:\n        return n\n" * 8)["input_ids"]
+    plans = [(ids[:40], ids[40:48], None), (ids[10:90], ids[90:96], compile_tree((-1, 0, 0, 1, -1))), (ids[5:20], ids[20:21], None)]
+    alone = [backend.prefill(context)[0] for context, _, _ in plans]
+    packed = [backend.prefill(context)[0] for context, _, _ in plans]
+    prompt = ids[30:130]
+    fresh = backend.new_sequence()
+    items = [BatchItem(seq, tokens, tree) for seq, (_, tokens, tree) in zip(packed, plans)] + [BatchItem(fresh, prompt, last_only=True)]
+    scores = forward_batch(backend, items)
+    for i, (seq, (_, tokens, tree)) in enumerate(zip(alone, plans)):
+        assert torch.equal(scores[i].logits, backend.forward(seq, tokens, tree=tree).logits), i
+    assert torch.equal(scores[-1].logits, backend.prefill(prompt)[1].logits)

@@ -7,6 +7,7 @@ import socket
 import subprocess
 import sys
 import threading
+from concurrent.futures import ThreadPoolExecutor
 import time
 
 import httpx
@@ -30,7 +31,8 @@ def free_port() -> int:
 def server():
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "leapdecode", "serve", "--model", MODEL, "--dtype", "float32", "--port", str(port), "--max-queue", "4", "--timeout", "60"],
+        [sys.executable, "-m", "leapdecode", "serve", "--model", MODEL, "--dtype", "float32", "--port", str(port), "--max-queue", "4", "--timeout", "60",
+         "--max-batch", "4"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
     url = f"http://127.0.0.1:{port}"
@@ -270,10 +272,40 @@ def test_api_key_and_allowed_hosts(real_lm) -> None:
         assert rebound.status_code == 400 and rebound.json()["error"]["code"] == "invalid_host"
 
 
+def test_concurrent_requests_share_passes_and_each_gets_its_own_output(server, client, real_lm) -> None:
+    prompts = ["def fibonacci(n):", "The three primary colours are", "import os\nimport sys\n", "Once upon a time"]
+    expected = [wrap(real_lm, "anpd").generate(p, max_new_tokens=24).text for p in prompts]
+    before = metric_values(server[0], "leapdecode_batch_sequences")
+    start = threading.Barrier(len(prompts))
+
+    def complete(prompt: str) -> str:
+        start.wait()
+        return client.completions.create(model=MODEL, prompt=prompt, max_tokens=24, temperature=0).choices[0].text
+
+    with ThreadPoolExecutor(len(prompts)) as pool:
+        got = list(pool.map(complete, prompts))
+    assert got == expected
+    after = metric_values(server[0], "leapdecode_batch_sequences")
+    passes, sequences = after["count"] - before["count"], after["sum"] - before["sum"]
+    assert passes > 0 and sequences > passes  # some passes held several requests
+
+
+def metric_values(url: str, name: str) -> dict[str, float]:
+    """A histogram's _sum and _count on /metrics."""
+    values = {}
+    for line in httpx.get(url + "/metrics").text.splitlines():
+        for part in ("sum", "count"):
+            if line.startswith(f"{name}_{part} "):
+                values[part] = float(line.rsplit(" ", 1)[1])
+    return values
+
+
 def test_metrics_are_prometheus_text(server) -> None:
     text = httpx.get(server[0] + "/metrics").text
     for name in ("leapdecode_requests_total", "leapdecode_generated_tokens_total", "leapdecode_mean_accepted_tokens_per_pass",
-                 "leapdecode_draft_hit_ratio", "leapdecode_queue_depth", "leapdecode_request_latency_seconds_bucket"):
+                 "leapdecode_draft_hit_ratio", "leapdecode_queue_depth", "leapdecode_request_latency_seconds_bucket",
+                 "leapdecode_batch_sequences_bucket", "leapdecode_pass_rows_bucket", "leapdecode_pass_seconds_bucket",
+                 "leapdecode_queue_time_seconds_bucket"):
         assert name in text
 
 

@@ -8,16 +8,20 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.markdown import Markdown
 
 from leapdecode.cli.common import (
     DtypeOpt, QuantizeOpt, RowExactOpt, DEFAULT_MODEL, BackendOpt, ChatOpt, MaxNewOpt, MethodOpt, ModelOpt, PromptArg, console, friendly, load_with_progress,
-    read_prompt,
+    read_prompt, err_console,
 )
 from leapdecode.errors import InputError, MethodError
+
+if TYPE_CHECKING:
+    from leapdecode.bench.datasets import BenchPrompt
+    from leapdecode.models import LoadedModel
 
 DEFAULT_METHODS = "ar,anpd:n=5,k=7,pld:k=10,max_ngram=3,hf,hf-pld:tokens=10,max_ngram=3"  # prompt lookups alike
 DatasetOpt = Annotated[str, typer.Option("--dataset", "-d", help="humaneval, spec-bench, spec-bench:CATEGORY, a JSONL file; join with +.")]
@@ -45,6 +49,8 @@ def bench(
     top_k: Annotated[int, typer.Option("--top-k", help="Sample from the k most likely tokens (0: off).")] = 0,
     top_p: Annotated[float, typer.Option("--top-p", help="Sample from the smallest set of tokens with this much probability (1: off).")] = 1.0,
     seed: Annotated[int, typer.Option("--seed", help="The first prompt's seed when sampling.")] = 0,
+    concurrency: Annotated[str | None, typer.Option("--concurrency", help="Comma list of client counts (e.g. 1,2,4,8): serve the prompts to that many closed-loop clients at once through the batch scheduler, per method (greedy; engine methods on this model only).")] = None,
+    max_pass_rows: Annotated[int, typer.Option("--max-pass-rows", help="With --concurrency: tokens one shared pass may score.")] = 128,
 ) -> None:
     """Run methods and peers side by side (interleaved, one run) and write tables and plots.
     `--backend`, `--dtype` and `--quantize` say what runs the model (and `ar`, the baseline); a
@@ -70,7 +76,14 @@ def bench(
     if repeats < 1:
         raise InputError(f"--repeats must be >= 1, got {repeats}")
     own = Variant().load_arguments(backend, dtype, quantize)
+    clients = parse_concurrency(concurrency) if concurrency is not None else None
+    if clients is not None and not sampling.greedy:
+        raise InputError("--concurrency measures greedy decoding; leave out --temperature")
     loaded = {own: load_with_progress(model, backend=own[0], dtype=own[1] or dtype, row_exact=row_exact, quantize=own[2])}
+    if clients is not None:
+        bench_concurrency(loaded[own], [str(e.method) for e in chosen], prompts, max_new_tokens, clients, max_pass_rows, out,
+                          run_meta(loaded[own].name, dataset, limit, max_new_tokens, n_threads, len(prompts), loaded[own].describe))
+        return
 
     def load_variant(variant: Variant) -> LoadedModel:  # one model per distinct (backend, dtype, quantize)
         arguments = variant.load_arguments(backend, dtype, quantize)
@@ -100,6 +113,39 @@ def bench(
     console.print(Markdown(paths["table"].read_text(encoding="utf-8")))
     console.print("wrote " + ", ".join(str(p) for p in paths.values()))
     if any(s.lossless for s in report.mismatches(samples)):
+        raise typer.Exit(1)
+
+
+def parse_concurrency(text: str) -> list[int]:
+    try:
+        clients = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise InputError(f"--concurrency takes a comma list of client counts, got {text!r}") from None
+    if not clients or any(c < 1 for c in clients):
+        raise InputError(f"--concurrency takes client counts of at least 1, got {text!r}")
+    return clients
+
+
+def bench_concurrency(lm: LoadedModel, methods: list[str], prompts: list[BenchPrompt], max_new_tokens: int, clients: list[int],
+                      max_pass_rows: int, out: Path, meta: dict[str, object]) -> None:
+    """`bench --concurrency`: every method one at a time and with each number of clients at once."""
+    from leapdecode.api import Decoder
+    from leapdecode.bench.concurrent import concurrency_table, run_concurrency_bench
+    from leapdecode.bench.runner import encode_turns
+
+    if any("@" in m for m in methods):
+        raise InputError("--concurrency runs engine methods on the loaded model: leave out @variants")
+    plain = Decoder(lm, "ar")
+    ids = [encode_turns(lm, p, lambda ids: plain.generate(ids, max_new_tokens=max_new_tokens).token_ids) for p in prompts]
+    results = run_concurrency_bench(lm, methods, ids, max_new_tokens, clients, max_rows=max_pass_rows, log=err_console.log)
+    out.mkdir(parents=True, exist_ok=True)
+    table = concurrency_table(results)
+    lines = [f"- {key}: {value}" for key, value in meta.items()]
+    (out / "concurrency.md").write_text("# Concurrent requests\n\n" + "\n".join(lines) + "\n\n" + table, encoding="utf-8")
+    (out / "concurrency.json").write_text(json.dumps({"meta": meta, "results": [r.summary() for r in results]}, indent=2), encoding="utf-8")
+    console.print(Markdown(table))
+    console.print(f"wrote {out / 'concurrency.md'}, {out / 'concurrency.json'}")
+    if any(r.identical != r.requests for r in results):
         raise typer.Exit(1)
 
 

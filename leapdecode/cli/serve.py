@@ -30,6 +30,8 @@ def serve(
     dtype: DtypeOpt = "auto",
     row_exact: RowExactOpt = None,
     quantize: QuantizeOpt = "auto",
+    max_batch: Annotated[int | None, typer.Option("--max-batch", help="Requests decoded together in shared passes (1: one at a time; default: chosen from the model's measured pass cost).")] = None,
+    max_pass_rows: Annotated[int, typer.Option("--max-pass-rows", help="Tokens one shared pass may score: pending, drafted and prompt tokens (at most 256).")] = 128,
 ) -> None:
     """Serve the model over an OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions)."""
     import uvicorn
@@ -42,6 +44,8 @@ def serve(
         method_class(name)
     if max_queue < 1 or timeout <= 0 or max_body_bytes < 1024:
         raise typer.BadParameter("--max-queue must be >= 1, --timeout > 0 and --max-body-bytes >= 1024")
+    if (max_batch is not None and max_batch < 1) or not (max_batch or 1) <= max_pass_rows <= 256:
+        raise typer.BadParameter("--max-batch must be >= 1, and --max-pass-rows from --max-batch to 256")
     if not is_loopback(host) and not api_key:
         err_console.print(f"[yellow]warning:[/] serving on {host}, reachable from other machines, with no --api-key")
     set_threads(threads)
@@ -49,6 +53,7 @@ def serve(
     config = ServerConfig(
         model_name=served_model_name or lm.name, default_method=method, max_queue=max_queue, timeout_s=timeout,
         allow_methods=allowed, api_key=api_key, allowed_hosts=tuple(allowed_host or ()), max_body_bytes=max_body_bytes,
+        max_batch=max_batch, max_pass_rows=max_pass_rows,
     )
     console.print(f"serving [bold]{config.model_name}[/] with [bold]{method}[/] on http://{host}:{port}/v1")
     uvicorn.run(create_app(lm, config), host=host, port=port, log_level="warning")

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from leapdecode.drafters.anpd_tree import AnpdTreeDrafter
     from leapdecode.drafters.arctic_suffix import ArcticSuffixDrafter
-    from leapdecode.drafters.base import Draft, Drafter, NoDrafter
+    from leapdecode.drafters.base import Draft, Drafter, NoDrafter, Offer
     from leapdecode.drafters.cost_aware import CostAwareDrafter
     from leapdecode.drafters.draft_model import DraftModelDrafter
     from leapdecode.drafters.eagle3 import Eagle3Drafter
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
 _LAZY = {
     "AnpdTreeDrafter": "anpd_tree", "ArcticSuffixDrafter": "arctic_suffix",
-    "Draft": "base", "Drafter": "base", "NoDrafter": "base",
+    "Draft": "base", "Drafter": "base", "NoDrafter": "base", "Offer": "base",
     "CostAwareDrafter": "cost_aware", "DraftModelDrafter": "draft_model", "HybridDrafter": "hybrid",
     "Eagle3Drafter": "eagle3", "HeadWithSuffix": "head_suffix", "MedusaDrafter": "medusa",
     "JacobiDrafter": "jacobi", "LookaheadDrafter": "lookahead",
@@ -43,7 +43,7 @@ _LAZY = {
 
 __all__ = [
     "AnpdDrafter", "AnpdTreeDrafter", "ArcticSuffixDrafter", "CostAwareDrafter", "Datastore", "Draft", "DraftModelDrafter",
-    "Drafter", "Eagle3Drafter", "HeadWithSuffix", "HybridDrafter", "JacobiDrafter", "LookaheadDrafter", "MedusaDrafter", "NGramModule", "NoDrafter", "Prediction",
+    "Drafter", "Eagle3Drafter", "HeadWithSuffix", "HybridDrafter", "JacobiDrafter", "LookaheadDrafter", "MedusaDrafter", "NGramModule", "NoDrafter", "Offer", "Prediction",
     "PromptLookupDrafter", "RecycleDrafter", "RestDrafter", "SelfDrafter", "SuffixDrafter", "TokenTrie", "TrieDrafter",
     "build_datastore",
 ]

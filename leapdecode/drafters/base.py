@@ -49,6 +49,35 @@ class Draft:
             None if self.parents is None else self.parents[:n], None if self.evidence is None else self.evidence[:n],
         )
 
+    def subset(self, kept: Sequence[int]) -> Draft:
+        """Only the tokens at `kept` (ascending indices, each with its parent kept): a chain's
+        prefix stays a chain; a tree's nodes keep their parents, renumbered."""
+        if len(kept) == len(self.tokens):
+            return self
+        if not kept:
+            return Draft()
+        parents = self.parents if self.parents is not None else tuple(range(-1, len(self.tokens) - 1))
+        where = {full: new for new, full in enumerate(kept)}
+        if any(parents[i] >= 0 and parents[i] not in where for i in kept):
+            raise ValueError(f"a kept token's parent was dropped: {list(kept)}")
+        evidence = None if self.evidence is None else tuple(self.evidence[i] for i in kept)
+        tokens = [self.tokens[i] for i in kept]
+        if self.parents is None:  # a chain's kept part is a prefix (parents kept): still a chain
+            return Draft(tokens, None if self.q is None else self.q[: len(kept)], None, evidence)
+        q = None if self.q is None else self.q[list(kept)]
+        return Draft(tokens, q, tuple(where[parents[i]] if parents[i] >= 0 else -1 for i in kept), evidence)
+
+
+@dataclass(frozen=True)
+class Offer:
+    """A whole draft offered to a batch scheduler, with each token's estimated probability of
+    being accepted (its path's, parents before children: `reach[child] <= reach[parent]`), so
+    that rows go to the most probable tokens of all the sequences in a pass; `reach` None: no
+    estimate, the draft is taken whole."""
+
+    draft: Draft
+    reach: tuple[float, ...] | None = None
+
 
 class Drafter(ABC):
     """Proposes tokens for the target model to verify in one forward pass."""
@@ -76,6 +105,16 @@ class Drafter(ABC):
     def update(self, tokens: Sequence[int], num_accepted: int) -> None:
         """`tokens` were appended to the stream: the first `num_accepted` were drafted tokens
         the target accepted, the last one is the target's own (bonus) token."""
+
+    def offer(self, max_tokens: int) -> Offer:
+        """Propose for a pass shared with other sequences (`engine.scheduler`): the whole draft,
+        with reach when the drafter estimates it (cost-aware drafting); `take` then gets the
+        part the scheduler kept."""
+        return Offer(self.propose(max_tokens))
+
+    def take(self, offer: Offer, kept: Sequence[int]) -> Draft:
+        """The part of `offer` the scheduler kept (ascending indices, parents kept)."""
+        return offer.draft.subset(kept)
 
     def attach(self, backend: Backend, seq: CacheState) -> None:  # noqa: B027 - optional hook, no-op by default
         """The target's backend and this request's cache, right after the prefill: drafters

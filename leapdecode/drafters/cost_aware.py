@@ -28,7 +28,7 @@ from collections.abc import Hashable, Sequence
 
 import torch
 
-from leapdecode.drafters.base import Draft, Drafter
+from leapdecode.drafters.base import Draft, Drafter, Offer
 from leapdecode.engine.backend import Backend
 from leapdecode.engine.backend import CacheState
 from leapdecode.engine.cost import PassCost
@@ -98,31 +98,32 @@ class CostAwareDrafter(Drafter):
         accepted, seen = self.local.counts.get(bucket, (0.0, 0.0))
         return (accepted + PRIOR_WEIGHT * self.estimate.rate(bucket)) / (seen + PRIOR_WEIGHT)
 
-    def propose(self, max_tokens: int) -> Draft:
+    def offer(self, max_tokens: int) -> Offer:
         draft = self.inner.propose(max_tokens)
         parents = draft.parents if draft.parents is not None else tuple(range(-1, len(draft) - 1))
         self._full, self._parents, self._buckets = draft, parents, self.buckets(draft, parents)
         reach: list[float] = []  # probability that each token is accepted
         for i, p in enumerate(parents):
             reach.append(self.rate(self._buckets[i]) * (reach[p] if p >= 0 else 1.0))
-        ranked = sorted(range(len(draft)), key=lambda i: (-reach[i], i))
+        return Offer(draft, tuple(reach))
+
+    def take(self, offer: Offer, kept: Sequence[int]) -> Draft:
+        self._kept = list(kept)
+        self.kept_lengths.append(len(kept))
+        return offer.draft.subset(kept)
+
+    def propose(self, max_tokens: int) -> Draft:
+        offer = self.offer(max_tokens)
+        reach = offer.reach or ()
+        ranked = sorted(range(len(reach)), key=lambda i: (-reach[i], i))
         # expected tokens per pass with the n most probable kept: 1 + the sum of their reach
-        gains = [reach[i] for i in ranked]
         best, best_rate, expected = 0, 1.0 / self.cost.of(1), 1.0
-        for n, gain in enumerate(gains, 1):
-            expected += gain
+        for n, i in enumerate(ranked, 1):
+            expected += reach[i]
             rate = expected / self.cost.of(n + 1)
             if rate > best_rate:
                 best, best_rate = n, rate
-        self._kept = sorted(ranked[:best])
-        self.kept_lengths.append(best)
-        if draft.parents is None:  # a chain stays a chain: its kept part is a prefix
-            q = draft.q[:best] if draft.q is not None else None
-            return Draft(draft.tokens[:best], q)
-        where = {full: kept for kept, full in enumerate(self._kept)}
-        tokens = [draft.tokens[i] for i in self._kept]
-        kept_parents = tuple(where[parents[i]] if parents[i] >= 0 else -1 for i in self._kept)
-        return Draft(tokens, parents=kept_parents) if tokens else Draft()
+        return self.take(offer, sorted(ranked[:best]))
 
     def update(self, tokens: Sequence[int], num_accepted: int) -> None:
         # Walk the accepted path down the full draft; at each level every child of the accepted

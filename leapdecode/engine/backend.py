@@ -196,6 +196,32 @@ class TorchBackend:
     def keep(self, seq: CacheState, start: int, nodes: list[int]) -> None:
         keep_cache_entries(seq, start, nodes)
 
+    @property
+    def batchable(self) -> str | None:
+        """Why this model cannot score several sequences in one pass (`engine.batch`), or None
+        when it can: that needs the row-exact attention (each sequence over its own cache) and
+        full attention in every layer."""
+        from leapdecode.models.row_exact import ATTENTION
+
+        if self.attention != ATTENTION or self.exact_tokens is None:
+            return "batching needs the row-exact kernels (float32, bfloat16 or int8/int4 on CPU)"
+        if self.layout.window is not None:
+            return "batching does not run sliding-window attention yet"
+        return None
+
+    def batch_attention(self) -> Any:
+        """The attention function a packed pass runs per sequence (the model's own row-exact one)."""
+        reason = self.batchable
+        if reason is not None:
+            raise InputError(reason)
+        from leapdecode.models.row_exact import row_exact_attention
+
+        return row_exact_attention
+
+    def new_sequence(self) -> CacheState:
+        """An empty sequence, for a packed pass to prefill (`engine.batch`)."""
+        return CacheState(cache=new_growing_cache(), length=0)
+
 
 def new_growing_cache() -> Any:
     """A `transformers` DynamicCache whose layers append in place (`GrowingLayer`)."""

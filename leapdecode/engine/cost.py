@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from leapdecode.engine.backend import Backend
+from leapdecode.engine.backend import Backend, TorchBackend
 from leapdecode.engine.tree import TreeLayout, compile_tree, full_tree_parents
 
 
@@ -98,3 +98,46 @@ def nondecreasing_fit(values: Sequence[float]) -> tuple[float, ...]:
             mean, count = (before * pooled + mean * count) / (pooled + count), pooled + count
         blocks.append((mean, count))
     return tuple(mean for mean, count in blocks for _ in range(count))
+
+
+BATCH_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)  # rows timed for a packed pass's curve
+
+
+def measure_batch_cost(backend: TorchBackend, max_rows: int, sequences: int, *, context: int = 64, repeats: int = 3) -> ForwardCost:
+    """Seconds of a pass over several sequences (`engine.batch`) by its rows, for 1..max_rows:
+    `sequences` sequences of `context` cached tokens (fewer when the rows are fewer), the rows
+    spread evenly over them as chains; timed at `BATCH_SIZES` in `repeats` rounds (median per
+    size, fitted non-decreasing, as `measure_forward_cost`) and interpolated between them."""
+    from leapdecode.engine.batch import BatchItem, forward_batch
+
+    vocab = backend.vocab_size
+    tokens = [(1009 * i + 17) % vocab for i in range(context + max_rows)]
+    seqs = [backend.prefill([(t + s) % vocab for t in tokens[:context]])[0] for s in range(max(1, sequences))]
+    sizes = sorted({n for n in BATCH_SIZES if n < max_rows} | {max_rows})
+
+    def items(rows: int) -> list[BatchItem]:
+        count = min(rows, len(seqs))
+        share = [rows // count + (i < rows % count) for i in range(count)]
+        return [BatchItem(seqs[i], tokens[context : context + share[i]]) for i in range(count)]
+
+    forward_batch(backend, items(1))  # warm-up
+    for seq in seqs:
+        backend.rollback(seq, context)
+    runs: list[list[float]] = [[] for _ in sizes]
+    for _ in range(repeats):
+        for j, rows in enumerate(sizes):
+            start = time.perf_counter()
+            forward_batch(backend, items(rows))
+            runs[j].append(time.perf_counter() - start)
+            for seq in seqs:
+                backend.rollback(seq, context)
+    fitted = nondecreasing_fit([statistics.median(r) for r in runs])
+    seconds = []
+    for rows in range(1, max_rows + 1):
+        j = next(j for j, size in enumerate(sizes) if size >= rows)
+        if sizes[j] == rows or j == 0:
+            seconds.append(fitted[j])
+        else:
+            low, high = sizes[j - 1], sizes[j]
+            seconds.append(fitted[j - 1] + (fitted[j] - fitted[j - 1]) * (rows - low) / (high - low))
+    return ForwardCost(tuple(max(s, 1e-6) for s in seconds))

@@ -15,18 +15,18 @@ device-to-host transfer (inside the verifier).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 import torch
 
-from leapdecode.engine.backend import Backend
+from leapdecode.engine.backend import Backend, CacheState, Scores
 from leapdecode.engine.stopping import StopCriteria
 from leapdecode.engine.tree import TreeLayout, compile_tree
 
 if TYPE_CHECKING:
-    from leapdecode.drafters.base import Drafter
+    from leapdecode.drafters.base import Draft, Drafter, Offer
     from leapdecode.verifiers.verdict import TokenLogprob, Verdict
 
 class Verifier(Protocol):
@@ -64,55 +64,129 @@ def decode(
     tree_verifier: TreeVerifier,
 ) -> Iterator[Step]:
     """Generate after `prompt_ids`, yielding one `Step` per target forward pass."""
+    return decode_run(backend, SequenceRun(prompt_ids, drafter, stop, verifier, tree_verifier))
+
+
+def decode_run(backend: Backend, run: SequenceRun) -> Iterator[Step]:
+    """Drive one `SequenceRun` alone, one pass at a time (`engine.scheduler` drives several)."""
     # 1. Prefill: the prompt's pass also gives the first new token.
-    # trained heads draft from the target's own states (feature_layers); others ask for none
-    wants = {"features": drafter.feature_layers} if drafter.feature_layers else {}
-    seq, scores = backend.prefill(list(prompt_ids), **wants)
-    verdict = verifier((), scores.logits[-1:], None, position=0)
-    new_tokens = verdict.tokens
-    drafter.reset(prompt_ids)
-    drafter.attach(backend, seq)
-    if wants:
-        drafter.take_features(scores.features)  # [prompt, F]
-    generated: list[int] = []
-    drafted: tuple[int, ...] = ()
-    parents: tuple[int, ...] | None = None
-    path: list[int] = []
+    seq, scores = backend.prefill(run.prompt_ids, **run.wants)
+    step = run.begin(backend, seq, scores)
     while True:
         # 2. Emit what the target produced, cut at EOS / a stop string / the budget.
-        keep, reason = stop.cut(generated, new_tokens)
-        generated.extend(new_tokens[:keep])
-        logprobs = None if verdict.logprobs is None else tuple(verdict.logprobs[:keep])
-        yield Step(drafted, len(path), tuple(new_tokens[:keep]), reason, parents, tuple(path), logprobs)
-        if reason is not None:
-            drafter.finish()
+        yield step
+        if run.done:
             return
-        # 3. Tell the drafter; ask for a draft (the deepest branch of a tree counts) no longer
-        #    than what is left, less the bonus token, and than the backend verifies exactly
-        #    (a tree's nodes all count there: a wider tree keeps its first nodes).
-        drafter.update(new_tokens, len(path))
-        budget = stop.max_new_tokens - len(generated) - 1
-        exact = backend.draft_limit(seq)
-        draft = drafter.propose(budget if exact is None else min(budget, exact))
-        draft = draft if exact is None else draft.first(exact)
-        tree = compile_tree(draft.parents) if draft.parents is not None else None
+        # 3. Tell the drafter; ask for a draft no longer than what is left and than the backend
+        #    verifies exactly.
+        tokens, tree = run.plan(run.propose(backend.draft_limit(seq)))
         # 4. Score the pending token (emitted, not yet cached) and the draft in one pass.
-        start = seq.length
-        scores = backend.forward(seq, [new_tokens[-1], *draft.tokens], tree=tree, **wants)
+        scores = backend.forward(seq, tokens, tree=tree, **run.wants)
+        # 5-7. Verify, keep the accepted path in the cache, let the drafter learn.
+        step = run.settle(backend, scores)
+
+
+class SequenceRun:
+    """One generation, step by step: what `decode` drives for one request, and a batch scheduler
+    (`engine.scheduler`) for several in one pass. It owns the request's drafter, verifiers and
+    stop criteria; the caller owns the passes.
+
+        begin(prefill's scores) -> Step;  then repeat:  propose -> plan -> (a pass) -> settle -> Step
+    """
+
+    def __init__(self, prompt_ids: Sequence[int], drafter: Drafter, stop: StopCriteria, verifier: Verifier,
+                 tree_verifier: TreeVerifier) -> None:
+        self.prompt_ids = list(prompt_ids)
+        self.drafter = drafter
+        self.stop = stop
+        self.verifier = verifier
+        self.tree_verifier = tree_verifier
+        # trained heads draft from the target's own states (feature_layers); others ask for none
+        self.wants: dict[str, tuple[int, ...]] = {"features": drafter.feature_layers} if drafter.feature_layers else {}
+        self.seq: CacheState | None = None
+        self.generated: list[int] = []
+        self.done = False
+        self._verdict: Verdict | None = None
+        self._draft: Draft | None = None
+        self._tree: TreeLayout | None = None
+        self._start = 0
+
+    def begin(self, backend: Backend, seq: CacheState, scores: Scores) -> Step:
+        """The prompt was prefilled into `seq` (`scores`: its last row, and features if wanted)."""
+        self.seq = seq
+        self._verdict = self.verifier((), scores.logits[-1:], None, position=0)
+        self.drafter.reset(self.prompt_ids)
+        self.drafter.attach(backend, seq)
+        if self.wants:
+            self.drafter.take_features(scores.features)  # [prompt, F]
+        return self._emit((), None)
+
+    @property
+    def budget(self) -> int:
+        """The most tokens the next draft may hold: what is left, less the bonus token."""
+        return self.stop.max_new_tokens - len(self.generated) - 1
+
+    def propose(self, exact: int | None) -> Draft:
+        """Tell the drafter what was emitted and ask for a draft (the deepest branch of a tree
+        counts) within the budget and `exact`, the most drafted tokens the backend verifies
+        exactly (a tree's nodes all count there: a wider tree keeps its first nodes)."""
+        verdict = self._last_verdict()
+        self.drafter.update(verdict.tokens, len(verdict.path))
+        draft = self.drafter.propose(self.budget if exact is None else min(self.budget, exact))
+        return draft if exact is None else draft.first(exact)
+
+    def offer(self, exact: int | None) -> Offer:
+        """As `propose`, for a pass shared with other sequences: the whole draft, with each
+        token's reach when the drafter estimates it, for the scheduler to cut (`take`)."""
+        verdict = self._last_verdict()
+        self.drafter.update(verdict.tokens, len(verdict.path))
+        return self.drafter.offer(self.budget if exact is None else min(self.budget, exact))
+
+    def take(self, offer: Offer, kept: Sequence[int]) -> Draft:
+        """The part of `offer` the scheduler kept (ascending indices, parents kept)."""
+        return self.drafter.take(offer, kept)
+
+    def plan(self, draft: Draft) -> tuple[list[int], TreeLayout | None]:
+        """The next pass's tokens, [pending token, *draft], and their tree (None: a chain)."""
+        assert self.seq is not None, "plan before begin"
+        self._draft, self._start = draft, self.seq.length
+        self._tree = compile_tree(draft.parents) if draft.parents is not None else None
+        return [self._last_verdict().tokens[-1], *draft.tokens], self._tree
+
+    def settle(self, backend: Backend, scores: Scores) -> Step:
+        """The planned pass's scores: verify, keep the accepted path in the cache, emit."""
+        draft, tree, seq = self._draft, self._tree, self.seq
+        assert draft is not None and seq is not None, "settle before plan"
         # 5. Verify: the longest prefix (tree: root-to-node path) the target agrees with, plus
-        #    its bonus token; the step's one device-to-host transfer.
-        #    Row 0 decides output position len(generated): the pending token is already emitted.
+        #    its bonus token; the step's one device-to-host transfer. Row 0 decides output
+        #    position len(generated): the pending token is already emitted.
         if tree is None:
-            verdict = verifier(draft.tokens, scores.logits, draft.q, position=len(generated))
+            verdict = self.verifier(draft.tokens, scores.logits, draft.q, position=len(self.generated))
         else:
-            verdict = tree_verifier(draft.tokens, tree, scores.logits, position=len(generated))
-        path, new_tokens = verdict.path, verdict.tokens
-        drafted, parents = tuple(draft.tokens), draft.parents
+            verdict = self.tree_verifier(draft.tokens, tree, scores.logits, position=len(self.generated))
+        self._verdict = verdict
         # 6. Keep the root and the accepted path in the cache; the bonus token is not cached yet.
-        kept = [0, *(i + 1 for i in path)]
-        backend.keep(seq, start, kept)
-        if wants:
-            drafter.take_features(scores.features[kept])  # [1 + accepted, F]
+        kept = [0, *(i + 1 for i in verdict.path)]
+        backend.keep(seq, self._start, kept)
+        if self.wants:
+            self.drafter.take_features(scores.features[kept])  # [1 + accepted, F]
         # 7. Jacobi-style and recycling drafters learn from the target's own predictions.
-        if drafter.observes_target:
-            drafter.observe(verdict.predicted, verdict.candidates)  # [D+1], [D+1][k] or None
+        if self.drafter.observes_target:
+            self.drafter.observe(verdict.predicted, verdict.candidates)  # [D+1], [D+1][k] or None
+        self._draft = None
+        return self._emit(tuple(draft.tokens), draft.parents)
+
+    def _last_verdict(self) -> Verdict:
+        assert self._verdict is not None, "no pass yet"
+        return self._verdict
+
+    def _emit(self, drafted: tuple[int, ...], parents: tuple[int, ...] | None) -> Step:
+        """Cut what the target produced at EOS / a stop string / the budget, and record it."""
+        verdict = self._last_verdict()
+        keep, reason = self.stop.cut(self.generated, verdict.tokens)
+        self.generated.extend(verdict.tokens[:keep])
+        logprobs = None if verdict.logprobs is None else tuple(verdict.logprobs[:keep])
+        if reason is not None:
+            self.done = True
+            self.drafter.finish()
+        return Step(drafted, len(verdict.path), tuple(verdict.tokens[:keep]), reason, parents, tuple(verdict.path), logprobs)

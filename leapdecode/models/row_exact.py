@@ -5,16 +5,18 @@ On a CPU, BLAS kernels round an M-row product differently from a 1-row product, 
 over a masked block differs from attention over the visible keys alone; so a verified token is
 plain decoding's only up to last-bit rounding (a near-tie could flip it). `use_row_exact` swaps
 two things, through public interfaces only:
-- every `nn.Linear` for a `RowExactLinear` sharing its parameters: up to `EXACT_ROWS` rows go
+- every `nn.Linear` for a `RowExactLinear` sharing its parameters: up to `PASS_ROWS` rows go
   through a small C++ kernel (`row_exact.cpp`, built on first use with `torch.utils.cpp_extension`
   and cached) that loads each weight chunk once for all rows but keeps each row's reduction order
-  fixed, so its cost stays nearly flat in the rows; longer inputs (prefills) keep `nn.Linear`;
+  fixed, so its cost stays nearly flat in the rows (a pass over several sequences, `engine.batch`,
+  shares it); longer inputs (long prompts) keep `nn.Linear`;
 - the attention implementation for `row_exact` (registered with transformers'
   `AttentionInterface`): in passes of up to `EXACT_ROWS` tokens each query row attends to exactly
   its visible keys, in cache order, as the one-token pass at that position would, in the same C++
   extension (one call per layer for all rows and heads, reading the cache through its views; a
   bfloat16 cache widened to float per task, every sum in float, the output rounded once; without
-  the extension, one SDPA call per row); prefills keep SDPA's block.
+  the extension, one SDPA call per row); prefills keep SDPA's block. In a pass over several
+  sequences (`BATCH_KEYWORD`) it runs once per sequence, over that sequence's own cache.
 - every RMS-norm module (found by behaviour: same output as `RowExactRMSNorm` on random rows) for
   a `RowExactRMSNorm` sharing its weight: one C++ call per norm, each row on its own.
 The rest of a decoder layer (rotary embeddings, activations; a bfloat16 model's own norms,
@@ -44,8 +46,14 @@ from leapdecode.models.extensions import build
 
 logger = logging.getLogger("leapdecode")
 
-EXACT_ROWS = range(1, 17)  # token counts scored by the row-exact kernel (a decode step, a draft)
+EXACT_ROWS = range(1, 17)  # one sequence's tokens that attend through the row-exact kernel (a decode step, a draft)
+# Rows the linear layers run through the kernel: a packed pass over several sequences' drafts
+# (`engine.batch`), and prompts up to this length; longer prompts keep `nn.Linear`.
+PASS_ROWS = 256
 ATTENTION = "row_exact"
+# The forward keyword that carries a packed pass's cache (`engine.batch.PackedCache`) to attention:
+# with it, each sequence of the pass attends over its own cache (`attend`), through this function.
+BATCH_KEYWORD = "leapdecode_batch"
 
 
 def kernel() -> Any | None:
@@ -57,14 +65,14 @@ def kernel() -> Any | None:
 
 
 class RowExactLinear(nn.Linear):
-    """`nn.Linear` whose rows (up to 16) are each bit-identical to a one-row call: float32, or
-    bfloat16 on a CPU with AVX512-BF16 (`bf16_linear_available`)."""
+    """`nn.Linear` whose rows (up to `PASS_ROWS`) are each bit-identical to a one-row call: float32,
+    or bfloat16 on a CPU with AVX512-BF16 (`bf16_linear_available`)."""
 
     portable: bool = False  # force the kernel's portable path (tests of machines without AVX2)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // x.shape[-1]
-        if rows not in EXACT_ROWS or x.device.type != "cpu" or x.dtype not in (torch.float32, torch.bfloat16) or x.dtype != self.weight.dtype:
+        if not 1 <= rows <= PASS_ROWS or x.device.type != "cpu" or x.dtype not in (torch.float32, torch.bfloat16) or x.dtype != self.weight.dtype:
             return nn.functional.linear(x, self.weight, self.bias)
         flat = x.reshape(rows, x.shape[-1])  # [rows, in]
         module = kernel()
@@ -95,6 +103,9 @@ def row_exact_attention(
     query [batch, heads, q, dim]; key, value [batch, kv_heads, kv, dim]; attention_mask
     [batch, 1, q, kv] (boolean: True attends; or additive: 0 attends) or None (causal, the
     queries being the last q positions). Returns [batch, q, heads, dim]."""
+    packed = kwargs.pop(BATCH_KEYWORD, None)
+    if packed is not None:  # a pass over several sequences: each over its own keys, through this function
+        return packed.attend(module, query, scaling, kwargs), None
     q_len, kv_len = query.shape[2], key.shape[2]
     if q_len not in EXACT_ROWS:  # a prefill: the same block path in plain and in drafted decoding
         from transformers.integrations.sdpa_attention import sdpa_attention_forward

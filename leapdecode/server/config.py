@@ -20,6 +20,10 @@ class ServerConfig:
     api_key: str | None = None  # when set, every /v1 request needs `Authorization: Bearer KEY`
     allowed_hosts: tuple[str, ...] = ()  # when set, the Host header must be one of these (DNS rebinding)
     max_body_bytes: int = 4 << 20
+    # Requests decoded together in shared passes (`server.batching`); None: chosen from the
+    # measured cost curve where the model can share passes, else 1 (one request at a time).
+    max_batch: int | None = None
+    max_pass_rows: int = 128  # tokens one shared pass may score (pending, drafted and prompt tokens)
 
 
 def default_allowed_methods(served: Method) -> tuple[str, ...]:

@@ -40,6 +40,23 @@ class Metrics:
             "leapdecode_time_to_first_token_seconds", "Time to first token (streaming)", registry=r,
             buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 16, float("inf")),
         )
+        # shared passes (`--max-batch` above 1): how full each pass was, what it cost, how long requests waited
+        self.batch_sequences = Histogram(
+            "leapdecode_batch_sequences", "Requests with rows in a shared pass", registry=r,
+            buckets=(1, 2, 3, 4, 6, 8, 12, 16, 24, 32, float("inf")),
+        )
+        self.pass_rows = Histogram(
+            "leapdecode_pass_rows", "Tokens scored by a shared pass (pending, drafted and prompt tokens)", registry=r,
+            buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, float("inf")),
+        )
+        self.pass_seconds = Histogram(
+            "leapdecode_pass_seconds", "Seconds of a shared pass", registry=r,
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, float("inf")),
+        )
+        self.queue_time = Histogram(
+            "leapdecode_queue_time_seconds", "Seconds from admission to joining the batch", registry=r,
+            buckets=(0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 16, float("inf")),
+        )
         self._total = step_stats(())  # every recorded request's counts, for the tau and alpha gauges
 
     def record(self, prompt_tokens: int, steps: list[Step]) -> None:

@@ -1,9 +1,11 @@
-"""The model's side of the server: one worker thread decodes, requests are admitted up to a bound,
-and a request whose client left stops at its next step.
+"""The model's side of the server: requests are admitted up to a bound, decoded together in
+shared passes (`server.batching`) or one at a time on one worker thread, and a request whose
+client left stops at its next step.
 
-Requests are served one at a time per model (two CPU cores gain nothing from interleaving
-them): at most `max_queue` are admitted at once (running plus waiting), and beyond that a
-request gets 429 at once, never a hang. Each request has a time limit.
+At most `max_queue` requests are admitted at once (running plus waiting), and beyond that a
+request gets 429 at once, never a hang. Each request has a time limit. A method that runs the
+target's layers its own way (self-speculation, early exit) cannot share passes and runs on the
+one-at-a-time worker.
 """
 
 from __future__ import annotations
@@ -20,10 +22,12 @@ from starlette.requests import Request
 
 from leapdecode.api import Decoder
 from leapdecode.engine import Step
+from leapdecode.engine.loop import SequenceRun
 from leapdecode.engine.cost import ForwardCost, measure_forward_cost
 from leapdecode.errors import MethodError
 from leapdecode.methods import Method, backend_for, parse_method
 from leapdecode.models import LoadedModel
+from leapdecode.server.batching import BatchWorker, start_batching
 from leapdecode.server.config import ServerConfig
 from leapdecode.server.errors import ApiError, generation_failure, timeout_error
 from leapdecode.server.metrics import Metrics
@@ -57,6 +61,21 @@ class Job:
     timed_out: bool = False
     method_name: str = ""
 
+    def batchable(self) -> bool:
+        """Whether this job's method can share passes with others (its backend is the model's
+        own, row-exact); one that runs the target's layers its own way (self-speculation, early
+        exit) runs on the one-at-a-time worker instead."""
+        return getattr(self.decoder_for(self.method).backend, "batchable", "not a torch backend") is None
+
+    def start(self) -> SequenceRun:
+        """The generation as a run for the batch scheduler (`server.batching`); raises on bad input."""
+        decoder = self.decoder_for(self.method)
+        self.method_name = str(decoder.method)
+        return decoder.start(
+            self.prompt_ids, max_new_tokens=self.max_tokens, stop=self.stop,
+            temperature=self.temperature, top_p=self.top_p, seed=self.seed, logprobs=self.logprobs,
+        )
+
     def steps(self) -> Iterator[Step]:
         """The decode loop's steps, stopping early on cancel (client gone) or the deadline."""
         if self.cancel.is_set():  # the client left while the request waited: no prefill
@@ -87,9 +106,10 @@ class Job:
 
 @dataclass
 class ServerState:
-    """What every route shares: the model, its decoders (by canonical method string, touched on
-    the worker thread only), the one worker thread, and the count of admitted requests (touched
-    on the event loop's thread only)."""
+    """What every route shares: the model, its decoders (by canonical method string; built on the
+    worker thread, or on the event loop where requests share passes), the one-at-a-time worker
+    thread, the batch worker, and the count of admitted requests (touched on the event loop's
+    thread only)."""
 
     lm: LoadedModel
     config: ServerConfig
@@ -100,6 +120,7 @@ class ServerState:
     executor: ThreadPoolExecutor
     default_decoder: Decoder
     decoders: dict[str, Decoder] = field(default_factory=dict)
+    batch: BatchWorker | None = None  # shared passes (`--max-batch` above 1); None: one request at a time
     admitted: int = 0  # running + waiting
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -112,7 +133,8 @@ class ServerState:
         logger.info("measuring the forward cost of 1..%d tokens (chains and trees)", COST_TOKENS)
         costs = {tree: measure_forward_cost(backend_for(lm), COST_TOKENS, tree=tree) for tree in (False, True)}
         default_decoder = Decoder(lm, served, cost=costs[served.drafts == "tree"])
-        state = cls(lm, config, metrics, served, allowed, costs, executor, default_decoder)
+        batch = start_batching(lm, config, metrics)
+        state = cls(lm, config, metrics, served, allowed, costs, executor, default_decoder, batch=batch)
         state.decoders[state.default_key] = default_decoder
         return state
 
@@ -162,17 +184,20 @@ class ServerState:
         generation at the next step (or before it starts)."""
         self.admit()
         start = time.perf_counter()
-        try:
-            future = asyncio.get_running_loop().run_in_executor(self.executor, self._run_blocking, job)
-            while True:
-                done, _ = await asyncio.wait({future}, timeout=0.25)
-                if done:
-                    break
-                if await request.is_disconnected():
-                    job.cancel.set()
-            steps = future.result()
-        finally:
-            self.release()
+        if self.batch is not None and job.batchable():
+            steps = await self._complete_batched(job, request)
+        else:
+            try:
+                future = asyncio.get_running_loop().run_in_executor(self.executor, self._run_blocking, job)
+                while True:
+                    done, _ = await asyncio.wait({future}, timeout=0.25)
+                    if done:
+                        break
+                    if await request.is_disconnected():
+                        job.cancel.set()
+                steps = future.result()
+            finally:
+                self.release()
         if job.finish_reason == "cancelled":  # counted in /metrics by the ApiError handler, as every error is
             raise ApiError(499, "The client closed the request.", code="client_closed_request")
         if job.timed_out:
@@ -182,12 +207,42 @@ class ServerState:
         self.metrics.latency.labels(endpoint).observe(time.perf_counter() - start)
         return steps
 
+    async def _complete_batched(self, job: Job, request: Request) -> list[Step]:
+        """A non-streaming request in the shared passes: its steps until it leaves the batch."""
+        queue: asyncio.Queue[Step | None | BaseException] = asyncio.Queue()
+        self._submit(job, queue)
+        steps: list[Step] = []
+        while True:
+            try:
+                item = await asyncio.wait_for(queue.get(), timeout=0.25)
+            except TimeoutError:
+                if await request.is_disconnected():
+                    job.cancel.set()  # leaves at the next pass
+                continue
+            if item is None:
+                return steps
+            if isinstance(item, BaseException):
+                raise item
+            steps.append(item)
+
+    def _submit(self, job: Job, queue: asyncio.Queue[Step | None | BaseException]) -> None:
+        """Hand an admitted job to the batch; it is released when it leaves (or now, if refused)."""
+        assert self.batch is not None
+        try:
+            self.batch.submit(job, asyncio.get_running_loop(), queue, self.release)
+        except BaseException:
+            self.release()
+            raise
+
     def stream(self, job: Job, text: StreamText, include_usage: bool, endpoint: str) -> AsyncIterator[str]:
-        """Admit `job` now (429 before any byte is sent), start it on the worker thread, and return
-        its SSE lines; a client that goes away stops it at the next step."""
+        """Admit `job` now (429 before any byte is sent), start it on the worker thread (or in the
+        shared passes), and return its SSE lines; a client that goes away stops it at the next step."""
         self.admit()
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[Step | None | BaseException] = asyncio.Queue()
+        if self.batch is not None and job.batchable():
+            self._submit(job, queue)
+            return self._events(job, queue, text, include_usage, endpoint, time.perf_counter())
 
         def work() -> None:
             try:

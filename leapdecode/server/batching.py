@@ -1,0 +1,118 @@
+"""Serving many requests at once: one thread runs the engine's batch scheduler, pass after pass.
+
+With `--max-batch` above 1, admitted requests do not wait for each other: each joins the shared
+passes of `leapdecode.engine.scheduler` at the next pass with room, and leaves when it ends, when
+its client goes away (its rows and cache are freed at the next pass) or at its time limit. Each
+request's steps reach its route through an asyncio queue, as the one-at-a-time worker's do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from leapdecode.engine.cost import ForwardCost, measure_batch_cost
+from leapdecode.engine.loop import Step
+from leapdecode.engine.scheduler import BatchScheduler, PassReport, Submission
+from leapdecode.errors import InputError
+from leapdecode.methods import backend_for
+from leapdecode.models import LoadedModel
+from leapdecode.server.config import ServerConfig
+from leapdecode.server.metrics import Metrics
+
+if TYPE_CHECKING:
+    from leapdecode.engine.backend import TorchBackend
+    from leapdecode.server.worker import Job
+
+logger = logging.getLogger("leapdecode")
+MAX_DEFAULT_BATCH = 16  # the largest batch `default_max_batch` picks
+GAIN = 1.2  # doubling the batch must raise the pass's rows per second by this much to be worth it
+
+
+def default_max_batch(cost: ForwardCost) -> int:
+    """The largest batch (1, 2, 4, .. MAX_DEFAULT_BATCH) at which doubling the rows of a pass still
+    raised its rows per second by `GAIN` on the measured cost curve: past it, requests would share
+    passes that cost nearly as much per row as passes of their own."""
+    best = 1
+    while best < MAX_DEFAULT_BATCH and (2 * best) / cost.of(2 * best) >= GAIN * best / cost.of(best):
+        best *= 2
+    return best
+
+
+class BatchWorker:
+    """The thread that runs `scheduler.step()` while there is work, and sleeps otherwise."""
+
+    def __init__(self, backend: TorchBackend, cost: ForwardCost, max_batch: int, max_rows: int, metrics: Metrics) -> None:
+        self.scheduler = BatchScheduler(backend, cost, max_batch=max_batch, max_rows=max_rows)
+        self.metrics = metrics
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="leapdecode-batch", daemon=True)
+        self._thread.start()
+
+    def submit(self, job: Job, loop: asyncio.AbstractEventLoop, queue: asyncio.Queue[Step | None | BaseException],
+               on_done: Callable[[], None]) -> Submission:
+        """Start `job` in the batch: its steps go to `queue`, then None (after its error, if it
+        failed); `on_done` runs on the event loop once it has left the batch."""
+
+        def on_step(step: Step) -> None:
+            loop.call_soon_threadsafe(queue.put_nowait, step)
+
+        def on_end(reason: str) -> None:
+            self.metrics.running.dec()
+            if reason in ("stop", "length", "cancelled"):
+                job.finish_reason = reason
+            job.timed_out = reason == "timeout"
+            if submission.started_at is not None:
+                self.metrics.queue_time.observe(submission.started_at - submission.submitted_at)
+            if submission.error is not None:
+                loop.call_soon_threadsafe(queue.put_nowait, submission.error)
+            loop.call_soon_threadsafe(queue.put_nowait, None)
+            loop.call_soon_threadsafe(on_done)
+
+        submission = Submission(job.start(), on_step, on_end, job.timeout_s, cancelled=job.cancel)
+        self.metrics.running.inc()  # in the batch, or about to join it
+        return self.scheduler.submit(submission)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            if not self.scheduler.wait_for_work(timeout=0.5):
+                continue
+            report = self.scheduler.step()
+            if report is not None:
+                self._observe(report)
+
+    def _observe(self, report: PassReport) -> None:
+        self.metrics.batch_sequences.observe(report.sequences)
+        self.metrics.pass_rows.observe(report.rows)
+        self.metrics.pass_seconds.observe(report.seconds)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+
+def start_batching(lm: LoadedModel, config: ServerConfig, metrics: Metrics) -> BatchWorker | None:
+    """The batch worker for `config.max_batch` (None: from the measured cost curve), or None
+    where requests run one at a time (`--max-batch 1`, or a model that cannot share passes and
+    did not ask to)."""
+    if config.max_batch == 1:
+        return None
+    backend = backend_for(lm)
+    reason = getattr(backend, "batchable", "the llama.cpp backend decodes one sequence at a time")
+    if reason is not None:
+        if config.max_batch is not None:
+            raise InputError(f"--max-batch {config.max_batch}: {reason}")
+        logger.info("serving one request at a time: %s", reason)
+        return None
+    sequences = config.max_batch or MAX_DEFAULT_BATCH
+    logger.info("measuring the cost of shared passes (1..%d tokens over up to %d requests)", config.max_pass_rows, sequences)
+    cost = measure_batch_cost(backend, config.max_pass_rows, sequences)
+    max_batch = config.max_batch or default_max_batch(cost)
+    if max_batch == 1:
+        logger.info("serving one request at a time: shared passes cost as much per token as passes of their own here")
+        return None
+    logger.info("serving up to %d requests in shared passes of up to %d tokens", max_batch, config.max_pass_rows)
+    return BatchWorker(backend, cost, max_batch, config.max_pass_rows, metrics)

@@ -1,0 +1,230 @@
+"""Several sequences in one pass (`engine.batch`) and continuous batching (`engine.scheduler`):
+each sequence's logits, states and cache bitwise what its own pass gives, whatever else is in
+the pass; every request's output equal to the request alone under random arrival, departure and
+cancellation schedules; the allocation of draft rows across requests."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from leapdecode import wrap
+from leapdecode.drafters import Draft, Offer
+from leapdecode.engine import TorchBackend, compile_tree
+from leapdecode.engine.batch import BatchItem, forward_batch
+from leapdecode.engine.cost import ForwardCost, measure_batch_cost
+from leapdecode.engine.scheduler import BatchScheduler, Submission, allocate
+from leapdecode.errors import InputError
+from leapdecode.models.row_exact import use_row_exact
+from tests.helpers import TINY_VOCAB, make_tiny_model, tiny_lm
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen2"])
+def exact_tiny(request):
+    """A tiny model made row-exact, as the API loads it (`LoadedModel.row_exact`)."""
+    model = make_tiny_model(request.param)
+    use_row_exact(model)
+    return dataclasses.replace(tiny_lm(model), row_exact=True)
+
+
+def random_tree(rng: random.Random, n: int) -> tuple[int, ...]:
+    return tuple(rng.randrange(-1, j) if j else -1 for j in range(n))
+
+
+def caches_equal(a, b) -> bool:
+    return all(torch.equal(x.keys, y.keys) and torch.equal(x.values, y.values) for x, y in zip(a.cache.layers, b.cache.layers))
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 2**16), sequences=st.integers(1, 5), with_prompt=st.booleans())
+def test_each_sequence_of_a_packed_pass_scores_bitwise_as_its_own_pass(exact_tiny, seed, sequences, with_prompt) -> None:
+    rng = random.Random(seed)
+    backend = TorchBackend(exact_tiny.model, exact_tokens=exact_tiny.exact_tokens)
+    contexts = [[rng.randrange(TINY_VOCAB) for _ in range(rng.randint(1, 80))] for _ in range(sequences)]
+    alone = [backend.prefill(c)[0] for c in contexts]
+    packed = [backend.prefill(c)[0] for c in contexts]
+    plans = []
+    for _ in range(sequences):
+        n = rng.randint(1, 8)
+        tokens = [rng.randrange(TINY_VOCAB) for _ in range(n)]
+        tree = compile_tree(random_tree(rng, n - 1)) if n > 2 and rng.random() < 0.5 else None
+        plans.append((tokens, tree))
+    items = [BatchItem(seq, tokens, tree) for seq, (tokens, tree) in zip(packed, plans)]
+    prompt = [rng.randrange(TINY_VOCAB) for _ in range(rng.randint(1, 40))]
+    fresh = backend.new_sequence()
+    if with_prompt:
+        items.insert(rng.randint(0, len(items)), BatchItem(fresh, prompt, last_only=True))
+    scores = forward_batch(backend, items, features=(1, 2))
+    by_seq = {id(item.seq): s for item, s in zip(items, scores)}
+    for seq_alone, seq_packed, (tokens, tree) in zip(alone, packed, plans):
+        want = backend.forward(seq_alone, tokens, tree=tree, features=(1, 2))
+        got = by_seq[id(seq_packed)]
+        assert torch.equal(got.logits, want.logits) and torch.equal(got.features, want.features)
+        assert seq_packed.length == seq_alone.length and caches_equal(seq_alone, seq_packed)
+        backend.keep(seq_alone, len(seq_alone.cache.layers[0].keys[0, 0]) - len(tokens), [0])
+        backend.keep(seq_packed, seq_packed.length - len(tokens), [0])
+        assert caches_equal(seq_alone, seq_packed)
+    if with_prompt:
+        seq, want = backend.prefill(prompt, features=(1, 2))
+        got = by_seq[id(fresh)]
+        assert got.logits.shape[0] == 1 and torch.equal(got.logits, want.logits) and torch.equal(got.features, want.features)
+        assert caches_equal(seq, fresh)
+
+
+def test_a_packed_pass_refuses_what_it_cannot_score_exactly(exact_tiny, tiny_model) -> None:
+    backend = TorchBackend(exact_tiny.model, exact_tokens=exact_tiny.exact_tokens)
+    seq, _ = backend.prefill([3, 4, 5])
+    with pytest.raises(InputError, match="at most once"):
+        forward_batch(backend, [BatchItem(seq, [1]), BatchItem(seq, [2])])
+    with pytest.raises(InputError, match="at least one token"):
+        forward_batch(backend, [BatchItem(seq, [])])
+    assert seq.length == 3
+    plain = TorchBackend(tiny_model)  # not row-exact: its rows depend on the others in a pass
+    assert plain.batchable is not None
+    with pytest.raises(InputError, match="row-exact"):
+        BatchScheduler(plain, ForwardCost((0.01,)))
+
+
+def test_draft_subset_keeps_chains_prefixes_and_renumbers_tree_parents() -> None:
+    chain = Draft([5, 6, 7], evidence=(1, 2, 3))
+    assert chain.subset([0, 1]) == Draft([5, 6], evidence=(1, 2))
+    assert chain.subset([]) == Draft()
+    tree = Draft([5, 6, 7, 8], parents=(-1, -1, 1, 2))
+    assert tree.subset([1, 2, 3]) == Draft([6, 7, 8], parents=(-1, 0, 1))
+    with pytest.raises(ValueError, match="parent was dropped"):
+        tree.subset([0, 2])
+
+
+def test_allocation_drafts_while_rows_are_cheap_and_falls_back_to_plain_rows_when_dear() -> None:
+    sure = Offer(Draft([1, 2, 3]), (0.9, 0.8, 0.7))
+    doubtful = Offer(Draft([4, 5]), (0.4, 0.05))
+    flat = ForwardCost(tuple(0.05 for _ in range(64)))  # a row costs nothing: everything is kept
+    assert allocate([sure, doubtful], [3, 2], 2, 2, flat, 64) == [[0, 1, 2], [0, 1]]
+    linear = ForwardCost(tuple(0.01 * n for n in range(1, 65)))  # a row costs as much as a pass of its own
+    assert allocate([sure, doubtful], [3, 2], 2, 2, linear, 64) == [[], []]
+    # 8 pending tokens in a pass of 0.16 s: a row (0.01 s) pays when its token is likelier than
+    # about the pass's tokens per row-second, 10.4 / 0.19 x 0.01 = 0.55 once the sure ones are in
+    curve = ForwardCost(tuple(0.08 + 0.01 * n for n in range(1, 65)))
+    assert allocate([sure, doubtful] + [None] * 6, [3, 2] + [0] * 6, 8, 8, curve, 64) == [[0, 1, 2], []] + [[]] * 6
+    alone = curve  # the same curve with one request pending: the 0.4 one pays (above 3.4 / 0.12 x 0.01 = 0.28)
+    assert allocate([sure, doubtful], [3, 2], 1, 1, alone, 64) == [[0, 1, 2], [0]]
+    # caps and the row budget hold; an offer without reach is taken whole (up to its cap) first
+    assert allocate([sure, Offer(Draft([9, 9]))], [1, 5], 2, 2, flat, 64) == [[0], [0, 1]]
+    assert allocate([sure, doubtful], [3, 2], 2, 2, flat, 4) == [[0, 1], []]
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**16), offers=st.integers(1, 5), budget=st.integers(1, 40))
+def test_allocation_keeps_parents_before_children_within_caps_and_budget(seed, offers, budget) -> None:
+    rng = random.Random(seed)
+    made, caps = [], []
+    for _ in range(offers):
+        n = rng.randint(0, 8)
+        parents = random_tree(rng, n)
+        reach: list[float] = []
+        for p in parents:
+            reach.append(rng.random() * (reach[p] if p >= 0 else 1.0))
+        made.append(Offer(Draft(list(range(n)), parents=parents), tuple(reach)))
+        caps.append(rng.randint(0, n))
+    cost = ForwardCost(tuple(0.02 + rng.random() * 0.002 * n for n in range(1, 80)))
+    kept = allocate(made, caps, offers, offers, cost, offers + budget)
+    assert sum(map(len, kept)) <= budget
+    for offer, cap, chosen in zip(made, caps, kept):
+        assert len(chosen) <= cap and chosen == sorted(chosen)
+        assert all(offer.draft.parents[t] < 0 or offer.draft.parents[t] in chosen for t in chosen)
+        offer.draft.subset(chosen)  # a valid tree
+
+
+METHODS = ["ar", "anpd", "pld", "anpd-tree", "suffix", "lookahead", "anpd:cost_aware=false", "recycle"]
+
+
+def run_schedule(lm, rng: random.Random, requests: int, max_batch: int, max_rows: int, cancel: bool):
+    """Submit `requests` random requests at random passes; cancel one mid-way if asked. Returns
+    the requests, their outputs and end reasons, and the scheduler."""
+    decoders = {m: wrap(lm, m) for m in METHODS}
+    cost = ForwardCost(tuple(0.01 + 0.003 * n for n in range(1, 129)))
+    scheduler = BatchScheduler(decoders["ar"].backend, cost, max_batch=max_batch, max_rows=max_rows)
+    plans = []
+    for _ in range(requests):
+        motif = [rng.randrange(2, TINY_VOCAB) for _ in range(rng.randint(2, 8))]
+        options = {"max_new_tokens": rng.randint(1, 40)}
+        if rng.random() < 0.3:
+            options.update(temperature=0.8, seed=rng.randrange(1000))
+        plans.append((rng.choice(METHODS), (motif * 10)[: rng.randint(2, 70)], options))
+    outputs: dict[int, list[int]] = {i: [] for i in range(requests)}
+    ends: dict[int, str] = {}
+    submissions: dict[int, Submission] = {}
+    to_cancel = rng.randrange(requests) if cancel else -1
+    waiting = list(range(requests))
+    while waiting or not scheduler.idle:
+        while waiting and rng.random() < 0.5:
+            i = waiting.pop(0)
+            method, prompt, options = plans[i]
+            run = decoders[method].start(prompt, **options)
+            submissions[i] = scheduler.submit(Submission(run, lambda step, i=i: outputs[i].extend(step.tokens),
+                                                         lambda reason, i=i: ends.__setitem__(i, reason)))
+        if to_cancel in submissions and outputs[to_cancel] and rng.random() < 0.5:
+            submissions[to_cancel].cancel()
+        report = scheduler.step()
+        assert report is None or report.rows <= max_rows or report.rows == report.prefill_rows  # a long prompt alone
+    return plans, outputs, ends, submissions, scheduler, decoders["ar"], to_cancel
+
+
+@settings(max_examples=12, deadline=None)
+@given(seed=st.integers(0, 2**16), requests=st.integers(1, 6), max_batch=st.integers(1, 4), max_rows=st.sampled_from([8, 24, 48]),
+       cancel=st.booleans())
+def test_every_request_in_a_batch_equals_the_request_alone(exact_tiny, seed, requests, max_batch, max_rows, cancel) -> None:
+    rng = random.Random(seed)
+    plans, outputs, ends, submissions, scheduler, plain, cancelled = run_schedule(exact_tiny, rng, requests, max_batch, max_rows, cancel)
+    assert not scheduler.running and not scheduler.waiting
+    for i, (_, prompt, options) in enumerate(plans):
+        alone = plain.generate(prompt, **options).token_ids
+        if ends[i] == "cancelled":
+            assert i == cancelled and outputs[i] == alone[: len(outputs[i])]
+        else:
+            assert ends[i] in ("stop", "length") and outputs[i] == alone, (i, plans[i])
+        assert submissions[i].run.seq is None  # the cache is freed when the request leaves
+
+
+def test_a_request_past_its_time_limit_leaves_and_a_failing_pass_ends_only_its_requests(exact_tiny) -> None:
+    clock = [0.0]
+    decoder = wrap(exact_tiny, "anpd")
+    scheduler = BatchScheduler(decoder.backend, ForwardCost((0.01, 0.02)), max_batch=4, max_rows=32, clock=lambda: clock[0])
+    ends: dict[str, str] = {}
+    slow = scheduler.submit(Submission(decoder.start([5, 6, 7], max_new_tokens=50), lambda s: None, lambda r: ends.__setitem__("slow", r), timeout_s=1.0))
+    scheduler.step()
+    clock[0] = 2.0
+    scheduler.step()
+    assert ends == {"slow": "timeout"} and slow.run.seq is None and not scheduler.running
+
+    broken = decoder.start([5, 6, 7], max_new_tokens=20)
+    broken.drafter.offer = lambda max_tokens: (_ for _ in ()).throw(RuntimeError("drafter failed"))  # type: ignore[method-assign]
+    failed = scheduler.submit(Submission(broken, lambda s: None, lambda r: ends.__setitem__("broken", r)))
+    scheduler.step()  # its prefill
+    out: list[int] = []
+    scheduler.submit(Submission(decoder.start([9, 8, 7, 9, 8, 7], max_new_tokens=12), lambda s: out.extend(s.tokens),
+                                lambda r: ends.__setitem__("healthy", r)))
+    while not scheduler.idle:
+        scheduler.step()  # the broken drafter fails: that request ends with its error, the pass goes on without it
+    assert ends["broken"] == "error" and "drafter failed" in str(failed.error) and broken.seq is None
+    assert ends["healthy"] == "length" and out == decoder.generate([9, 8, 7, 9, 8, 7], max_new_tokens=12).token_ids
+
+
+def test_measured_batch_cost_covers_every_row_count_and_never_falls(exact_tiny) -> None:
+    backend = TorchBackend(exact_tiny.model, exact_tokens=exact_tiny.exact_tokens)
+    cost = measure_batch_cost(backend, 20, 4, context=16, repeats=1)
+    assert len(cost.seconds) == 20 and list(cost.seconds) == sorted(cost.seconds)
+
+
+def test_the_default_batch_grows_while_doubling_the_rows_of_a_pass_still_pays() -> None:
+    from leapdecode.server.batching import default_max_batch
+
+    assert default_max_batch(ForwardCost(tuple(0.01 * n for n in range(1, 129)))) == 1  # a row costs a pass: never share
+    assert default_max_batch(ForwardCost(tuple(0.05 for _ in range(128)))) == 16  # rows are free: the largest
+    # rows per second 25, 40, 57, 73, 84 at 1, 2, 4, 8, 16: the last doubling gains less than 1.2x
+    assert default_max_batch(ForwardCost(tuple(0.03 + 0.01 * n for n in range(1, 129)))) == 8
