@@ -228,3 +228,35 @@ def test_the_default_batch_grows_while_doubling_the_rows_of_a_pass_still_pays() 
     assert default_max_batch(ForwardCost(tuple(0.05 for _ in range(128)))) == 16  # rows are free: the largest
     # rows per second 25, 40, 57, 73, 84 at 1, 2, 4, 8, 16: the last doubling gains less than 1.2x
     assert default_max_batch(ForwardCost(tuple(0.03 + 0.01 * n for n in range(1, 129)))) == 8
+
+
+@pytest.mark.parametrize("methods", [["lookahead", "jacobi"], ["recycle:cost_aware=false", "anpd-tree"], ["hybrid", "lookahead"]])
+def test_drafts_cut_to_the_pass_budget_still_equal_plain_decoding(exact_tiny, methods) -> None:
+    """Drafters that learn from the rows they were scored on hear which rows the pass kept."""
+    plain = wrap(exact_tiny, "ar")
+    decoders = [wrap(exact_tiny, m) for m in methods]
+    flat = ForwardCost(tuple(0.01 for _ in range(64)))  # every drafted token pays: only the budget cuts
+    scheduler = BatchScheduler(plain.backend, flat, max_batch=4, max_rows=10)
+    prompts = [[5, 6, 7, 8, 5, 6, 7, 8, 5, 6], [9, 3, 9, 3, 9, 3, 9], [4, 4, 2, 4, 4, 2], [7, 1, 7, 1, 7]]
+    outputs: list[list[int]] = [[] for _ in prompts]
+    ends: list[str] = ["" for _ in prompts]
+    for i, prompt in enumerate(prompts):
+        run = decoders[i % len(decoders)].start(prompt, max_new_tokens=40)
+        scheduler.submit(Submission(run, lambda s, i=i: outputs[i].extend(s.tokens), lambda r, i=i: ends.__setitem__(i, r)))
+    while not scheduler.idle:
+        report = scheduler.step()
+        assert report is None or report.rows <= 10 or report.rows == report.prefill_rows
+    for i, prompt in enumerate(prompts):
+        assert ends[i] == "length" and outputs[i] == plain.generate(prompt, max_new_tokens=40).token_ids, (methods, i)
+
+
+def test_models_whose_rotary_follows_the_longest_position_are_not_batched(exact_tiny) -> None:
+    backend = TorchBackend(exact_tiny.model, exact_tokens=exact_tiny.exact_tokens)
+    assert backend.batchable is None
+    config = exact_tiny.model.config
+    saved = getattr(config, "rope_parameters", None)
+    try:
+        config.rope_parameters = {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0}
+        assert "dynamic" in backend.batchable
+    finally:
+        config.rope_parameters = saved

@@ -183,6 +183,8 @@ def test_per_request_method_and_seeded_sampling(client) -> None:
         ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "frequency_penalty": 0.5}, 400, "frequency_penalty"),
         ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "leapdecode": {"method": "pld:k=1000000000"}}, 400, "k must be"),
         ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "leapdecode": {"method": "calm"}}, 400, "not allowed"),
+        # parses, but building its decoder for this model fails: refused without holding a slot
+        ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "leapdecode": {"method": "layerskip:exit=99"}}, 400, "subset of"),
         ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "word " * 9000}]}, 400, "too long"),
     ],
 )
@@ -196,6 +198,7 @@ def test_bad_input_gets_an_openai_style_4xx_and_the_server_keeps_serving(server,
     assert fragment in error["message"] or fragment in str(error.get("param"))
     assert set(error) == {"message", "type", "param", "code"}
     still_serving(url)
+    assert httpx.get(url + "/health").json()["admitted"] == 0  # a refused request holds no slot
 
 
 def test_cost_aware_per_request_uses_the_curve_measured_at_start(server) -> None:

@@ -20,7 +20,7 @@ from typing import Any
 from leapdecode.api import Decoder
 from leapdecode.engine.cost import ForwardCost, measure_batch_cost
 from leapdecode.engine.scheduler import BatchScheduler, Submission
-from leapdecode.methods import backend_for
+from leapdecode.methods import backend_for, parse_method
 from leapdecode.models import LoadedModel
 
 SOLO = "solo"  # the concurrency label of one request at a time without the scheduler
@@ -40,6 +40,7 @@ class ConcurrentResult:
     identical: int = 0  # requests whose tokens equal plain decoding's alone
     passes: int = 0
     rows: int = 0
+    outputs: list[list[int]] = field(default_factory=list, repr=False)  # each request's tokens, in prompt order
 
     @property
     def tokens_per_s(self) -> float:
@@ -53,17 +54,19 @@ class ConcurrentResult:
         data = asdict(self)
         data.pop("latencies_s")
         data.pop("first_token_s")
+        data.pop("outputs")
         data.update(tokens_per_s=self.tokens_per_s, latency_p50_s=self.percentile(self.latencies_s, 0.5),
                     latency_p95_s=self.percentile(self.latencies_s, 0.95), first_token_p50_s=self.percentile(self.first_token_s, 0.5),
                     rows_per_pass=self.rows / self.passes if self.passes else 0.0)
         return data
 
 
-def run_solo(decoder: Decoder, prompts: Sequence[list[int]], max_new_tokens: int, reference: Sequence[list[int]]) -> ConcurrentResult:
-    """One request after another through `Decoder.stream`: no scheduler, no shared passes."""
+def run_solo(decoder: Decoder, prompts: Sequence[list[int]], max_new_tokens: int, reference: Sequence[list[int]] | None) -> ConcurrentResult:
+    """One request after another through `Decoder.stream`: no scheduler, no shared passes
+    (`reference` None: this run is the reference, plain decoding's own)."""
     result = ConcurrentResult(str(decoder.method), SOLO, len(prompts), 0, 0.0)
     start = time.perf_counter()
-    for prompt, want in zip(prompts, reference):
+    for prompt in prompts:
         began = time.perf_counter()
         tokens: list[int] = []
         for step in decoder.stream(prompt, max_new_tokens=max_new_tokens):
@@ -74,8 +77,9 @@ def run_solo(decoder: Decoder, prompts: Sequence[list[int]], max_new_tokens: int
             result.rows += 1 + len(step.drafted)
         result.latencies_s.append(time.perf_counter() - began)
         result.new_tokens += len(tokens)
-        result.identical += tokens == want
+        result.outputs.append(tokens)
     result.wall_s = time.perf_counter() - start
+    result.identical = sum(a == b for a, b in zip(result.outputs, reference if reference is not None else result.outputs))
     return result
 
 
@@ -118,26 +122,33 @@ def run_concurrent(decoder: Decoder, cost: ForwardCost, prompts: Sequence[list[i
             send()
     result.wall_s = time.perf_counter() - start
     result.new_tokens = sum(len(t) for t in outputs.values())
+    result.outputs = [outputs[i] for i in range(len(prompts))]
     result.identical = sum(outputs[i] == want for i, want in enumerate(reference))
     return result
 
 
 def run_concurrency_bench(lm: LoadedModel, methods: Sequence[str], prompts: Sequence[list[int]], max_new_tokens: int,
                           concurrencies: Sequence[int], *, max_rows: int = 128, log: Callable[[str], None]) -> list[ConcurrentResult]:
-    """Every method solo and at every concurrency, after plain decoding's reference outputs."""
+    """Every method solo and at every concurrency; plain decoding alone (`ar` solo, first) gives
+    the reference outputs."""
     plain = Decoder(lm, "ar")
-    reference = [plain.generate(p, max_new_tokens=max_new_tokens).token_ids for p in prompts]
+    plain.generate(prompts[0], max_new_tokens=8)  # warm the kernels
+    log(f"ar: one at a time (the reference), {len(prompts)} prompts")
+    reference = run_solo(plain, prompts, max_new_tokens, None)
     log(f"measuring the cost of shared passes (1..{max_rows} tokens over up to {max(concurrencies)} requests)")
     cost = measure_batch_cost(backend_for(lm), max_rows, max(concurrencies))
     results: list[ConcurrentResult] = []
     for method in methods:
-        decoder = Decoder(lm, method)
-        decoder.generate(prompts[0], max_new_tokens=8)  # warm: kernels, the method's own cost curve
-        log(f"{method}: one at a time")
-        results.append(run_solo(decoder, prompts, max_new_tokens, reference))
+        decoder = plain if str(parse_method(method)) == str(plain.method) else Decoder(lm, method)
+        if decoder is plain:
+            results.append(reference)
+        else:
+            decoder.generate(prompts[0], max_new_tokens=8)  # warm: the method's own cost curve
+            log(f"{method}: one at a time")
+            results.append(run_solo(decoder, prompts, max_new_tokens, reference.outputs))
         for concurrency in concurrencies:
             log(f"{method}: {concurrency} at once")
-            results.append(run_concurrent(decoder, cost, prompts, max_new_tokens, concurrency, reference, max_rows))
+            results.append(run_concurrent(decoder, cost, prompts, max_new_tokens, concurrency, reference.outputs, max_rows))
     return results
 
 

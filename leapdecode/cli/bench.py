@@ -79,6 +79,8 @@ def bench(
     clients = parse_concurrency(concurrency) if concurrency is not None else None
     if clients is not None and not sampling.greedy:
         raise InputError("--concurrency measures greedy decoding; leave out --temperature")
+    if clients is not None and any("@" in e.label or e.method.peer for e in chosen):
+        raise InputError("--concurrency runs engine methods on the loaded model: leave out peers and @variants (e.g. --methods ar,anpd)")
     loaded = {own: load_with_progress(model, backend=own[0], dtype=own[1] or dtype, row_exact=row_exact, quantize=own[2])}
     if clients is not None:
         bench_concurrency(loaded[own], [str(e.method) for e in chosen], prompts, max_new_tokens, clients, max_pass_rows, out,
@@ -133,8 +135,6 @@ def bench_concurrency(lm: LoadedModel, methods: list[str], prompts: list[BenchPr
     from leapdecode.bench.concurrent import concurrency_table, run_concurrency_bench
     from leapdecode.bench.runner import encode_turns
 
-    if any("@" in m for m in methods):
-        raise InputError("--concurrency runs engine methods on the loaded model: leave out @variants")
     plain = Decoder(lm, "ar")
     ids = [encode_turns(lm, p, lambda ids: plain.generate(ids, max_new_tokens=max_new_tokens).token_ids) for p in prompts]
     results = run_concurrency_bench(lm, methods, ids, max_new_tokens, clients, max_rows=max_pass_rows, log=err_console.log)

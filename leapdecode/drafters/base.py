@@ -113,7 +113,10 @@ class Drafter(ABC):
         return Offer(self.propose(max_tokens))
 
     def take(self, offer: Offer, kept: Sequence[int]) -> Draft:
-        """The part of `offer` the scheduler kept (ascending indices, parents kept)."""
+        """The part of `offer` the scheduler kept (ascending indices, parents kept); a drafter
+        that observes the target's rows hears of the cut (`cut`)."""
+        if len(kept) < len(offer.draft):
+            self.cut(kept)
         return offer.draft.subset(kept)
 
     def attach(self, backend: Backend, seq: CacheState) -> None:  # noqa: B027 - optional hook, no-op by default
@@ -133,8 +136,8 @@ class Drafter(ABC):
         states side by side: [rows, len(feature_layers) * hidden]). Called before `update`."""
 
     def cut(self, kept: Sequence[int]) -> None:  # noqa: B027 - optional hook
-        """Only these tokens of the last draft (indices, parents first) were scored: a wrapper cut
-        the rest (cost-aware drafting). Called before `observe`, for drafters that observe."""
+        """Only these tokens of the last draft (indices, parents first) were scored: a wrapper or a
+        batch scheduler cut the rest. Called before `observe`, for drafters that observe."""
 
     def finish(self) -> None:  # noqa: B027 - optional hook
         """The request ended (a stop or the budget; not when abandoned): drafters that share what

@@ -73,6 +73,9 @@ class JacobiDrafter(Drafter):
         self.drafted = len(draft)
         return Draft(list(draft))
 
+    def cut(self, kept: Sequence[int]) -> None:
+        self.drafted = len(kept)  # a chain: its kept part is a prefix
+
     def observe(self, predicted: Sequence[int], candidates: Sequence[Sequence[int]] | None = None) -> None:
         self.predicted = list(predicted)
 

@@ -87,6 +87,12 @@ class LookaheadDrafter(Drafter):
         self.cells = [ends[first + c * len(self.levels) + top] for c in range(self.w)] if use_window else None
         return draft
 
+    def cut(self, kept: Sequence[int]) -> None:
+        # the window's cells renumbered among the kept nodes; a window not scored whole is left out
+        if self.cells is not None:
+            where = {full: new for new, full in enumerate(kept)} | {-1: -1}
+            self.cells = [where[c] for c in self.cells] if all(c in where for c in self.cells) else None
+
     def observe(self, predicted: Sequence[int], candidates: Sequence[Sequence[int]] | None = None) -> None:
         if self.cells is None:  # the window was left out of this pass
             return

@@ -207,7 +207,20 @@ class TorchBackend:
             return "batching needs the row-exact kernels (float32, bfloat16 or int8/int4 on CPU)"
         if self.layout.window is not None:
             return "batching does not run sliding-window attention yet"
+        rope = self.rope_type
+        if rope in ("dynamic", "longrope"):  # their frequencies follow the longest position in the pass
+            return f"batching does not run {rope} rotary scaling (its frequencies depend on the other sequences' positions)"
         return None
+
+    @property
+    def rope_type(self) -> str:
+        """The model's rotary scaling type, `default` when it has none."""
+        text = self.model.config.get_text_config()
+        for name in ("rope_parameters", "rope_scaling"):
+            params = getattr(text, name, None)
+            if isinstance(params, dict):
+                return str(params.get("rope_type", params.get("type", "default")))
+        return "default"
 
     def batch_attention(self) -> Any:
         """The attention function a packed pass runs per sequence (the model's own row-exact one)."""

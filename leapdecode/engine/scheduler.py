@@ -21,12 +21,13 @@ thins. One pass is `step()`; the server's worker thread and the benchmark call i
 from __future__ import annotations
 
 import dataclasses
+import logging
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -35,6 +36,8 @@ from leapdecode.engine.cost import PassCost
 from leapdecode.engine.loop import SequenceRun, Step
 from leapdecode.errors import InputError
 from leapdecode.models.row_exact import PASS_ROWS
+
+logger = logging.getLogger("leapdecode")
 
 if TYPE_CHECKING:
     from leapdecode.drafters.base import Offer
@@ -149,32 +152,61 @@ class BatchScheduler:
         with self._lock:
             return not self.running and not self.waiting
 
+    @torch.inference_mode()
     def step(self) -> PassReport | None:
         """One pass: over the running requests and those that join, or the prefill of a prompt
-        longer than a pass, alone (as decoding it alone would); None when there is nothing to do."""
+        that does not fit a pass with the others, alone (as decoding it alone would); None when
+        there is nothing to do."""
         self._drop_leavers()
         decoding = list(self.running)
         joining, alone = self._admit()
         start = self.clock()
-        report: list[PassReport] = []
         if alone is not None:
-            self._guarded([alone], lambda: report.append(self._prefill_alone(alone)))
+            report = self._isolated(alone, lambda: self._prefill_alone(alone))
         elif decoding or joining:
-            self._guarded([*decoding, *joining], lambda: report.append(self._pass(decoding, joining)))
+            report = self._pass(decoding, joining)
         else:
             return None
-        return dataclasses.replace(report[0], seconds=self.clock() - start) if report else None
+        return dataclasses.replace(report, seconds=self.clock() - start) if report is not None else None
 
-    def _pass(self, decoding: list[Submission], joining: list[Submission]) -> PassReport:
-        items, settles = self._plan(decoding, joining)
-        wanted = tuple(sorted({layer for s in [*decoding, *joining] for layer in s.run.wants.get("features", ())}))
-        scores = forward_batch(self.backend, items, wanted)
+    def fail_all(self, error: BaseException) -> None:
+        """End every running and waiting request with `error` (the caller's loop failed)."""
+        with self._lock:
+            waiting = list(self.waiting)
+            self.waiting.clear()
+        for submission in [*self.running, *waiting]:
+            submission.error = error
+            self._end(submission, "error")
+
+    def _pass(self, decoding: list[Submission], joining: list[Submission]) -> PassReport | None:
+        """Plan, score and settle one shared pass; a request whose drafting, verifying or
+        callbacks fail leaves with its error, the others go on (a failed forward ends them all)."""
+        planned = [(s, p) for s in decoding if (p := self._isolated(s, lambda s=s: self._plan_decoding(s))) is not None]
+        drafting = self._allocate(planned, joining)
+        members = [s for s, _ in drafting] + joining
+        items = [item for _, item in drafting] + [BatchItem(self.backend.new_sequence(), s.run.prompt_ids, None, last_only=True) for s in joining]
+        if not items:
+            return None
+        wanted = tuple(sorted({layer for s in members for layer in s.run.wants.get("features", ())}))
+        try:
+            scores = forward_batch(self.backend, items, wanted)
+        except Exception as exc:  # noqa: BLE001 - the pass failed: each of its requests ends with the error
+            for submission in members:
+                submission.error = exc
+                self._end(submission, "error")
+            return None
         emitted = 0
-        for submission, score, settle in zip([*decoding, *joining], scores, settles):
-            emitted += self._deliver(submission, settle(self._features_for(submission.run, score, wanted)))
+        for submission, item, score in zip(members, items, scores):
+            emitted += self._isolated(submission, lambda s=submission, i=item, sc=score: self._settle(s, i, sc, wanted)) or 0
         rows = sum(len(item.tokens) for item in items)
         prefill = sum(len(s.run.prompt_ids) for s in joining)
-        return PassReport(len(items), rows, prefill, rows - prefill - len(decoding), emitted, 0.0)
+        return PassReport(len(items), rows, prefill, rows - prefill - len(drafting), emitted, 0.0)
+
+    def _settle(self, submission: Submission, item: BatchItem, scores: Scores, wanted: tuple[int, ...]) -> int:
+        own = self._features_for(submission.run, scores, wanted)
+        run = submission.run
+        step = run.begin(self.backend, item.seq, own) if item.last_only else run.settle(self.backend, own)
+        return self._deliver(submission, step)
 
     def _prefill_alone(self, submission: Submission) -> PassReport:
         run = submission.run
@@ -188,23 +220,23 @@ class BatchScheduler:
             self._end(submission, step.finish_reason or "length")
         return len(step.tokens)
 
-    def _guarded(self, members: list[Submission], work: Callable[[], None]) -> None:
-        """Run `work`; if it fails, every request in it ends with the error and the rest go on."""
+    def _isolated(self, submission: Submission, work: Callable[[], Any]) -> Any:
+        """`work()` for one request; if it fails, that request ends with the error (None)."""
         try:
-            work()
-        except Exception as exc:  # noqa: BLE001 - reported to each request's on_end, which the server turns into a 500
-            for submission in members:
-                if submission in self.running:
-                    submission.error = exc
-                    self._end(submission, "error")
+            return work()
+        except Exception as exc:  # noqa: BLE001 - reported to the request's on_end, which the server turns into a 500
+            submission.error = exc
+            self._end(submission, "error")
+            return None
 
     def _drop_leavers(self) -> None:
         now = self.clock()
         with self._lock:
-            for submission in list(self.waiting):
-                if submission.cancelled.is_set():
-                    self.waiting.remove(submission)
-                    submission.on_end("cancelled")
+            cancelled = [s for s in self.waiting if s.cancelled.is_set()]
+            for submission in cancelled:
+                self.waiting.remove(submission)
+        for submission in cancelled:  # callbacks outside the lock: they may submit
+            self._end(submission, "cancelled")
         for submission in list(self.running):
             if submission.cancelled.is_set():
                 self._end(submission, "cancelled")
@@ -213,58 +245,45 @@ class BatchScheduler:
 
     def _admit(self) -> tuple[list[Submission], Submission | None]:
         """Waiting requests that join now, oldest first, while the batch has room and their
-        prompts fit the pass's rows; or, when the oldest prompt is longer than any pass, that
-        request alone (its prefill is this step's pass)."""
+        prompts fit the pass's rows; or, when the oldest prompt fits no pass with the others (or
+        none at all), that request alone (its prefill is this step's pass)."""
         joining: list[Submission] = []
         rows = len(self.running)
         with self._lock:
-            while self.waiting and len(self.running) + len(joining) < self.max_batch:
+            while self.waiting and len(self.running) < self.max_batch:
                 prompt = len(self.waiting[0].run.prompt_ids)
-                if prompt > self.max_rows and joining:
-                    break  # its own pass comes next
-                if prompt <= self.max_rows and rows + prompt > self.max_rows:
-                    break  # waits for the next pass
+                fits = rows + prompt <= self.max_rows
+                if not fits and joining:
+                    break  # the next pass takes it
                 submission = self.waiting.popleft()
                 submission.started_at = self.clock()
                 self.running.append(submission)
-                if prompt > self.max_rows:
+                if not fits:
                     return [], submission
                 joining.append(submission)
                 rows += prompt
         return joining, None
 
-    def _plan(self, decoding: list[Submission], joining: list[Submission]) -> tuple[list[BatchItem], list[Callable[[Scores], Step]]]:
-        """The pass's items (decoding requests, then prompts) and how each request settles its scores."""
-        offered = [(s, self._offer(s)) for s in decoding]
-        decoding[:] = [s for s, offer in offered if offer is not None]  # a request whose drafter failed has left
-        limits = [self.backend.draft_limit(s.run.seq) for s in decoding]
-        offers = [offer for _, offer in offered if offer is not None]
-        caps = [len(o.draft) if exact is None else min(len(o.draft), exact) for o, exact in zip(offers, limits)]
-        prompt_rows = sum(len(s.run.prompt_ids) for s in joining)
-        kept = allocate(offers, caps, len(decoding) + prompt_rows, len(decoding), self.cost, max(self.max_rows, len(decoding) + prompt_rows))
-        items: list[BatchItem] = []
-        settles: list[Callable[[Scores], Step]] = []
-        for submission, offer, keep in zip(decoding, offers, kept):
-            run = submission.run
-            tokens, tree = run.plan(run.take(offer, keep))
-            assert run.seq is not None
-            items.append(BatchItem(run.seq, tokens, tree))
-            settles.append(lambda scores, run=run: run.settle(self.backend, scores))
-        for submission in joining:
-            run = submission.run
-            seq = self.backend.new_sequence()
-            items.append(BatchItem(seq, run.prompt_ids, None, last_only=True))
-            settles.append(lambda scores, run=run, seq=seq: run.begin(self.backend, seq, scores))
-        return items, settles
+    def _plan_decoding(self, submission: Submission) -> tuple[Offer, int]:
+        """A decoding request's offer and the most drafted tokens its pass may verify exactly."""
+        run = submission.run
+        exact = self.backend.draft_limit(run.seq)
+        offer = run.offer(exact)
+        return offer, len(offer.draft) if exact is None else min(len(offer.draft), exact)
 
-    def _offer(self, submission: Submission) -> Offer | None:
-        """The request's draft offer; a drafter that fails ends its own request only (None)."""
-        try:
-            return submission.run.offer(self.backend.draft_limit(submission.run.seq))
-        except Exception as exc:  # noqa: BLE001 - the request ends with its error; the others' pass goes on
-            submission.error = exc
-            self._end(submission, "error")
-            return None
+    def _allocate(self, planned: list[tuple[Submission, tuple[Offer, int]]], joining: list[Submission]) -> list[tuple[Submission, BatchItem]]:
+        """Cut the decoding requests' offers for the pass (`allocate`) and build their items; a
+        request whose cut or plan fails leaves with its error, the others go on."""
+        base = len(planned) + sum(len(s.run.prompt_ids) for s in joining)
+        kept = allocate([offer for _, (offer, _) in planned], [cap for _, (_, cap) in planned], base, len(planned), self.cost,
+                        max(self.max_rows, base))
+        items: list[tuple[Submission, BatchItem]] = []
+        for (submission, (offer, _)), keep in zip(planned, kept):
+            run = submission.run
+            plan = self._isolated(submission, lambda run=run, offer=offer, keep=keep: run.plan(run.take(offer, keep)))
+            if plan is not None and run.seq is not None:
+                items.append((submission, BatchItem(run.seq, plan[0], plan[1])))
+        return items
 
     @staticmethod
     def _features_for(run: SequenceRun, scores: Scores, wanted: tuple[int, ...]) -> Scores:
@@ -280,8 +299,11 @@ class BatchScheduler:
         return Scores(scores.logits, features=torch.cat([scores.features[:, c] for c in columns], dim=-1))
 
     def _end(self, submission: Submission, reason: str) -> None:
-        """Take a request out of the batch: its cache is freed with its run."""
+        """Take a request out of the batch (its cache is freed with its run) and tell its owner."""
         if submission in self.running:
             self.running.remove(submission)
         submission.run.seq = None
-        submission.on_end(reason)
+        try:
+            submission.on_end(reason)
+        except Exception:  # noqa: BLE001 - one owner's failing callback must not stop the others' passes
+            logger.exception("a request's end callback failed")

@@ -80,7 +80,12 @@ class BatchWorker:
         while not self._stop.is_set():
             if not self.scheduler.wait_for_work(timeout=0.5):
                 continue
-            report = self.scheduler.step()
+            try:
+                report = self.scheduler.step()
+            except Exception as exc:  # noqa: BLE001 - end what is in the batch with the error; keep serving
+                logger.exception("a shared pass failed")
+                self.scheduler.fail_all(exc)
+                continue
             if report is not None:
                 self._observe(report)
 
@@ -107,10 +112,10 @@ def start_batching(lm: LoadedModel, config: ServerConfig, metrics: Metrics) -> B
             raise InputError(f"--max-batch {config.max_batch}: {reason}")
         logger.info("serving one request at a time: %s", reason)
         return None
-    sequences = config.max_batch or MAX_DEFAULT_BATCH
+    sequences = config.max_batch or 8  # the curve is by rows; eight sequences share them as a busy batch would
     logger.info("measuring the cost of shared passes (1..%d tokens over up to %d requests)", config.max_pass_rows, sequences)
     cost = measure_batch_cost(backend, config.max_pass_rows, sequences)
-    max_batch = config.max_batch or default_max_batch(cost)
+    max_batch = config.max_batch or min(default_max_batch(cost), config.max_pass_rows)
     if max_batch == 1:
         logger.info("serving one request at a time: shared passes cost as much per token as passes of their own here")
         return None

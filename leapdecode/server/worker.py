@@ -121,6 +121,7 @@ class ServerState:
     default_decoder: Decoder
     decoders: dict[str, Decoder] = field(default_factory=dict)
     batch: BatchWorker | None = None  # shared passes (`--max-batch` above 1); None: one request at a time
+    decoders_lock: threading.Lock = field(default_factory=threading.Lock)
     admitted: int = 0  # running + waiting
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -157,12 +158,13 @@ class ServerState:
 
     def decoder_for(self, method: Method) -> Decoder:
         key = str(method)  # "ANPD:k=7 " and "anpd:n=5,k=7" share one decoder
-        if key not in self.decoders:
-            if len(self.decoders) >= MAX_DECODERS:
-                self.decoders.clear()
-                self.decoders[self.default_key] = self.default_decoder
-            self.decoders[key] = Decoder(self.lm, method, cost=self.costs[method.drafts == "tree"])
-        return self.decoders[key]
+        with self.decoders_lock:  # the event loop (shared passes) and the worker thread both build them
+            if key not in self.decoders:
+                if len(self.decoders) >= MAX_DECODERS:
+                    self.decoders.clear()
+                    self.decoders[self.default_key] = self.default_decoder
+                self.decoders[key] = Decoder(self.lm, method, cost=self.costs[method.drafts == "tree"])
+            return self.decoders[key]
 
     def admit(self) -> None:
         if self.admitted >= self.config.max_queue:
@@ -182,9 +184,10 @@ class ServerState:
     async def complete(self, job: Job, endpoint: str, request: Request) -> list[Step]:
         """Run a non-streaming request and count it; a client that goes away cancels its
         generation at the next step (or before it starts)."""
+        batched = self.batch is not None and job.batchable()  # builds the method's decoder: may refuse it, before admission
         self.admit()
         start = time.perf_counter()
-        if self.batch is not None and job.batchable():
+        if batched:
             steps = await self._complete_batched(job, request)
         else:
             try:
@@ -212,18 +215,30 @@ class ServerState:
         queue: asyncio.Queue[Step | None | BaseException] = asyncio.Queue()
         self._submit(job, queue)
         steps: list[Step] = []
-        while True:
-            try:
-                item = await asyncio.wait_for(queue.get(), timeout=0.25)
-            except TimeoutError:
-                if await request.is_disconnected():
-                    job.cancel.set()  # leaves at the next pass
-                continue
-            if item is None:
-                return steps
-            if isinstance(item, BaseException):
-                raise item
-            steps.append(item)
+        checked = time.monotonic()
+        finished = False
+        try:
+            while True:
+                try:
+                    item = await asyncio.wait_for(queue.get(), timeout=0.25)
+                except TimeoutError:
+                    item = ...
+                if time.monotonic() - checked >= 0.25:  # however fast steps arrive
+                    checked = time.monotonic()
+                    if await request.is_disconnected():
+                        job.cancel.set()  # leaves at the next pass
+                if item is ...:
+                    continue
+                if item is None:
+                    finished = True
+                    return steps
+                if isinstance(item, BaseException):
+                    finished = True
+                    raise item
+                steps.append(item)
+        finally:
+            if not finished:  # cancelled here (the server stopping): leave the batch too
+                job.cancel.set()
 
     def _submit(self, job: Job, queue: asyncio.Queue[Step | None | BaseException]) -> None:
         """Hand an admitted job to the batch; it is released when it leaves (or now, if refused)."""
@@ -237,10 +252,11 @@ class ServerState:
     def stream(self, job: Job, text: StreamText, include_usage: bool, endpoint: str) -> AsyncIterator[str]:
         """Admit `job` now (429 before any byte is sent), start it on the worker thread (or in the
         shared passes), and return its SSE lines; a client that goes away stops it at the next step."""
+        batched = self.batch is not None and job.batchable()  # may refuse the method, before admission
         self.admit()
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[Step | None | BaseException] = asyncio.Queue()
-        if self.batch is not None and job.batchable():
+        if batched:
             self._submit(job, queue)
             return self._events(job, queue, text, include_usage, endpoint, time.perf_counter())
 
