@@ -31,7 +31,7 @@ import torch
 from leapdecode.drafters.base import Draft, Drafter, Offer
 from leapdecode.engine.backend import Backend
 from leapdecode.engine.backend import CacheState
-from leapdecode.engine.cost import PassCost
+from leapdecode.engine.cost import PassCost, allocate
 
 
 class AcceptanceEstimate:
@@ -113,17 +113,9 @@ class CostAwareDrafter(Drafter):
         return offer.draft.subset(kept)
 
     def propose(self, max_tokens: int) -> Draft:
+        # this request alone in its pass: the pending token's row is there anyway
         offer = self.offer(max_tokens)
-        reach = offer.reach or ()
-        ranked = sorted(range(len(reach)), key=lambda i: (-reach[i], i))
-        # expected tokens per pass with the n most probable kept: 1 + the sum of their reach
-        best, best_rate, expected = 0, 1.0 / self.cost.of(1), 1.0
-        for n, i in enumerate(ranked, 1):
-            expected += reach[i]
-            rate = expected / self.cost.of(n + 1)
-            if rate > best_rate:
-                best, best_rate = n, rate
-        return self.take(offer, sorted(ranked[:best]))
+        return self.take(offer, allocate([offer], [len(offer.draft)], 1, 1, self.cost, 1 + len(offer.draft))[0])
 
     def update(self, tokens: Sequence[int], num_accepted: int) -> None:
         # Walk the accepted path down the full draft; at each level every child of the accepted

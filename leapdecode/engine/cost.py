@@ -17,10 +17,13 @@ import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from leapdecode.engine.backend import Backend, TorchBackend
 from leapdecode.engine.tree import TreeLayout, compile_tree, full_tree_parents
+
+if TYPE_CHECKING:
+    from leapdecode.drafters.base import Offer
 
 
 class PassCost(Protocol):
@@ -59,6 +62,46 @@ class ForwardCost:
     def best_length(self, accept: Sequence[float]) -> int:
         """The draft length in 0..len(accept) with the most expected tokens per second."""
         return max(range(len(accept) + 1), key=lambda length: (self.expected_rate(accept, length), -length))
+
+
+def allocate(offers: Sequence[Offer | None], caps: Sequence[int], base_rows: int, decoding: int, cost: PassCost,
+             budget: int) -> list[list[int]]:
+    """Which drafted tokens each request keeps in a pass: the most probable tokens across all
+    offers (parents before children, at most `caps[i]` of request i, within `budget` rows in all)
+    in the number with the most expected tokens per second, `decoding + sum(reach) / cost(rows)`,
+    where `base_rows` rows (pending tokens, prompts) are there anyway. An offer without reach is
+    kept whole up to its cap and the budget, before any other (None: no draft). One offer with
+    one pending row is cost-aware drafting's cut for a request alone (`CostAwareDrafter`)."""
+    kept: list[list[int]] = [[] for _ in offers]
+    rows = base_rows
+    candidates: list[tuple[float, int, int]] = []
+    for i, offer in enumerate(offers):
+        if offer is None:
+            continue
+        if offer.reach is None:
+            kept[i] = list(range(max(0, min(len(offer.draft), caps[i], budget - rows))))
+            rows += len(kept[i])
+        else:
+            candidates.extend((-r, i, t) for t, r in enumerate(offer.reach))
+    candidates.sort()  # most probable first; a child never precedes its parent (lower reach, or a tie and a later index)
+    chosen: list[tuple[int, int]] = []
+    best, best_rate, expected = 0, decoding / cost.of(max(rows, 1)), float(decoding)
+    taken: list[set[int]] = [set() for _ in offers]
+    for negative_reach, i, t in candidates:
+        offer = offers[i]
+        assert offer is not None
+        parent = offer.draft.parents[t] if offer.draft.parents is not None else t - 1
+        if len(taken[i]) >= caps[i] or (parent >= 0 and parent not in taken[i]) or rows + len(chosen) >= budget:
+            continue
+        taken[i].add(t)
+        chosen.append((i, t))
+        expected -= negative_reach
+        rate = expected / cost.of(rows + len(chosen))
+        if rate > best_rate:
+            best, best_rate = len(chosen), rate
+    for i, t in chosen[:best]:
+        kept[i].append(t)
+    return [sorted(k) for k in kept]
 
 
 def measure_forward_cost(backend: Backend, max_tokens: int, *, context: int = 64, repeats: int = 3, tree: bool = False) -> ForwardCost:

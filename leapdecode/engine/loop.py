@@ -130,17 +130,13 @@ class SequenceRun:
         """Tell the drafter what was emitted and ask for a draft (the deepest branch of a tree
         counts) within the budget and `exact`, the most drafted tokens the backend verifies
         exactly (a tree's nodes all count there: a wider tree keeps its first nodes)."""
-        verdict = self._last_verdict()
-        self.drafter.update(verdict.tokens, len(verdict.path))
-        draft = self.drafter.propose(self.budget if exact is None else min(self.budget, exact))
+        draft = self.drafter.propose(self._heard(exact))
         return draft if exact is None else draft.first(exact)
 
     def offer(self, exact: int | None) -> Offer:
         """As `propose`, for a pass shared with other sequences: the whole draft, with each
         token's reach when the drafter estimates it, for the scheduler to cut (`take`)."""
-        verdict = self._last_verdict()
-        self.drafter.update(verdict.tokens, len(verdict.path))
-        return self.drafter.offer(self.budget if exact is None else min(self.budget, exact))
+        return self.drafter.offer(self._heard(exact))
 
     def take(self, offer: Offer, kept: Sequence[int]) -> Draft:
         """The part of `offer` the scheduler kept (ascending indices, parents kept)."""
@@ -175,6 +171,12 @@ class SequenceRun:
             self.drafter.observe(verdict.predicted, verdict.candidates)  # [D+1], [D+1][k] or None
         self._draft = None
         return self._emit(tuple(draft.tokens), draft.parents)
+
+    def _heard(self, exact: int | None) -> int:
+        """Tell the drafter what the last pass emitted; the most tokens its next draft may hold."""
+        verdict = self._last_verdict()
+        self.drafter.update(verdict.tokens, len(verdict.path))
+        return self.budget if exact is None else min(self.budget, exact)
 
     def _last_verdict(self) -> Verdict:
         assert self._verdict is not None, "no pass yet"

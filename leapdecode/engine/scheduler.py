@@ -8,7 +8,8 @@ request's rows are bitwise what its own pass would give, so its output equals th
 Rows are shared, so drafts are cut for the whole pass, not per request: every drafted token comes
 with its estimated probability of acceptance (its `reach`, from cost-aware drafting), and the pass
 keeps the most probable tokens of all requests in the number that maximises the expected tokens
-per second of the whole pass under the measured cost of a pass by rows:
+per second of the whole pass under the measured cost of a pass by rows (`engine.cost.allocate`,
+the cut cost-aware drafting makes for one request, over all of them):
 
     (sequences decoding + sum of the kept tokens' reach) / cost(rows)
 
@@ -25,14 +26,14 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from leapdecode.engine.batch import BatchItem, forward_batch
-from leapdecode.engine.cost import PassCost
+from leapdecode.engine.cost import PassCost, allocate
 from leapdecode.engine.loop import SequenceRun, Step
 from leapdecode.errors import InputError
 from leapdecode.models.row_exact import PASS_ROWS
@@ -74,45 +75,6 @@ class Submission:
     def cancel(self) -> None:
         """Leave at the next pass (a client that went away): its rows and cache are freed there."""
         self.cancelled.set()
-
-
-def allocate(offers: Sequence[Offer | None], caps: Sequence[int], base_rows: int, decoding: int, cost: PassCost,
-             budget: int) -> list[list[int]]:
-    """Which drafted tokens each request keeps in a pass: the most probable tokens across all
-    offers (parents before children, at most `caps[i]` of request i, within `budget` rows in all)
-    in the number with the most expected tokens per second, `decoding + sum(reach) / cost(rows)`,
-    where `base_rows` rows (pending tokens, prompts) are there anyway. An offer without reach is
-    kept whole up to its cap and the budget, before any other (None: no draft)."""
-    kept: list[list[int]] = [[] for _ in offers]
-    rows = base_rows
-    candidates: list[tuple[float, int, int]] = []
-    for i, offer in enumerate(offers):
-        if offer is None:
-            continue
-        if offer.reach is None:
-            kept[i] = list(range(max(0, min(len(offer.draft), caps[i], budget - rows))))
-            rows += len(kept[i])
-        else:
-            candidates.extend((-r, i, t) for t, r in enumerate(offer.reach))
-    candidates.sort()  # most probable first; a child never precedes its parent (lower reach, or a tie and a later index)
-    chosen: list[tuple[int, int]] = []
-    best, best_rate, expected = 0, decoding / cost.of(max(rows, 1)), float(decoding)
-    taken: list[set[int]] = [set() for _ in offers]
-    for negative_reach, i, t in candidates:
-        offer = offers[i]
-        assert offer is not None
-        parent = offer.draft.parents[t] if offer.draft.parents is not None else t - 1
-        if len(taken[i]) >= caps[i] or (parent >= 0 and parent not in taken[i]) or rows + len(chosen) >= budget:
-            continue
-        taken[i].add(t)
-        chosen.append((i, t))
-        expected -= negative_reach
-        rate = expected / cost.of(rows + len(chosen))
-        if rate > best_rate:
-            best, best_rate = len(chosen), rate
-    for i, t in chosen[:best]:
-        kept[i].append(t)
-    return [sorted(k) for k in kept]
 
 
 class BatchScheduler:
