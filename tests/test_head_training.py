@@ -14,7 +14,7 @@ from leapdecode.engine import StopCriteria, TorchBackend, decode
 from leapdecode.engine.reference import greedy_reference
 from leapdecode.errors import InputError
 from leapdecode.training.features import DraftVocabulary
-from leapdecode.training.settings import TrainSettings, lr_at
+from leapdecode.training.settings import Progress, TrainSettings, lr_at
 from leapdecode.training.trainers import Eagle3Trainer, MedusaTrainer
 from tests.helpers import GREEDY, TINY_VOCAB, make_tiny_model, prompts, tiny_lm
 
@@ -40,14 +40,17 @@ def tau(model, trainer, held: list[list[int]]) -> float:
     return tokens / passes
 
 
-@pytest.mark.parametrize("cls", [Eagle3Trainer, MedusaTrainer], ids=["eagle3", "medusa"])
-def test_short_training_run_lowers_loss_and_raises_held_out_acceptance(cls) -> None:
+@pytest.mark.parametrize("cls, draft_vocab", [(Eagle3Trainer, 0), (MedusaTrainer, 0), (MedusaTrainer, 80)],
+                         ids=["eagle3", "medusa", "medusa-shared-lm-head"])
+def test_short_training_run_lowers_loss_and_raises_held_out_acceptance(cls, draft_vocab, tmp_path) -> None:
     model = bigram_model()
     lm = tiny_lm(model)
     method = "eagle3" if cls is Eagle3Trainer else "medusa"
-    settings = TrainSettings(method=method, steps=200, lr=3e-3, warmup=10, ttt_steps=3, max_tokens=64, medusa_heads=3)
-    trainer = cls(lm, settings, DraftVocabulary(tuple(range(TINY_VOCAB)), TINY_VOCAB))
+    settings = TrainSettings(method=method, steps=200, lr=3e-3, warmup=10, ttt_steps=3, max_tokens=64, medusa_heads=3, draft_vocab=draft_vocab)
     sequences = [p + greedy_reference(model, p, 40) for p in prompts(60, seed=11, repetitive_every=1000)]
+    vocab = (DraftVocabulary.most_frequent(sequences, draft_vocab, TINY_VOCAB) if draft_vocab
+             else DraftVocabulary(tuple(range(TINY_VOCAB)), TINY_VOCAB))
+    trainer = cls(lm, settings, vocab)
     held = prompts(6, seed=99, repetitive_every=1000)
     before = tau(model, trainer, held)
     losses = []
@@ -58,6 +61,18 @@ def test_short_training_run_lowers_loss_and_raises_held_out_acceptance(cls) -> N
     after = tau(model, trainer, held)
     assert sum(losses[-20:]) < 0.7 * sum(losses[:20]), (losses[:5], losses[-5:])
     assert before < 1.3 and after > before + 1.0, (before, after)
+    if draft_vocab:  # the target's LM head shared over the draft vocabulary: vLLM's format, read back the same
+        from leapdecode.heads.medusa import load_medusa
+
+        heads = trainer.heads
+        assert heads.lm_heads is None and heads.token_map.tolist() == list(vocab.ids)
+        assert all(p.requires_grad for p in heads.parameters()) and not heads.shared_lm_head.requires_grad
+        trainer.export(tmp_path, settings, Progress(step=200), "tiny")
+        config = json.loads((tmp_path / "config.json").read_text())
+        assert config["original_lm_head"] and config["truncated_vocab_size"] == draft_vocab
+        loaded = load_medusa(tmp_path, model)
+        states = torch.randn(5, model.config.hidden_size)
+        assert torch.equal(loaded(states), heads(states))
 
 
 def test_draft_vocabulary_maps_both_ways() -> None:

@@ -20,7 +20,7 @@ def train_drafter(
     lr: Annotated[float, typer.Option("--lr")] = 3e-4,
     max_tokens: Annotated[int, typer.Option("--max-tokens", help="Longest training sequence, in tokens.")] = 512,
     ttt_steps: Annotated[int, typer.Option("--ttt-steps", help="EAGLE-3: steps of the training-time test.")] = 4,
-    draft_vocab: Annotated[int, typer.Option("--draft-vocab", help="EAGLE-3: draft vocabulary size (0: min(32000, the model's)).")] = 0,
+    draft_vocab: Annotated[int, typer.Option("--draft-vocab", help="Draft vocabulary size. EAGLE-3: 0 is min(32000, the model's). Medusa: 0 gives each head its own full LM head; a size makes the heads share the model's LM head over the most frequent tokens (vLLM's format).")] = 0,
     intermediate_size: Annotated[int, typer.Option("--intermediate-size", help="EAGLE-3: the head's MLP width (0: the model's).")] = 0,
     heads: Annotated[int, typer.Option("--heads", help="Medusa: number of heads.")] = 4,
     limit: Annotated[int, typer.Option("--limit", help="Training conversations kept, a seeded sample (0: all); the whole source is still read, so the held-out set stays the same.")] = 0,

@@ -79,7 +79,8 @@ def eagle3_loss(head: Eagle3Head, example: Example, steps: int) -> tuple[torch.T
 
 
 def medusa_loss(logits: torch.Tensor, example: Example) -> tuple[torch.Tensor, list[tuple[int, int]]]:
-    """Medusa's heads' logits [heads, T, vocab] on the target's last states: head i at position t
+    """Medusa's heads' logits [heads, T, draft vocab] (the labels' ids: the whole vocabulary or a
+    draft one) on the target's last states: head i at position t
     predicts the token after the target's own next one, judged against the target's row t+i+1."""
     heads, t, _ = logits.shape
     total = torch.zeros((), device=logits.device)

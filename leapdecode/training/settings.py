@@ -21,7 +21,9 @@ class TrainSettings:
     warmup: int = 50
     max_tokens: int = 512  # longest training sequence
     ttt_steps: int = 4  # EAGLE-3: steps of the training-time test
-    draft_vocab: int = 0  # EAGLE-3: draft vocabulary size (0: min(32000, the target's))
+    # draft vocabulary size; EAGLE-3: 0 is min(32000, the target's); Medusa: 0 is the whole vocabulary
+    # (own LM heads), else the heads share the target's LM head over these tokens
+    draft_vocab: int = 0
     intermediate_size: int = 0  # EAGLE-3: the head's MLP width (0: the target's)
     medusa_heads: int = 4
     medusa_layers: int = 1

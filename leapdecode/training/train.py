@@ -115,7 +115,7 @@ def _vocabulary(target: LoadedModel, settings: TrainSettings, examples: list[Any
     size = target.vocab_size
     if saved is not None:
         return DraftVocabulary(tuple(saved["vocabulary"]), size)
-    if settings.method == "medusa":
+    if settings.method == "medusa" and not settings.draft_vocab:  # each head its own full LM head
         return DraftVocabulary(tuple(range(size)), size)
     wanted = settings.draft_vocab or min(32000, size)
     answers = ([t for t, m in zip(e.input_ids, e.loss_mask, strict=True) if m] for e in examples)

@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from leapdecode.errors import InputError
+
 if TYPE_CHECKING:
     from leapdecode.drafters.base import Drafter
     from leapdecode.training.data import Conversation
@@ -198,7 +200,13 @@ class Eagle3Trainer(Trainer):
 
 
 class MedusaTrainer(Trainer):
-    """Medusa-1's heads on the target's last states, each against the target's distribution."""
+    """Medusa-1's heads on the target's last states, each against the target's distribution.
+
+    With the full vocabulary each head has its own LM head, started as the target's (Medusa's
+    recipe). With a draft vocabulary (`--draft-vocab`) the heads share the target's own LM head,
+    frozen, restricted to those tokens (vLLM's `original_lm_head` with a `token_map`): only the
+    residual blocks train, started at zero so that every head first predicts what the target
+    does, and a draft step scores a few thousand tokens, not the whole vocabulary, per head."""
 
     method = "medusa"
 
@@ -209,21 +217,31 @@ class MedusaTrainer(Trainer):
         text = target.model.config.get_text_config()
         config = MedusaConfig(hidden_size=int(text.hidden_size), vocab_size=int(text.vocab_size), num_heads=settings.medusa_heads, num_layers=settings.medusa_layers)
         torch.manual_seed(settings.seed)
-        self.heads = random_medusa(config, seed=settings.seed).to(target.device)
         self.num_layers = int(text.num_hidden_layers)
-        with torch.no_grad():  # each head's LM head starts as the target's own (Medusa's recipe)
-            own = target.model.get_output_embeddings()
-            weight = getattr(own, "weight", None)
-            if weight is not None and weight.dtype.is_floating_point and getattr(self.heads, "lm_heads", None) is not None:
-                for lm in self.heads.lm_heads:
-                    lm.weight.copy_(weight.float())
+        own = _output_weight(target.model)  # [vocab, H] float, or None
+        if len(vocab.ids) < config.vocab_size:
+            if own is None:
+                raise InputError("train-drafter: a Medusa draft vocabulary shares the target's LM head, and this target's could not be read")
+            token_map = torch.tensor(vocab.ids, dtype=torch.long)  # [rows]: target ids, draft order
+            self.heads = random_medusa(config, seed=settings.seed, shared_lm_head=own[token_map].float().contiguous(), token_map=token_map)
+            with torch.no_grad():
+                for parameter in self.heads.parameters():
+                    parameter.zero_()  # x + SiLU(0) = x: each head starts as the target's own next-token head
+            self.heads = self.heads.to(target.device)
+        else:
+            self.heads = random_medusa(config, seed=settings.seed).to(target.device)
+            with torch.no_grad():  # each head's LM head starts as the target's own (Medusa's recipe)
+                if own is not None and self.heads.lm_heads is not None:
+                    for lm in self.heads.lm_heads:
+                        lm.weight.copy_(own.float())
         self.module, self.layers = self.heads, (self.num_layers,)
         self._optimizer()
 
     def loss(self, example: Example) -> tuple[torch.Tensor, list[tuple[int, int]]]:
         from leapdecode.training.losses import medusa_loss
 
-        return medusa_loss(self.heads(example.states.to(self.heads.dtype).clone()), example)
+        # scores over the draft vocabulary, in draft order: the labels' ids (all tokens: the same)
+        return medusa_loss(self.heads.scores(example.states.to(self.heads.dtype).clone()), example)
 
     def drafter(self) -> Drafter:
         from leapdecode.drafters.medusa import MedusaDrafter
@@ -233,6 +251,18 @@ class MedusaTrainer(Trainer):
     def export(self, folder: Path, settings: TrainSettings, progress: Progress, report: Any) -> Path:
         from leapdecode.heads.medusa import save_medusa
 
-        save_medusa(self.heads, folder, format="medusa", base_model=self.target.name)
+        # Medusa's own format has no token map: heads over a draft vocabulary are written in vLLM's
+        save_medusa(self.heads, folder, format="medusa" if self.heads.token_map is None else "vllm", base_model=self.target.name)
         (folder / "README.md").write_text(self.card(settings, progress, report))
         return folder
+
+
+def _output_weight(model: Any) -> torch.Tensor | None:
+    """The target's LM head as a float [vocab, H] tensor (a quantized one de-quantized), or None."""
+    from leapdecode.models.quantize import QuantizedLinear
+
+    head = model.get_output_embeddings()
+    if isinstance(head, QuantizedLinear):
+        return head.weight_float()
+    weight = getattr(head, "weight", None)
+    return weight.detach() if isinstance(weight, torch.Tensor) and weight.dtype.is_floating_point else None
