@@ -58,6 +58,20 @@ def test_bf16_kernel_matches_a_float_reference_and_rows_are_bitwise_independent(
         assert torch.equal(got[i], kernel.row_exact_linear(x[i : i + 1], w, b, portable)[0])
 
 
+@pytest.mark.parametrize("masked", [False, True])
+def test_long_inputs_attend_by_blocks_of_rows_with_the_same_bits(kernel, monkeypatch, masked) -> None:
+    """A prefill scored whole past `PASS_ROWS` rows goes through the kernel by blocks of rows
+    (bounded scratch space), each row as it is alone."""
+    g = torch.Generator().manual_seed(3)
+    query, key, value = torch.randn(1, 4, 40, 16, generator=g), torch.randn(1, 2, 45, 16, generator=g), torch.randn(1, 2, 45, 16, generator=g)
+    module = torch.nn.Module()
+    mask = (torch.arange(45)[None, :] <= 5 + torch.arange(40)[:, None])[None, None] if masked else None  # [1, 1, 40, 45]
+    whole, _ = row_exact.row_exact_attention(module, query, key, value, mask, scaling=0.25)
+    monkeypatch.setattr(row_exact, "PASS_ROWS", 7)
+    blocks, _ = row_exact.row_exact_attention(module, query, key, value, mask, scaling=0.25)
+    assert torch.equal(blocks, whole)
+
+
 def test_linear_kernel_refuses_mixed_or_other_dtypes_and_shapes(kernel) -> None:
     x, w = torch.randn(2, 8).bfloat16(), torch.randn(3, 8).bfloat16()
     with pytest.raises(RuntimeError, match="of one dtype"):
@@ -263,8 +277,8 @@ def test_greedy_drafting_on_the_row_exact_model_is_plain_decoding(exact_lm, meth
 
 @pytest.mark.parametrize("method", ["anpd:k=40,cost_aware=false", "anpd-tree:nodes=40,depth=12,width=4"])
 def test_drafts_stay_inside_the_passes_the_kernel_scores_exactly(exact_lm, method) -> None:
-    """Past 16 rows a pass leaves the row-exact kernel (prefills take the block path), so a longer
-    chain or a bigger tree is cut to its first 15 drafted tokens: still lossless by construction."""
+    """A decoding pass holds at most 16 rows (`EXACT_ROWS`, the attention kernel's fast range), so
+    a longer chain or a bigger tree is cut to its first 15 drafted tokens: still lossless."""
     assert exact_lm.exact_tokens == 16
     prompt = "def add(a, b):\n    return a + b\n\n" * 8 + "def add(a, b):"
     plain = wrap(exact_lm, "ar").generate(prompt, max_new_tokens=48)
@@ -325,3 +339,10 @@ def test_the_real_model_packs_sequences_bitwise_in_float32_bfloat16_and_int4(exa
     for i, (seq, (_, tokens, tree)) in enumerate(zip(alone, plans)):
         assert torch.equal(scores[i].logits, backend.forward(seq, tokens, tree=tree).logits), i
     assert torch.equal(scores[-1].logits, backend.prefill(prompt)[1].logits)
+    # the same prompt in chunks of 37 beside the others' next tokens (chunked prefill)
+    chunked = backend.new_sequence()
+    for start in range(0, len(prompt), 37):
+        items = [BatchItem(chunked, prompt[start : start + 37], last_only=True), *(BatchItem(seq, [ids[1]]) for seq in packed)]
+        got = forward_batch(backend, items)[0]
+    assert torch.equal(got.logits, scores[-1].logits)
+    assert all(torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values) for a, b in zip(chunked.cache.layers, fresh.cache.layers))

@@ -155,7 +155,9 @@ def test_per_request_method_and_seeded_sampling(client) -> None:
         ("/v1/completions", {"model": MODEL, "prompt": "hi", "max_tokens": "many"}, 400, "max_tokens"),
         ("/v1/completions", {"model": MODEL, "prompt": "", "max_tokens": 4}, 400, "prompt is empty"),
         ("/v1/completions", {"model": MODEL, "prompt": "hi", "temperature": "hot"}, 400, "temperature"),
-        ("/v1/completions", {"model": MODEL, "prompt": "hi", "n": 3}, 400, "n=1"),
+        ("/v1/completions", {"model": MODEL, "prompt": "hi", "n": 0}, 400, "n"),
+        ("/v1/completions", {"model": MODEL, "prompt": "hi", "n": 129}, 400, "n"),
+        ("/v1/completions", {"model": MODEL, "prompt": "hi", "n": 5}, 400, "--max-queue"),
         ("/v1/completions", {"model": "gpt-9", "prompt": "hi"}, 404, "does not exist"),
         ("/v1/completions", {"prompt": "hi"}, 400, "model"),
         ("/v1/chat/completions", {"model": MODEL, "messages": []}, 400, "messages"),
@@ -291,6 +293,34 @@ def test_concurrent_requests_share_passes_and_each_gets_its_own_output(server, c
     after = metric_values(server[0], "leapdecode_batch_sequences")
     passes, sequences = after["count"] - before["count"], after["sum"] - before["sum"]
     assert passes > 0 and sequences > passes  # some passes held several requests
+
+
+def test_n_choices_each_equal_their_own_request_streamed_or_not(client, real_lm) -> None:
+    prompt = "def fibonacci(n):\n"
+    expected = wrap(real_lm, "anpd").generate(prompt, max_new_tokens=16)
+    resp = client.completions.create(model=MODEL, prompt=prompt, max_tokens=16, temperature=0, n=3)
+    assert [c.index for c in resp.choices] == [0, 1, 2] and all(c.text == expected.text for c in resp.choices)
+    assert resp.usage.prompt_tokens == len(expected.prompt_ids) and resp.usage.completion_tokens == 3 * len(expected.token_ids)
+    # sampled: choice i is the n=1 request with seed + i
+    messages = [{"role": "user", "content": "Write a limerick about a cat."}]
+    alone = [client.chat.completions.create(model=MODEL, messages=messages, max_tokens=16, temperature=0.9, seed=seed)
+             .choices[0].message.content for seed in (7, 8)]
+    both = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=16, temperature=0.9, seed=7, n=2)
+    assert [c.message.content for c in both.choices] == alone and alone[0] != alone[1]
+    chunks = list(client.chat.completions.create(model=MODEL, messages=messages, max_tokens=16, temperature=0.9, seed=7, n=2,
+                                                 stream=True, stream_options={"include_usage": True}))
+    texts, finished = ["", ""], [0, 0]
+    for chunk in chunks:
+        for choice in chunk.choices:
+            texts[choice.index] += choice.delta.content or ""
+            finished[choice.index] += choice.finish_reason is not None
+    assert texts == alone and finished == [1, 1]
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == both.usage.completion_tokens
+    # a method that cannot share passes runs its choices one after another
+    layerskip = client.completions.create(model=MODEL, prompt=prompt, max_tokens=12, temperature=0, n=2,
+                                          extra_body={"leapdecode": {"method": "layerskip:exit=12"}})
+    want = wrap(real_lm, "layerskip:exit=12").generate(prompt, max_new_tokens=12).text
+    assert [c.text for c in layerskip.choices] == [want, want]
 
 
 def metric_values(url: str, name: str) -> dict[str, float]:

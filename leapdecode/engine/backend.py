@@ -68,8 +68,8 @@ class Backend(Protocol):
         ...
 
     def draft_limit(self, seq: CacheState) -> int | None:
-        """The most drafted tokens the next pass can verify exactly as plain decoding would score
-        them (None: any number)."""
+        """The most drafted tokens the next pass should hold (a row-exact model scores any pass
+        exactly; this keeps verification in the kernel's fast range), or None: any number."""
         ...
 
 
@@ -127,8 +127,9 @@ class TorchBackend:
     """A `transformers` causal LM, driven only through its public forward and cache objects."""
 
     def __init__(self, model: Any, exact_tokens: int | None = None) -> None:
-        """`exact_tokens`: the longest pass whose rows the model scores bitwise as one-token passes
-        (`LoadedModel.exact_tokens`); drafts are kept one token shorter (the pending token)."""
+        """`exact_tokens`: on a row-exact model (every pass's rows bitwise one-token passes), the
+        longest decoding pass to verify (`LoadedModel.exact_tokens`); drafts are kept one token
+        shorter (the pending token). None: no row-exact guarantee."""
         self.model = model
         self.exact_tokens = exact_tokens
         self.device: torch.device = model.device
@@ -176,8 +177,23 @@ class TorchBackend:
         # window-sized cache drops entries that rollback and tree compaction must keep, as Hugging
         # Face's assisted generation also finds.
         seq = CacheState(cache=new_growing_cache(), length=0)
+        # A row-exact model takes the prompt in chunks its kernels score row by row, so a prefill
+        # cut anywhere else (a shared pass's chunk, `engine.scheduler`) gives the same bits.
+        size = self.prefill_chunk or max(1, len(prompt_ids))
+        chunks = [prompt_ids[i : i + size] for i in range(0, len(prompt_ids), size)] or [prompt_ids]
         # Only the last position's logits are needed: skips a [prompt, vocab] matmul.
-        return seq, self._run(seq, prompt_ids, logits_to_keep=1, hidden=False, features=features)
+        scored = [self._run(seq, chunk, logits_to_keep=1, hidden=False, features=features) for chunk in chunks]
+        if len(scored) == 1:
+            return seq, scored[0]
+        states = torch.cat([s.features for s in scored]) if features else None  # [prompt, F]
+        return seq, Scores(logits=scored[-1].logits, features=states)
+
+    @property
+    def prefill_chunk(self) -> int | None:
+        """The longest prompt chunk one prefill pass takes (row-exact models), or None: whole."""
+        from leapdecode.models.row_exact import ATTENTION, PASS_ROWS
+
+        return PASS_ROWS if self.attention == ATTENTION and self.exact_tokens is not None else None
 
     @torch.inference_mode()
     def forward(
@@ -234,6 +250,15 @@ class TorchBackend:
     def new_sequence(self) -> CacheState:
         """An empty sequence, for a packed pass to prefill (`engine.batch`)."""
         return CacheState(cache=new_growing_cache(), length=0)
+
+    @torch.inference_mode()
+    def fork(self, seq: CacheState) -> CacheState:
+        """A copy of `seq` with a cache of its own: requests with the same prompt (`n` > 1
+        siblings) share one prefill and then decode apart."""
+        copy = new_growing_cache()
+        for index, layer in enumerate(seq.cache.layers):
+            copy.update(layer.keys, layer.values, index)  # a `GrowingLayer` copies into fresh buffers
+        return CacheState(cache=copy, length=seq.length)
 
 
 def new_growing_cache() -> Any:

@@ -1,9 +1,13 @@
 """Continuous batching: several requests decoded in shared target passes.
 
 Requests join and leave between passes. Each pass packs, for every running request, its pending
-token and the part of its draft that pays, plus the prompts of requests that join (their prefill
-rides along with the others' decoding, Sarathi-style), into one forward (`engine.batch`); each
-request's rows are bitwise what its own pass would give, so its output equals the request alone.
+token and the part of its draft that pays, plus chunks of the prompts of requests that joined
+(their prefill rides along with the others' decoding in the rows the pass has left, Sarathi-style,
+so a long prompt never stalls the others for more than one pass of `max_rows`), into one forward
+(`engine.batch`); each request's rows are bitwise what its own pass would give (a prompt's too,
+whatever its chunks), so its output equals the request alone. Requests with the same prompt that
+join together (`n` > 1 siblings) share its prefill: one is prefilled, the others get copies of
+its cache.
 
 Rows are shared, so drafts are cut for the whole pass, not per request: every drafted token comes
 with its estimated probability of acceptance (its `reach`, from cost-aware drafting), and the pass
@@ -42,7 +46,7 @@ logger = logging.getLogger("leapdecode")
 
 if TYPE_CHECKING:
     from leapdecode.drafters.base import Offer
-    from leapdecode.engine.backend import Scores, TorchBackend
+    from leapdecode.engine.backend import CacheState, Scores, TorchBackend
 
 
 @dataclass(frozen=True)
@@ -70,11 +74,21 @@ class Submission:
     cancelled: threading.Event = field(default_factory=threading.Event)
     error: BaseException | None = None
     submitted_at: float = field(default_factory=time.monotonic)
-    started_at: float | None = None  # when its prefill pass began (queue time ends)
+    started_at: float | None = None  # when it joined the batch (queue time ends, its time limit starts)
 
     def cancel(self) -> None:
         """Leave at the next pass (a client that went away): its rows and cache are freed there."""
         self.cancelled.set()
+
+
+@dataclass(eq=False)
+class Prefill:
+    """A prompt being prefilled in chunks, and the requests with the same prompt waiting for it."""
+
+    seq: CacheState
+    done: int = 0  # prompt tokens in the cache
+    features: list[torch.Tensor] = field(default_factory=list)  # per chunk [n, F], when the drafter wants states
+    followers: list[Submission] = field(default_factory=list)
 
 
 class BatchScheduler:
@@ -93,12 +107,15 @@ class BatchScheduler:
         self.max_rows = max_rows
         self.clock = clock
         self.waiting: deque[Submission] = deque()
-        self.running: list[Submission] = []
+        self.running: list[Submission] = []  # admitted: decoding, prefilling, or following a prefill
+        self.prefilling: dict[Submission, Prefill] = {}  # in order of admission
         self._lock = threading.Lock()
         self.wake = threading.Condition(self._lock)  # notified on submit: an idle worker sleeps on it
 
     def submit(self, submission: Submission) -> Submission:
         """Queue a request (any thread); it joins at a pass with room for it."""
+        if not submission.run.prompt_ids:
+            raise InputError("a request needs at least one prompt token")
         with self.wake:
             self.waiting.append(submission)
             self.wake.notify_all()
@@ -116,19 +133,15 @@ class BatchScheduler:
 
     @torch.inference_mode()
     def step(self) -> PassReport | None:
-        """One pass: over the running requests and those that join, or the prefill of a prompt
-        that does not fit a pass with the others, alone (as decoding it alone would); None when
-        there is nothing to do."""
+        """One pass over the running requests: their decoding rows, then prompt chunks in the
+        rows left (oldest prompt first); None when there is nothing to do."""
         self._drop_leavers()
-        decoding = list(self.running)
-        joining, alone = self._admit()
+        self._admit()
+        decoding = [s for s in self.running if s.run.seq is not None]
         start = self.clock()
-        if alone is not None:
-            report = self._isolated(alone, lambda: self._prefill_alone(alone))
-        elif decoding or joining:
-            report = self._pass(decoding, joining)
-        else:
+        if not decoding and not self.prefilling:
             return None
+        report = self._pass(decoding, self._chunks(self.max_rows - len(decoding)))
         return dataclasses.replace(report, seconds=self.clock() - start) if report is not None else None
 
     def fail_all(self, error: BaseException) -> None:
@@ -136,45 +149,80 @@ class BatchScheduler:
         with self._lock:
             waiting = list(self.waiting)
             self.waiting.clear()
+        self.prefilling.clear()
         for submission in [*self.running, *waiting]:
             submission.error = error
             self._end(submission, "error")
 
-    def _pass(self, decoding: list[Submission], joining: list[Submission]) -> PassReport | None:
+    def _chunks(self, rows: int) -> list[tuple[Submission, BatchItem]]:
+        """The next chunk of each prompt being prefilled, oldest first, within `rows` (at least one:
+        a prefilling request holds a batch slot, so fewer than `max_rows` requests decode)."""
+        chunks = []
+        for submission, prefill in self.prefilling.items():
+            if rows <= 0:
+                break
+            prompt = submission.run.prompt_ids
+            tokens = prompt[prefill.done : prefill.done + rows]
+            chunks.append((submission, BatchItem(prefill.seq, tokens, None, last_only=True)))
+            rows -= len(tokens)
+        return chunks
+
+    def _pass(self, decoding: list[Submission], chunks: list[tuple[Submission, BatchItem]]) -> PassReport | None:
         """Plan, score and settle one shared pass; a request whose drafting, verifying or
         callbacks fail leaves with its error, the others go on (a failed forward ends them all)."""
         planned = [(s, p) for s in decoding if (p := self._isolated(s, lambda s=s: self._plan_decoding(s))) is not None]
-        drafting = self._allocate(planned, joining)
-        members = [s for s, _ in drafting] + joining
-        items = [item for _, item in drafting] + [BatchItem(self.backend.new_sequence(), s.run.prompt_ids, None, last_only=True) for s in joining]
+        prefill = sum(len(item.tokens) for _, item in chunks)
+        drafting = self._allocate(planned, len(planned) + prefill)
+        members = [s for s, _ in drafting] + [s for s, _ in chunks]
+        items = [item for _, item in drafting] + [item for _, item in chunks]
         if not items:
             return None
         wanted = tuple(sorted({layer for s in members for layer in s.run.wants.get("features", ())}))
         try:
             scores = forward_batch(self.backend, items, wanted)
         except Exception as exc:  # noqa: BLE001 - the pass failed: each of its requests ends with the error
-            for submission in members:
+            followers = [f for s, _ in chunks for f in self.prefilling.pop(s).followers]  # their prompt's cache is spoiled
+            for submission in members + followers:
                 submission.error = exc
                 self._end(submission, "error")
             return None
         emitted = 0
-        for submission, item, score in zip(members, items, scores):
-            emitted += self._isolated(submission, lambda s=submission, i=item, sc=score: self._settle(s, i, sc, wanted)) or 0
+        for (submission, _), score in zip(drafting, scores):
+            emitted += self._isolated(submission, lambda s=submission, sc=score: self._settled(s, sc, wanted)) or 0
+        for (submission, item), score in zip(chunks, scores[len(drafting) :]):
+            try:
+                emitted += self._prefilled(submission, len(item.tokens), self._features_for(submission.run, score, wanted))
+            except Exception as exc:  # noqa: BLE001 - this prompt's requests end with the error, the others go on
+                prefill = self.prefilling.pop(submission, None)
+                for member in [submission, *(prefill.followers if prefill is not None else ())]:
+                    member.error = exc
+                    self._end(member, "error")
         rows = sum(len(item.tokens) for item in items)
-        prefill = sum(len(s.run.prompt_ids) for s in joining)
         return PassReport(len(items), rows, prefill, rows - prefill - len(drafting), emitted, 0.0)
 
-    def _settle(self, submission: Submission, item: BatchItem, scores: Scores, wanted: tuple[int, ...]) -> int:
-        own = self._features_for(submission.run, scores, wanted)
-        run = submission.run
-        step = run.begin(self.backend, item.seq, own) if item.last_only else run.settle(self.backend, own)
-        return self._deliver(submission, step)
+    def _settled(self, submission: Submission, scores: Scores, wanted: tuple[int, ...]) -> int:
+        """A decoding request's rows were scored: verify, keep, emit."""
+        return self._deliver(submission, submission.run.settle(self.backend, self._features_for(submission.run, scores, wanted)))
 
-    def _prefill_alone(self, submission: Submission) -> PassReport:
-        run = submission.run
-        seq, scores = self.backend.prefill(run.prompt_ids, **run.wants)
-        emitted = self._deliver(submission, run.begin(self.backend, seq, scores))
-        return PassReport(1, len(run.prompt_ids), len(run.prompt_ids), 0, emitted, 0.0)
+    def _prefilled(self, submission: Submission, rows: int, scores: Scores) -> int:
+        """A chunk of `submission`'s prompt was scored; once the whole prompt is in, it and the
+        requests following its prefill (each with a copy of the cache) begin decoding."""
+        from leapdecode.engine.backend import Scores
+
+        prefill = self.prefilling[submission]
+        prefill.done += rows
+        if scores.features is not None:
+            prefill.features.append(scores.features)  # [rows, F]
+        if prefill.done < len(submission.run.prompt_ids):
+            return 0
+        whole = Scores(scores.logits, features=torch.cat(prefill.features) if prefill.features else None)  # features [prompt, F]
+        del self.prefilling[submission]  # below, each request's failure is its own
+        forks = [(f, self._isolated(f, lambda: self.backend.fork(prefill.seq))) for f in prefill.followers]
+        emitted = self._isolated(submission, lambda: self._deliver(submission, submission.run.begin(self.backend, prefill.seq, whole))) or 0
+        for follower, seq in forks:
+            if seq is not None:
+                emitted += self._isolated(follower, lambda f=follower, q=seq: self._deliver(f, f.run.begin(self.backend, q, whole))) or 0
+        return emitted
 
     def _deliver(self, submission: Submission, step: Step) -> int:
         submission.on_step(step)
@@ -205,26 +253,23 @@ class BatchScheduler:
             elif submission.timeout_s is not None and submission.started_at is not None and now - submission.started_at > submission.timeout_s:
                 self._end(submission, "timeout")
 
-    def _admit(self) -> tuple[list[Submission], Submission | None]:
-        """Waiting requests that join now, oldest first, while the batch has room and their
-        prompts fit the pass's rows; or, when the oldest prompt fits no pass with the others (or
-        none at all), that request alone (its prefill is this step's pass)."""
-        joining: list[Submission] = []
-        rows = len(self.running)
+    def _admit(self) -> None:
+        """Waiting requests join, oldest first, while the batch has room: each starts its prefill,
+        or follows a joined request's prefill of the same prompt (same states wanted) to share it."""
         with self._lock:
+            joining = []
             while self.waiting and len(self.running) < self.max_batch:
-                prompt = len(self.waiting[0].run.prompt_ids)
-                fits = rows + prompt <= self.max_rows
-                if not fits and joining:
-                    break  # the next pass takes it
                 submission = self.waiting.popleft()
                 submission.started_at = self.clock()
                 self.running.append(submission)
-                if not fits:
-                    return [], submission
                 joining.append(submission)
-                rows += prompt
-        return joining, None
+        for submission in joining:
+            run = submission.run
+            leader = next((s for s in self.prefilling if s.run.prompt_ids == run.prompt_ids and s.run.wants == run.wants), None)
+            if leader is not None:
+                self.prefilling[leader].followers.append(submission)
+            else:
+                self.prefilling[submission] = Prefill(self.backend.new_sequence())
 
     def _plan_decoding(self, submission: Submission) -> tuple[Offer, int]:
         """A decoding request's offer and the most drafted tokens its pass may verify exactly."""
@@ -233,10 +278,10 @@ class BatchScheduler:
         offer = run.offer(exact)
         return offer, len(offer.draft) if exact is None else min(len(offer.draft), exact)
 
-    def _allocate(self, planned: list[tuple[Submission, tuple[Offer, int]]], joining: list[Submission]) -> list[tuple[Submission, BatchItem]]:
-        """Cut the decoding requests' offers for the pass (`allocate`) and build their items; a
-        request whose cut or plan fails leaves with its error, the others go on."""
-        base = len(planned) + sum(len(s.run.prompt_ids) for s in joining)
+    def _allocate(self, planned: list[tuple[Submission, tuple[Offer, int]]], base: int) -> list[tuple[Submission, BatchItem]]:
+        """Cut the decoding requests' offers for the pass (`allocate`; `base`: the rows it holds
+        before drafts) and build their items; a request whose cut or plan fails leaves with its
+        error, the others go on."""
         kept = allocate([offer for _, (offer, _) in planned], [cap for _, (_, cap) in planned], base, len(planned), self.cost,
                         max(self.max_rows, base))
         items: list[tuple[Submission, BatchItem]] = []
@@ -264,8 +309,21 @@ class BatchScheduler:
         """Take a request out of the batch (its cache is freed with its run) and tell its owner."""
         if submission in self.running:
             self.running.remove(submission)
+        self._leave_prefill(submission)
         submission.run.seq = None
         try:
             submission.on_end(reason)
         except Exception:  # noqa: BLE001 - one owner's failing callback must not stop the others' passes
             logger.exception("a request's end callback failed")
+
+    def _leave_prefill(self, submission: Submission) -> None:
+        """`submission` no longer waits on a prefill: a follower leaves its list; a prefilling
+        request hands its prefill (cache so far) to its first follower, in its place."""
+        prefill = self.prefilling.get(submission)
+        if prefill is None:
+            for other in self.prefilling.values():
+                if submission in other.followers:
+                    other.followers.remove(submission)
+            return
+        heir = prefill.followers.pop(0) if prefill.followers else None
+        self.prefilling = {(heir if s is submission else s): p for s, p in self.prefilling.items() if s is not submission or heir is not None}

@@ -96,8 +96,9 @@ class LoadedModel:
 
     @property
     def exact_tokens(self) -> int | None:
-        """The longest pass whose every row is bitwise a one-token pass (row-exact models: the
-        kernel's rows; None: no such guarantee), so drafting can keep verification inside it."""
+        """On a row-exact model (every pass's rows bitwise one-token passes, prefills too), the
+        longest decoding pass drafts are kept to (`EXACT_ROWS`, the attention kernel's fast
+        few-row range); None: no row-exact guarantee, so no bound."""
         if not self.row_exact:
             return None
         from leapdecode.models.row_exact import EXACT_ROWS

@@ -9,13 +9,14 @@ two things, through public interfaces only:
   through a small C++ kernel (`row_exact.cpp`, built on first use with `torch.utils.cpp_extension`
   and cached) that loads each weight chunk once for all rows but keeps each row's reduction order
   fixed, so its cost stays nearly flat in the rows (a pass over several sequences, `engine.batch`,
-  shares it); longer inputs (long prompts) keep `nn.Linear`;
+  shares it); the backend prefills longer prompts in chunks of `PASS_ROWS` (`TorchBackend.prefill`);
 - the attention implementation for `row_exact` (registered with transformers'
-  `AttentionInterface`): in passes of up to `EXACT_ROWS` tokens each query row attends to exactly
-  its visible keys, in cache order, as the one-token pass at that position would, in the same C++
-  extension (one call per layer for all rows and heads, reading the cache through its views; a
-  bfloat16 cache widened to float per task, every sum in float, the output rounded once; without
-  the extension, one SDPA call per row); prefills keep SDPA's block. In a pass over several
+  `AttentionInterface`): each query row attends to exactly its visible keys, in cache order, as
+  the one-token pass at that position would, in the same C++ extension (one call per layer for
+  all rows and heads, reading the cache through its views; a bfloat16 cache widened to float per
+  task, every sum in float, the output rounded once; without the extension, one SDPA call per
+  row). Prefills too: a prompt scored whole or in chunks of any size, alone or beside other
+  sequences, gives the same bits (chunked prefill, `engine.scheduler`). In a pass over several
   sequences (`BATCH_KEYWORD`) it runs once per sequence, over that sequence's own cache.
 - every RMS-norm module (found by behaviour: same output as `RowExactRMSNorm` on random rows) for
   a `RowExactRMSNorm` sharing its weight: one C++ call per norm, each row on its own.
@@ -46,9 +47,11 @@ from leapdecode.models.extensions import build
 
 logger = logging.getLogger("leapdecode")
 
-EXACT_ROWS = range(1, 17)  # one sequence's tokens that attend through the row-exact kernel (a decode step, a draft)
-# Rows the linear layers run through the kernel: a packed pass over several sequences' drafts
-# (`engine.batch`), and prompts up to this length; longer prompts keep `nn.Linear`.
+# One sequence's decoding pass (the pending token and its draft): drafts are kept inside it, where
+# the attention kernel's few-row paths are fast (every pass is row-exact; this bounds the draft).
+EXACT_ROWS = range(1, 17)
+# Rows the linear layers run through the kernel: a packed pass over several sequences (`engine.batch`),
+# and a prompt's prefill chunk (`TorchBackend.prefill` cuts longer prompts into chunks of this size).
 PASS_ROWS = 256
 ATTENTION = "row_exact"
 # The forward keyword that carries a packed pass's cache (`engine.batch.PackedCache`) to attention:
@@ -97,8 +100,8 @@ def row_exact_attention(
     module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask: torch.Tensor | None,
     dropout: float = 0.0, scaling: float | None = None, is_causal: bool | None = None, **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
-    """Attention one query row at a time over exactly the keys it may see (see the module doc);
-    a longer input (a prompt's prefill, identical in plain and drafted decoding) takes SDPA's block.
+    """Attention one query row at a time over exactly the keys it may see (see the module doc),
+    prefills too: a prompt scored in chunks (`engine.batch`) then gives bitwise what it gives whole.
 
     query [batch, heads, q, dim]; key, value [batch, kv_heads, kv, dim]; attention_mask
     [batch, 1, q, kv] (boolean: True attends; or additive: 0 attends) or None (causal, the
@@ -107,11 +110,8 @@ def row_exact_attention(
     if packed is not None:  # a pass over several sequences: each over its own keys, through this function
         return packed.attend(module, query, scaling, kwargs), None
     q_len, kv_len = query.shape[2], key.shape[2]
-    if q_len not in EXACT_ROWS:  # a prefill: the same block path in plain and in drafted decoding
-        from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                                      is_causal=is_causal, **kwargs)
+    if q_len > PASS_ROWS:  # a long input scored whole (a prefill outside the engine's chunks): by blocks of rows
+        return _by_row_blocks(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs), None
     if attention_mask is not None and attention_mask.shape[0] != 1:
         raise ValueError("row-exact attention decodes one sequence at a time")
     seen = None if attention_mask is None else attention_mask[0, 0]  # [q, kv]: True where a row attends
@@ -137,6 +137,23 @@ def row_exact_attention(
         for i, visible in enumerate(rows)
     ]  # each [batch, heads, 1, dim]
     return torch.cat(outs, dim=2).transpose(1, 2), None
+
+
+def _by_row_blocks(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                   attention_mask: torch.Tensor | None, **kwargs: Any) -> torch.Tensor:
+    """`row_exact_attention` over blocks of `PASS_ROWS` query rows: each row is computed alone,
+    so the bits are the same, and the kernel's scratch space stays [PASS_ROWS, keys] a task."""
+    q_len, kv_len = query.shape[2], key.shape[2]
+    outs = []
+    for start in range(0, q_len, PASS_ROWS):
+        end = min(q_len, start + PASS_ROWS)
+        if attention_mask is None:  # causal: the block's rows see the keys up to their own position
+            visible = kv_len - q_len + end
+            out, _ = row_exact_attention(module, query[:, :, start:end], key[:, :, :visible], value[:, :, :visible], None, **kwargs)
+        else:
+            out, _ = row_exact_attention(module, query[:, :, start:end], key, value, attention_mask[:, :, start:end], **kwargs)
+        outs.append(out)  # [batch, rows, heads, dim]
+    return torch.cat(outs, dim=1)
 
 
 class RowExactRMSNorm(nn.Module):

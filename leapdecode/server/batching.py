@@ -12,7 +12,7 @@ import asyncio
 import logging
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from leapdecode.engine.cost import ForwardCost, measure_batch_cost
 from leapdecode.engine.loop import Step
@@ -42,6 +42,12 @@ def default_max_batch(cost: ForwardCost) -> int:
     return best
 
 
+class Sink(Protocol):
+    """Where a request's steps go (an asyncio queue, or one choice's tagged view of its request's)."""
+
+    def put_nowait(self, item: Step | None | BaseException) -> None: ...
+
+
 class BatchWorker:
     """The thread that runs `scheduler.step()` while there is work, and sleeps otherwise."""
 
@@ -52,8 +58,7 @@ class BatchWorker:
         self._thread = threading.Thread(target=self._loop, name="leapdecode-batch", daemon=True)
         self._thread.start()
 
-    def submit(self, job: Job, loop: asyncio.AbstractEventLoop, queue: asyncio.Queue[Step | None | BaseException],
-               on_done: Callable[[], None]) -> Submission:
+    def submit(self, job: Job, loop: asyncio.AbstractEventLoop, queue: Sink, on_done: Callable[[], None]) -> Submission:
         """Start `job` in the batch: its steps go to `queue`, then None (after its error, if it
         failed); `on_done` runs on the event loop once it has left the batch."""
 
@@ -72,9 +77,9 @@ class BatchWorker:
             loop.call_soon_threadsafe(queue.put_nowait, None)
             loop.call_soon_threadsafe(on_done)
 
-        submission = Submission(job.start(), on_step, on_end, job.timeout_s, cancelled=job.cancel)
-        self.metrics.running.inc()  # in the batch, or about to join it
-        return self.scheduler.submit(submission)
+        submission = self.scheduler.submit(Submission(job.start(), on_step, on_end, job.timeout_s, cancelled=job.cancel))
+        self.metrics.running.inc()  # in the batch, or about to join it (`on_end` runs on the scheduler's thread, after a pass)
+        return submission
 
     def _loop(self) -> None:
         while not self._stop.is_set():

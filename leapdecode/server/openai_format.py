@@ -18,6 +18,15 @@ from leapdecode.verifiers import TokenLogprob
 # (text delta, finish reason, log-probabilities of the tokens behind it) -> one response or SSE chunk
 Chunk = Callable[[str, "str | None", Sequence[TokenLogprob]], dict[str, Any]]
 
+
+@dataclass(frozen=True)
+class Choice:
+    """One finished choice of a response (`n` of them): its text, finish reason and steps."""
+
+    text: str
+    finish: str
+    steps: Sequence[Step]
+
 SSE_DONE = "data: [DONE]\n\n"
 
 
@@ -38,6 +47,7 @@ def final_text(tokenizer: Any, steps: Sequence[Step], stops: list[str]) -> str:
 
 
 def usage(prompt_tokens: int, steps: Sequence[Step]) -> dict[str, int]:
+    """The API's usage: the prompt once, the tokens of every choice (`steps` of all of them)."""
     completion = sum(len(s.tokens) for s in steps)
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion, "total_tokens": prompt_tokens + completion}
 
@@ -77,25 +87,30 @@ class CompletionFormat:
     logprobs: bool  # the request asked for log-probabilities
     id: str = field(default_factory=lambda: f"cmpl-{uuid.uuid4().hex}")
     created: int = field(default_factory=lambda: int(time.time()))
-    offset: int = 0  # characters of completion text before the next token, across chunks
+    offsets: dict[int, int] = field(default_factory=dict)  # per choice: characters of text before its next token
 
-    def chunk(self, text: str, finish: str | None, records: Sequence[TokenLogprob] = ()) -> dict[str, Any]:
-        logprobs = self._logprobs(records) if self.logprobs else None
+    def chunk(self, text: str, finish: str | None, records: Sequence[TokenLogprob] = (), index: int = 0) -> dict[str, Any]:
         return {"id": self.id, "object": "text_completion", "created": self.created, "model": self.model,
-                "choices": [{"text": text, "index": 0, "logprobs": logprobs, "finish_reason": finish}]}
+                "choices": [self._choice(text, finish, records, index)]}
 
-    def response(self, text: str, finish: str, steps: Sequence[Step], prompt_tokens: int, method: str) -> dict[str, Any]:
-        return {**self.chunk(text, finish, step_logprobs(steps)), "usage": usage(prompt_tokens, steps),
-                "leapdecode": leapdecode_stats(method, steps)}
+    def response(self, choices: Sequence[Choice], prompt_tokens: int, method: str) -> dict[str, Any]:
+        steps = [s for c in choices for s in c.steps]
+        return {"id": self.id, "object": "text_completion", "created": self.created, "model": self.model,
+                "choices": [self._choice(c.text, c.finish, step_logprobs(c.steps), i) for i, c in enumerate(choices)],
+                "usage": usage(prompt_tokens, steps), "leapdecode": leapdecode_stats(method, steps)}
 
-    def _logprobs(self, records: Sequence[TokenLogprob]) -> dict[str, Any]:
+    def _choice(self, text: str, finish: str | None, records: Sequence[TokenLogprob], index: int) -> dict[str, Any]:
+        logprobs = self._logprobs(records, index) if self.logprobs else None
+        return {"text": text, "index": index, "logprobs": logprobs, "finish_reason": finish}
+
+    def _logprobs(self, records: Sequence[TokenLogprob], index: int) -> dict[str, Any]:
         """The legacy API's `logprobs`: parallel lists, alternatives as {text: logprob}."""
         tokens, offsets = [], []
         for r in records:
             text = token_text(self.tokenizer, r.token)
             tokens.append(text)
-            offsets.append(self.offset)
-            self.offset += len(text)
+            offsets.append(self.offsets.get(index, 0))
+            self.offsets[index] = offsets[-1] + len(text)
         return {"tokens": tokens, "token_logprobs": [r.logprob for r in records],
                 "top_logprobs": [{token_text(self.tokenizer, t): v for t, v in r.top} for r in records], "text_offset": offsets}
 
@@ -109,23 +124,25 @@ class ChatFormat:
     logprobs: bool  # the request asked for log-probabilities
     id: str = field(default_factory=lambda: f"chatcmpl-{uuid.uuid4().hex}")
     created: int = field(default_factory=lambda: int(time.time()))
-    first: bool = True  # no chunk sent yet
+    started: set[int] = field(default_factory=set)  # choices whose first chunk (naming the role) was sent
 
-    def chunk(self, text: str, finish: str | None, records: Sequence[TokenLogprob] = ()) -> dict[str, Any]:
+    def chunk(self, text: str, finish: str | None, records: Sequence[TokenLogprob] = (), index: int = 0) -> dict[str, Any]:
         delta: dict[str, Any] = {"content": text} if text or finish is None else {}
-        if self.first:
+        if index not in self.started:
             delta["role"] = "assistant"
-            self.first = False
-        choice: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": finish}
+            self.started.add(index)
+        choice: dict[str, Any] = {"index": index, "delta": delta, "finish_reason": finish}
         if self.logprobs:
             choice["logprobs"] = chat_logprobs(self.tokenizer, records)
         return {"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model, "choices": [choice]}
 
-    def response(self, text: str, finish: str, steps: Sequence[Step], prompt_tokens: int, method: str) -> dict[str, Any]:
+    def response(self, choices: Sequence[Choice], prompt_tokens: int, method: str) -> dict[str, Any]:
+        steps = [s for c in choices for s in c.steps]
         return {
             "id": self.id, "object": "chat.completion", "created": self.created, "model": self.model,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish,
-                         "logprobs": chat_logprobs(self.tokenizer, step_logprobs(steps)) if self.logprobs else None}],
+            "choices": [{"index": i, "message": {"role": "assistant", "content": c.text}, "finish_reason": c.finish,
+                         "logprobs": chat_logprobs(self.tokenizer, step_logprobs(c.steps)) if self.logprobs else None}
+                        for i, c in enumerate(choices)],
             "usage": usage(prompt_tokens, steps), "leapdecode": leapdecode_stats(method, steps),
         }
 
@@ -164,14 +181,16 @@ class StreamText:
         delta = self.holder.push(self.detok.push(step.tokens), final=False)
         return self._send(delta) if delta else None
 
-    def end(self, finish: str, usage: dict[str, int] | None) -> Iterator[str]:
-        """The last chunks: the text held back, the finish reason, and the usage when asked for."""
+    def end(self, finish: str) -> Iterator[str]:
+        """The choice's last chunks: the text held back and the finish reason."""
         tail = self.holder.push(self.detok.flush(), final=True)
         if tail:
             yield self._send(tail)
         yield sse(self.chunk("", finish, self.pending))
-        if usage is not None:
-            yield sse({**self.chunk("", None, ()), "choices": [], "usage": usage})
+
+    def usage_line(self, usage: dict[str, int]) -> str:
+        """The stream's last chunk when the client asked for usage: no choices, the usage."""
+        return sse({**self.chunk("", None, ()), "choices": [], "usage": usage})
 
     def _send(self, text: str) -> str:
         line = sse(self.chunk(text, None, self.pending))

@@ -7,6 +7,7 @@ loop (cheap), and hands the generation to the server's worker thread.
 from __future__ import annotations
 
 import asyncio
+import functools
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -15,7 +16,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from leapdecode.api import check_request, encode_prompt
 from leapdecode.server.errors import ApiError
-from leapdecode.server.openai_format import ChatFormat, CompletionFormat, StreamText, final_text, finish_reason
+from leapdecode.server.openai_format import ChatFormat, Choice, CompletionFormat, StreamText, final_text, finish_reason
 from leapdecode.server.schemas import ChatCompletionRequest, CompletionRequest
 from leapdecode.server.worker import ServerState, Job
 
@@ -44,8 +45,9 @@ def check_body(state: ServerState, body: CompletionRequest | ChatCompletionReque
                        param=unsupported[0], code="unsupported_parameter")
 
 
-def make_job(state: ServerState, body: CompletionRequest | ChatCompletionRequest, prompt_ids: list[int], max_tokens: int | None) -> Job:
-    """The request's generation, checked against the model's context before it is admitted."""
+def make_jobs(state: ServerState, body: CompletionRequest | ChatCompletionRequest, prompt_ids: list[int], max_tokens: int | None) -> list[Job]:
+    """The request's generations (one per choice, `n`), checked against the model's context
+    before they are admitted."""
     lm, config = state.lm, state.config
     method = state.choose_method(body.leapdecode.method if body.leapdecode else None)
     if len(prompt_ids) >= lm.max_context:
@@ -57,23 +59,26 @@ def make_job(state: ServerState, body: CompletionRequest | ChatCompletionRequest
     if max_tokens <= 0:
         raise ApiError(400, f"max_tokens must be at least 1, got {max_tokens}", param="max_tokens")
     check_request(lm, prompt_ids, max_tokens)
-    return Job(method, state.decoder_for, prompt_ids, max_tokens, list(body.stop or []), body.temperature, body.top_p, body.seed,
-               timeout_s=config.timeout_s, logprobs=body.logprob_count)
+    if body.n > config.max_queue:
+        raise ApiError(400, f"n={body.n} choices exceed what this server admits at once ({config.max_queue}, --max-queue)", param="n")
+    job = Job(method, state.decoder_for, prompt_ids, max_tokens, list(body.stop or []), body.temperature, body.top_p, body.seed,
+              timeout_s=config.timeout_s, logprobs=body.logprob_count)
+    return job.siblings(body.n)
 
 
 async def respond(
-    state: ServerState, job: Job, body: CompletionRequest | ChatCompletionRequest, form: CompletionFormat | ChatFormat,
+    state: ServerState, jobs: list[Job], body: CompletionRequest | ChatCompletionRequest, form: CompletionFormat | ChatFormat,
     endpoint: str, request: Request,
 ) -> Any:
-    """Stream the job's chunks, or run it to the end and return the whole response."""
+    """Stream the choices' chunks, or run them to the end and return the whole response."""
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        text = StreamText(state.lm.tokenizer, job.stop, form.chunk)
-        events = state.stream(job, text, include_usage, endpoint)
+        texts = [StreamText(state.lm.tokenizer, job.stop, functools.partial(form.chunk, index=i)) for i, job in enumerate(jobs)]
+        events = state.stream(jobs, texts, include_usage, endpoint)
         return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-    steps = await state.complete(job, endpoint, request)
-    text = final_text(state.lm.tokenizer, steps, job.stop)
-    return form.response(text, finish_reason(job.finish_reason), steps, len(job.prompt_ids), job.method_name)
+    steps = await state.complete(jobs, endpoint, request)
+    choices = [Choice(final_text(state.lm.tokenizer, s, job.stop), finish_reason(job.finish_reason), s) for job, s in zip(jobs, steps)]
+    return form.response(choices, len(jobs[0].prompt_ids), jobs[0].method_name)
 
 
 @router.get("/health")
@@ -106,9 +111,9 @@ async def completions(body: CompletionRequest, request: Request) -> Any:
     state = state_of(request)
     check_body(state, body)
     prompt_ids = await asyncio.to_thread(encode_prompt, state.lm, body.prompt)  # a long prompt must not stall the event loop
-    job = make_job(state, body, prompt_ids, body.max_tokens)
-    form = CompletionFormat(state.config.model_name, state.lm.tokenizer, job.logprobs is not None)
-    return await respond(state, job, body, form, "/v1/completions", request)
+    jobs = make_jobs(state, body, prompt_ids, body.max_tokens)
+    form = CompletionFormat(state.config.model_name, state.lm.tokenizer, jobs[0].logprobs is not None)
+    return await respond(state, jobs, body, form, "/v1/completions", request)
 
 
 @router.post("/v1/chat/completions")
@@ -117,6 +122,6 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
     check_body(state, body)
     messages = [{"role": m.role if m.role != "developer" else "system", "content": m.text()} for m in body.messages]
     prompt_ids = await asyncio.to_thread(encode_prompt, state.lm, messages)
-    job = make_job(state, body, prompt_ids, body.token_limit)
-    form = ChatFormat(state.config.model_name, state.lm.tokenizer, job.logprobs is not None)
-    return await respond(state, job, body, form, "/v1/chat/completions", request)
+    jobs = make_jobs(state, body, prompt_ids, body.token_limit)
+    form = ChatFormat(state.config.model_name, state.lm.tokenizer, jobs[0].logprobs is not None)
+    return await respond(state, jobs, body, form, "/v1/chat/completions", request)

@@ -8,6 +8,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validat
 
 MAX_STOP_STRINGS = 4  # as in the OpenAI API
 MAX_SEED = 2**63 - 1  # what a torch generator takes
+MAX_CHOICES = 128  # `n`, as in the OpenAI API
 
 # Fields the OpenAI API has and this server does not implement: refused, never silently ignored.
 UNSUPPORTED = ("echo", "best_of", "suffix", "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias",
@@ -51,7 +52,7 @@ class _Common(BaseModel):
     seed: int | None = Field(default=None, strict=True, ge=-MAX_SEED - 1, le=MAX_SEED)
     stream: bool = Field(default=False, strict=True)
     stream_options: StreamOptions | None = None
-    n: int = Field(default=1, strict=True)
+    n: int = Field(default=1, strict=True, ge=1, le=MAX_CHOICES)  # choices, sharing the prompt's prefill where passes are shared
     leapdecode: LeapDecodeOptions | None = None
 
     @field_validator("stop")
@@ -61,13 +62,6 @@ class _Common(BaseModel):
         if len(stops) > MAX_STOP_STRINGS:
             raise ValueError(f"at most {MAX_STOP_STRINGS} stop sequences")
         return [s for s in stops if s]
-
-    @field_validator("n")
-    @classmethod
-    def _n(cls, value: int) -> int:
-        if value != 1:
-            raise ValueError("only n=1 is supported")
-        return value
 
     def unsupported(self) -> list[str]:
         """OpenAI fields this request sets that the server does not implement."""

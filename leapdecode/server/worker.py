@@ -2,8 +2,8 @@
 shared passes (`server.batching`) or one at a time on one worker thread, and a request whose
 client left stops at its next step.
 
-At most `max_queue` requests are admitted at once (running plus waiting), and beyond that a
-request gets 429 at once, never a hang. Each request has a time limit. A method that runs the
+At most `max_queue` generations are admitted at once (running plus waiting; a request with `n`
+choices counts `n`), and beyond that a request gets 429 at once, never a hang. Each request has a time limit. A method that runs the
 target's layers its own way (self-speculation, early exit) cannot share passes and runs on the
 one-at-a-time worker.
 """
@@ -11,10 +11,11 @@ one-at-a-time worker.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -27,7 +28,7 @@ from leapdecode.engine.cost import ForwardCost, measure_forward_cost
 from leapdecode.errors import MethodError
 from leapdecode.methods import Method, backend_for, parse_method
 from leapdecode.models import LoadedModel
-from leapdecode.server.batching import BatchWorker, start_batching
+from leapdecode.server.batching import BatchWorker, Sink, start_batching
 from leapdecode.server.config import ServerConfig
 from leapdecode.server.errors import ApiError, generation_failure, timeout_error
 from leapdecode.server.metrics import Metrics
@@ -57,9 +58,21 @@ class Job:
     timeout_s: float
     logprobs: int | None = None  # alternatives per token to report; None: no log-probabilities
     cancel: threading.Event = field(default_factory=threading.Event)
+    deadline: float | None = None  # monotonic time by which it must end (None: timeout_s from its start)
     finish_reason: str = "length"
     timed_out: bool = False
     method_name: str = ""
+
+    @property
+    def ended_early(self) -> bool:
+        """Cancelled (client gone) or past its time limit: its siblings need not run."""
+        return self.timed_out or self.finish_reason == "cancelled" or self.cancel.is_set()
+
+    def siblings(self, n: int) -> list[Job]:
+        """This job as `n` choices sharing one cancel: choice i samples with seed + i (choice 0
+        is the n=1 response; without a seed each draws its own), greedy choices are equal."""
+        seeds = [None if self.seed is None else (self.seed + i + 2**63) % 2**64 - 2**63 for i in range(n)]  # wrapped to int64
+        return [self if i == 0 else dataclasses.replace(self, seed=seed) for i, seed in enumerate(seeds)]
 
     def batchable(self) -> bool:
         """Whether this job's method can share passes with others (its backend is the model's
@@ -81,7 +94,7 @@ class Job:
         if self.cancel.is_set():  # the client left while the request waited: no prefill
             self.finish_reason = "cancelled"
             return
-        deadline = time.monotonic() + self.timeout_s
+        deadline = self.deadline if self.deadline is not None else time.monotonic() + self.timeout_s
         decoder = self.decoder_for(self.method)
         self.method_name = str(decoder.method)
         stream = decoder.stream(
@@ -166,54 +179,79 @@ class ServerState:
                 self.decoders[key] = Decoder(self.lm, method, cost=self.costs[method.drafts == "tree"])
             return self.decoders[key]
 
-    def admit(self) -> None:
-        if self.admitted >= self.config.max_queue:
+    def admit(self, count: int = 1) -> None:
+        """Admit `count` generations (a request's choices) or refuse them all (429)."""
+        if self.admitted + count > self.config.max_queue:
             raise ApiError(429, f"The server is busy: {self.admitted} requests are admitted (limit {self.config.max_queue}). Retry later.",
                            type_="rate_limit_error", code="queue_full")
-        self.admitted += 1
+        self.admitted += count
         self.metrics.queue_depth.set(self.admitted - 1)
 
-    def release(self) -> None:
-        self.admitted -= 1
+    def release(self, count: int = 1) -> None:
+        self.admitted -= count
         self.metrics.queue_depth.set(max(0, self.admitted - 1))
 
-    def _run_blocking(self, job: Job) -> list[Step]:
+    def _run_blocking(self, jobs: list[Job]) -> list[list[Step]]:
+        """A request's choices one after another, within one time limit; a choice that ends
+        early (timeout, client gone) ends the request."""
+        choices: list[list[Step]] = []
         with self.metrics.running.track_inprogress():
-            return list(job.steps())
+            for job in _sharing_deadline(jobs):
+                choices.append(list(job.steps()))
+                if job.ended_early:
+                    break
+        return choices
 
-    async def complete(self, job: Job, endpoint: str, request: Request) -> list[Step]:
-        """Run a non-streaming request and count it; a client that goes away cancels its
-        generation at the next step (or before it starts)."""
-        batched = self.batch is not None and job.batchable()  # builds the method's decoder: may refuse it, before admission
-        self.admit()
+    async def complete(self, jobs: list[Job], endpoint: str, request: Request) -> list[list[Step]]:
+        """Run a non-streaming request's choices (siblings sharing one cancel) and count them; a
+        client that goes away cancels their generation at the next step (or before it starts)."""
+        batched = self.batch is not None and jobs[0].batchable()  # builds the method's decoder: may refuse it, before admission
+        self.admit(len(jobs))
         start = time.perf_counter()
         if batched:
-            steps = await self._complete_batched(job, request)
+            queues: list[asyncio.Queue[Step | None | BaseException]] = [asyncio.Queue() for _ in jobs]
+            self._submit_all(jobs, queues)
+            ended = await asyncio.gather(*(self._choice_batched(job, queue, request) for job, queue in zip(jobs, queues)),
+                                         return_exceptions=True)
+            failed = [e for e in ended if isinstance(e, BaseException)]
+            if failed:
+                raise failed[0]
+            steps = [e for e in ended if not isinstance(e, BaseException)]
         else:
             try:
-                future = asyncio.get_running_loop().run_in_executor(self.executor, self._run_blocking, job)
+                future = asyncio.get_running_loop().run_in_executor(self.executor, self._run_blocking, jobs)
                 while True:
                     done, _ = await asyncio.wait({future}, timeout=0.25)
                     if done:
                         break
                     if await request.is_disconnected():
-                        job.cancel.set()
+                        jobs[0].cancel.set()
                 steps = future.result()
             finally:
-                self.release()
-        if job.finish_reason == "cancelled":  # counted in /metrics by the ApiError handler, as every error is
-            raise ApiError(499, "The client closed the request.", code="client_closed_request")
-        if job.timed_out:
+                self.release(len(jobs))
+        if any(job.timed_out for job in jobs):  # (its siblings then leave as cancelled)
             raise timeout_error(self.config.timeout_s)
-        self.metrics.record(len(job.prompt_ids), steps)
+        if any(job.finish_reason == "cancelled" for job in jobs) or len(steps) < len(jobs):  # counted in /metrics by the ApiError handler
+            raise ApiError(499, "The client closed the request.", code="client_closed_request")
+        for i, choice in enumerate(steps):
+            self.metrics.record(len(jobs[0].prompt_ids) if i == 0 else 0, choice)  # the prompt once
         self.metrics.requests.labels(endpoint, "200").inc()
         self.metrics.latency.labels(endpoint).observe(time.perf_counter() - start)
         return steps
 
-    async def _complete_batched(self, job: Job, request: Request) -> list[Step]:
-        """A non-streaming request in the shared passes: its steps until it leaves the batch."""
-        queue: asyncio.Queue[Step | None | BaseException] = asyncio.Queue()
-        self._submit(job, queue)
+    async def _choice_batched(self, job: Job, queue: asyncio.Queue[Step | None | BaseException], request: Request) -> list[Step]:
+        """One choice in the shared passes; one that fails or times out ends its siblings too."""
+        try:
+            steps = await self._complete_batched(job, queue, request)
+        except BaseException:
+            job.cancel.set()  # shared by the siblings: they leave at the next pass
+            raise
+        if job.timed_out:
+            job.cancel.set()
+        return steps
+
+    async def _complete_batched(self, job: Job, queue: asyncio.Queue[Step | None | BaseException], request: Request) -> list[Step]:
+        """A non-streaming choice in the shared passes: its steps until it leaves the batch."""
         steps: list[Step] = []
         checked = time.monotonic()
         finished = False
@@ -240,74 +278,110 @@ class ServerState:
             if not finished:  # cancelled here (the server stopping): leave the batch too
                 job.cancel.set()
 
-    def _submit(self, job: Job, queue: asyncio.Queue[Step | None | BaseException]) -> None:
-        """Hand an admitted job to the batch; it is released when it leaves (or now, if refused)."""
+    def _submit_all(self, jobs: list[Job], sinks: Sequence[Sink]) -> None:
+        """Hand a request's admitted choices to the batch; each is released when it leaves. If
+        one is refused, the rest are released now and those already in the batch leave."""
         assert self.batch is not None
-        try:
-            self.batch.submit(job, asyncio.get_running_loop(), queue, self.release)
-        except BaseException:
-            self.release()
-            raise
+        for submitted, (job, sink) in enumerate(zip(jobs, sinks)):
+            try:
+                self.batch.submit(job, asyncio.get_running_loop(), sink, self.release)
+            except BaseException:
+                self.release(len(jobs) - submitted)
+                job.cancel.set()  # shared by the siblings
+                raise
 
-    def stream(self, job: Job, text: StreamText, include_usage: bool, endpoint: str) -> AsyncIterator[str]:
-        """Admit `job` now (429 before any byte is sent), start it on the worker thread (or in the
-        shared passes), and return its SSE lines; a client that goes away stops it at the next step."""
-        batched = self.batch is not None and job.batchable()  # may refuse the method, before admission
-        self.admit()
+    def stream(self, jobs: list[Job], texts: list[StreamText], include_usage: bool, endpoint: str) -> AsyncIterator[str]:
+        """Admit a request's choices now (429 before any byte is sent), start them on the worker
+        thread (one after another) or in the shared passes (together), and return their SSE
+        lines; a client that goes away stops them at the next step."""
+        batched = self.batch is not None and jobs[0].batchable()  # may refuse the method, before admission
+        self.admit(len(jobs))
         loop = asyncio.get_running_loop()
-        queue: asyncio.Queue[Step | None | BaseException] = asyncio.Queue()
+        queue: asyncio.Queue[tuple[int, Step | None | BaseException]] = asyncio.Queue()
         if batched:
-            self._submit(job, queue)
-            return self._events(job, queue, text, include_usage, endpoint, time.perf_counter())
+            self._submit_all(jobs, [ChoiceSink(queue, i) for i in range(len(jobs))])
+            return self._events(jobs, queue, texts, include_usage, endpoint, time.perf_counter())
 
         def work() -> None:
+            index = 0
             try:
                 with self.metrics.running.track_inprogress():
-                    for step in job.steps():
-                        loop.call_soon_threadsafe(queue.put_nowait, step)
+                    for index, job in enumerate(_sharing_deadline(jobs)):
+                        for step in job.steps():
+                            loop.call_soon_threadsafe(queue.put_nowait, (index, step))
+                        loop.call_soon_threadsafe(queue.put_nowait, (index, None))
+                        if job.ended_early:  # the stream ends with it: the other choices do not run
+                            return
             except BaseException as exc:  # hand any failure to the event loop, which reports it
-                loop.call_soon_threadsafe(queue.put_nowait, exc)
-            finally:
-                loop.call_soon_threadsafe(queue.put_nowait, None)
+                loop.call_soon_threadsafe(queue.put_nowait, (index, exc))
 
         future = loop.run_in_executor(self.executor, work)
-        future.add_done_callback(lambda _: loop.call_soon_threadsafe(self.release))
-        return self._events(job, queue, text, include_usage, endpoint, time.perf_counter())
+        future.add_done_callback(lambda _: loop.call_soon_threadsafe(self.release, len(jobs)))
+        return self._events(jobs, queue, texts, include_usage, endpoint, time.perf_counter())
 
     async def _events(
-        self, job: Job, queue: asyncio.Queue[Step | None | BaseException], text: StreamText, include_usage: bool,
-        endpoint: str, start: float,
+        self, jobs: list[Job], queue: asyncio.Queue[tuple[int, Step | None | BaseException]], texts: list[StreamText],
+        include_usage: bool, endpoint: str, start: float,
     ) -> AsyncIterator[str]:
-        """The SSE lines of a streamed request as its steps arrive, counted in /metrics once."""
-        steps: list[Step] = []
+        """The SSE lines of a streamed request's choices as their steps arrive (each choice's
+        chunks carry its index), counted in /metrics once."""
+        steps: list[list[Step]] = [[] for _ in jobs]
         status = "200"
+        running = len(jobs)
         try:
-            while (item := await queue.get()) is not None:
+            while running:
+                index, item = await queue.get()
                 if isinstance(item, BaseException):
                     error = generation_failure(item)
                     status = str(error.status)
                     yield sse(error.body())
                     yield SSE_DONE
                     return
-                if not steps:
+                if item is None:  # this choice ended
+                    running -= 1
+                    if jobs[index].timed_out:
+                        status = "503"
+                        yield sse(timeout_error(self.config.timeout_s).body())
+                        yield SSE_DONE
+                        return
+                    for line in texts[index].end(finish_reason(jobs[index].finish_reason)):
+                        yield line
+                    continue
+                if not any(steps):
                     self.metrics.first_token.observe(time.perf_counter() - start)
-                steps.append(item)
-                line = text.step(item)
+                steps[index].append(item)
+                line = texts[index].step(item)
                 if line:
                     yield line
-            if job.timed_out:
-                status = "503"
-                yield sse(timeout_error(self.config.timeout_s).body())
-            else:
-                for line in text.end(finish_reason(job.finish_reason), usage(len(job.prompt_ids), steps) if include_usage else None):
-                    yield line
+            if include_usage:
+                yield texts[0].usage_line(usage(len(jobs[0].prompt_ids), [s for choice in steps for s in choice]))
             yield SSE_DONE
-            self.metrics.record(len(job.prompt_ids), steps)
+            for i, choice in enumerate(steps):
+                self.metrics.record(len(jobs[0].prompt_ids) if i == 0 else 0, choice)  # the prompt once
         except (asyncio.CancelledError, GeneratorExit):
             status = "499"  # the client went away: stop decoding at the next step
-            job.cancel.set()
+            jobs[0].cancel.set()  # shared by the siblings
             raise
         finally:
-            job.cancel.set()
+            jobs[0].cancel.set()
             self.metrics.requests.labels(endpoint, status).inc()
             self.metrics.latency.labels(endpoint).observe(time.perf_counter() - start)
+
+
+def _sharing_deadline(jobs: list[Job]) -> list[Job]:
+    """A request's choices run one after another under one time limit, from now."""
+    deadline = time.monotonic() + jobs[0].timeout_s
+    for job in jobs:
+        job.deadline = deadline
+    return jobs
+
+
+@dataclass(frozen=True)
+class ChoiceSink:
+    """Where the batch worker puts one choice's steps: the request's queue, tagged with the choice."""
+
+    queue: asyncio.Queue[tuple[int, Step | None | BaseException]]
+    index: int
+
+    def put_nowait(self, item: Step | None | BaseException) -> None:
+        self.queue.put_nowait((self.index, item))
