@@ -69,7 +69,8 @@ def allocate(offers: Sequence[Offer | None], caps: Sequence[int], base_rows: int
     """Which drafted tokens each request keeps in a pass: the most probable tokens across all
     offers (parents before children, at most `caps[i]` of request i, within `budget` rows in all)
     in the number with the most expected tokens per second, `decoding + sum(reach) / cost(rows)`,
-    where `base_rows` rows (pending tokens, prompts) are there anyway. An offer without reach is
+    where `base_rows` rows (pending tokens, prompts) are there anyway and are worth `decoding`
+    tokens (a pending token one, and a prompt row one to the scheduler: work needed either way). An offer without reach is
     kept whole up to its cap and the budget, before any other (None: no draft). One offer with
     one pending row is cost-aware drafting's cut for a request alone (`CostAwareDrafter`)."""
     kept: list[list[int]] = [[] for _ in offers]

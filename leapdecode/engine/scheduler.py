@@ -15,7 +15,7 @@ keeps the most probable tokens of all requests in the number that maximises the 
 per second of the whole pass under the measured cost of a pass by rows (`engine.cost.allocate`,
 the cut cost-aware drafting makes for one request, over all of them):
 
-    (sequences decoding + sum of the kept tokens' reach) / cost(rows)
+    (sequences decoding + prompt rows + sum of the kept tokens' reach) / cost(rows)
 
 On a CPU a row is dear once a pass holds a few: with eight requests, a drafted token must be
 likelier than about (8 x the cost of one more row / the cost of the pass) to earn its row, so
@@ -282,7 +282,10 @@ class BatchScheduler:
         """Cut the decoding requests' offers for the pass (`allocate`; `base`: the rows it holds
         before drafts) and build their items; a request whose cut or plan fails leaves with its
         error, the others go on."""
-        kept = allocate([offer for _, (offer, _) in planned], [cap for _, (_, cap) in planned], base, len(planned), self.cost,
+        # a prompt row is worth a token, as a decoding row is: work the requests need either way,
+        # where a drafted row is worth only its reach (else a pass that carries a prompt chunk
+        # would make drafts look cheap against its cost)
+        kept = allocate([offer for _, (offer, _) in planned], [cap for _, (_, cap) in planned], base, base, self.cost,
                         max(self.max_rows, base))
         items: list[tuple[Submission, BatchItem]] = []
         for (submission, (offer, _)), keep in zip(planned, kept):

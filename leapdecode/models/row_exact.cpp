@@ -72,8 +72,47 @@ __attribute__((target("avx2,fma"))) inline void block_avx2(const float* x, const
   }
 }
 
+// TM rows of x against TN weight rows at once (a prefill chunk's rows): TM x TN accumulators in
+// registers, so each load feeds more than one fma, where `block_avx2` loads a row of x per fma.
+// Each (row, output) pair's chain is `block_avx2`'s exactly (8 lanes over k, `hsum`, the tail,
+// the bias), so a row's bits do not depend on the tile.
+template <int TM, int TN>
+__attribute__((target("avx2,fma"))) inline void tile_avx2(const float* x, const float* w, const float* bias, float* y,
+                                                          int64_t N, int64_t K, int64_t n) {
+  __m256 acc[TM][TN];
+  for (int i = 0; i < TM; ++i)
+    for (int j = 0; j < TN; ++j) acc[i][j] = _mm256_setzero_ps();
+  int64_t k = 0;
+  for (; k + 8 <= K; k += 8) {
+    __m256 xv[TM];
+    for (int i = 0; i < TM; ++i) xv[i] = _mm256_loadu_ps(x + i * K + k);
+    for (int j = 0; j < TN; ++j) {
+      const __m256 wv = _mm256_loadu_ps(w + (n + j) * K + k);
+      for (int i = 0; i < TM; ++i) acc[i][j] = _mm256_fmadd_ps(xv[i], wv, acc[i][j]);
+    }
+  }
+  for (int i = 0; i < TM; ++i)
+    for (int j = 0; j < TN; ++j) {
+      const float* xr = x + i * K;
+      const float* wr = w + (n + j) * K;
+      float s = hsum(acc[i][j]);
+      for (int64_t t = k; t < K; ++t) s += xr[t] * wr[t];
+      y[i * N + n + j] = bias ? s + bias[n + j] : s;
+    }
+}
+
+constexpr int kTileRows = 3, kTileOutputs = 4;  // 12 accumulators + 3 rows of x + 1 weight vector: 16 registers
+constexpr int64_t kTileFrom = 32;  // rows from which tiles pay (prefill chunks); fewer (decoding) keep the row blocks
+
 __attribute__((target("avx2,fma"))) void rows_avx2(const float* x, const float* w, const float* bias, float* y,
                                                    int64_t M, int64_t N, int64_t K, int64_t n0, int64_t n1) {
+  if (M >= kTileFrom) {
+    const int64_t tiled = M - M % kTileRows;
+    for (; n0 + kTileOutputs <= n1; n0 += kTileOutputs) {
+      for (int64_t m0 = 0; m0 < tiled; m0 += kTileRows) tile_avx2<kTileRows, kTileOutputs>(x + m0 * K, w, bias, y + m0 * N, N, K, n0);
+      for (int64_t m0 = tiled; m0 < M; ++m0) tile_avx2<1, kTileOutputs>(x + m0 * K, w, bias, y + m0 * N, N, K, n0);
+    }
+  }
   for (int64_t n = n0; n < n1; ++n) {
     const float* wr = w + n * K;
     const float b = bias ? bias[n] : 0.f;
