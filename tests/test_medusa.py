@@ -249,6 +249,35 @@ def test_heads_without_lm_heads_use_the_targets(target, tmp_path, format: str) -
     assert torch.allclose(logits(heads), plain, atol=1e-5)
 
 
+@pytest.mark.parametrize("format", ["medusa", "vllm"])
+def test_heads_without_lm_heads_use_a_quantized_targets_own(tmp_path, format: str) -> None:
+    """A target whose LM head is quantized holds no float weight: the loader de-quantizes it,
+    as the trainer does, so the heads score what the target's own head would."""
+    from leapdecode.models.quantize import QuantizedLinear, quantize_model
+
+    quantized = make_tiny_model("llama")
+    quantize_model(quantized, "int4")
+    head = quantized.get_output_embeddings()
+    assert isinstance(head, QuantizedLinear)
+    heads = random_medusa(CONFIG, 6, shared_lm_head=head.weight_float())
+    save_medusa(heads, tmp_path, format=format)
+    loaded = load_medusa(tmp_path, quantized)
+    assert loaded.lm_heads is None and torch.equal(logits(loaded), logits(heads))
+
+
+def test_heads_without_lm_heads_need_the_targets_weights(tmp_path) -> None:
+    class Opaque(nn.Module):  # an output layer with no weight tensor to read
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x
+
+    target = make_tiny_model("llama")
+    heads = random_medusa(CONFIG, 6, shared_lm_head=target.get_output_embeddings().weight)
+    save_medusa(heads, tmp_path, format="medusa")
+    target.lm_head = Opaque()
+    with pytest.raises(ModelLoadError, match="could not be read"):
+        load_medusa(tmp_path, target)
+
+
 def test_a_truncated_vocabulary_round_trips_in_vllms_format(target, tmp_path) -> None:
     token_map = torch.tensor([7, 3, 50, 2, 95, 11])
     heads = random_medusa(CONFIG, 8, token_map=token_map)

@@ -366,7 +366,11 @@ def _assemble(path: Path, read: _Read, target_model: Any) -> MedusaHeads:
     vocab = read.vocab_size if token_map is not None or lm is None else int(lm.shape[0])
     vocab = text.vocab_size if vocab is None else vocab
     _check_sizes(path, read, hidden, vocab, text)
-    shared = target_model.get_output_embeddings().weight if lm is None else read.shared  # [V, H]: the target's
+    shared = read.shared
+    if lm is None:  # the heads use the target's own LM head
+        shared = target_output_weight(target_model)  # [V, H]
+        if shared is None:
+            raise ModelLoadError(f"the Medusa heads in {path} use the target's LM head, and the target's could not be read as weights")
     if token_map is not None:  # full-vocabulary LM heads: keep the map's rows, as vLLM does
         for key in [k for k in read.state if k.startswith("lm_heads.")]:
             if read.state[key].shape[0] > token_map.numel():
@@ -389,3 +393,15 @@ def _assemble(path: Path, read: _Read, target_model: Any) -> MedusaHeads:
     heads.load_state_dict(read.state, strict=False, assign=True)
     heads.shared_lm_head = None if shared is None else shared.detach()
     return heads
+
+
+def target_output_weight(model: Any) -> torch.Tensor | None:
+    """The target's LM head as a float [vocab, H] tensor (a quantized one de-quantized), or None
+    where it holds no weights: what heads sharing the target's LM head score with."""
+    from leapdecode.models.quantize import QuantizedLinear
+
+    head = model.get_output_embeddings()
+    if isinstance(head, QuantizedLinear):
+        return head.weight_float()
+    weight = getattr(head, "weight", None)
+    return weight.detach() if isinstance(weight, torch.Tensor) and weight.dtype.is_floating_point else None

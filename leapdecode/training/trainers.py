@@ -211,14 +211,14 @@ class MedusaTrainer(Trainer):
     method = "medusa"
 
     def __init__(self, target: LoadedModel, settings: TrainSettings, vocab: DraftVocabulary) -> None:
-        from leapdecode.heads.medusa import MedusaConfig, random_medusa
+        from leapdecode.heads.medusa import MedusaConfig, random_medusa, target_output_weight
 
         super().__init__(target, settings, vocab)
         text = target.model.config.get_text_config()
         config = MedusaConfig(hidden_size=int(text.hidden_size), vocab_size=int(text.vocab_size), num_heads=settings.medusa_heads, num_layers=settings.medusa_layers)
         torch.manual_seed(settings.seed)
         self.num_layers = int(text.num_hidden_layers)
-        own = _output_weight(target.model)  # [vocab, H] float, or None
+        own = target_output_weight(target.model)  # [vocab, H] float, or None
         if len(vocab.ids) < config.vocab_size:
             if own is None:
                 raise InputError("train-drafter: a Medusa draft vocabulary shares the target's LM head, and this target's could not be read")
@@ -256,13 +256,3 @@ class MedusaTrainer(Trainer):
         (folder / "README.md").write_text(self.card(settings, progress, report))
         return folder
 
-
-def _output_weight(model: Any) -> torch.Tensor | None:
-    """The target's LM head as a float [vocab, H] tensor (a quantized one de-quantized), or None."""
-    from leapdecode.models.quantize import QuantizedLinear
-
-    head = model.get_output_embeddings()
-    if isinstance(head, QuantizedLinear):
-        return head.weight_float()
-    weight = getattr(head, "weight", None)
-    return weight.detach() if isinstance(weight, torch.Tensor) and weight.dtype.is_floating_point else None
