@@ -265,6 +265,20 @@ def test_heads_without_lm_heads_use_a_quantized_targets_own(tmp_path, format: st
     assert loaded.lm_heads is None and torch.equal(logits(loaded), logits(heads))
 
 
+def test_a_quantized_shared_head_scores_as_the_float_one_and_stays_lossless(tiny_model) -> None:
+    """The int8 copy of the shared LM head scores every head's rows in one product, close to the
+    float head's logits (the heads' state is untouched), and drafting with it stays lossless."""
+    heads = random_medusa(CONFIG, 7, shared_lm_head=tiny_model.get_output_embeddings().weight)
+    before, state = logits(heads), {k: v.clone() for k, v in heads.state_dict().items()}
+    assert heads.quantize_shared_head()
+    after = logits(heads)
+    assert not torch.equal(after, before) and torch.allclose(after, before, atol=0.05 * before.abs().max().item())
+    assert heads.state_dict().keys() == state.keys() and all(torch.equal(heads.state_dict()[k], v) for k, v in state.items())
+    assert random_medusa(CONFIG, 7).quantize_shared_head() is False  # own LM heads: nothing shared
+    prompt = prompts(1, 9)[0]
+    assert run(tiny_model, prompt, MedusaDrafter(heads, LAYERS, tree=True, nodes=12, width=3))[0] == plain(tiny_model, prompt)
+
+
 def test_heads_without_lm_heads_need_the_targets_weights(tmp_path) -> None:
     class Opaque(nn.Module):  # an output layer with no weight tensor to read
         def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import pickle
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -90,6 +91,9 @@ class MedusaHeads(nn.Module):
             raise ValueError(f"shared_lm_head has shape {tuple(shared_lm_head.shape)}, the heads need {(rows, hidden)}")
         else:
             self.shared_lm_head = shared_lm_head.detach()  # a plain tensor: `.to()` on the heads leaves it alone
+        # what scores rows against the shared head: `shared_lm_head` itself, or a quantized copy
+        # (`quantize_shared_head`); a plain callable, so neither state_dict nor `.to()` see it
+        self._shared_product: Callable[[torch.Tensor], torch.Tensor] | None = None
 
     @property
     def dtype(self) -> torch.dtype:
@@ -99,15 +103,32 @@ class MedusaHeads(nn.Module):
 
     def scores(self, hidden: torch.Tensor, count: int | None = None) -> torch.Tensor:
         """hidden [n, H] -> logits [count, n, rows] of the first `count` heads (all: None), over
-        the token map's tokens when there is one."""
+        the token map's tokens when there is one. A shared LM head scores every head's rows in one
+        product: on a CPU the cost of a drafting step is reading that weight, once, not per head."""
         x = hidden.to(self.dtype)  # [n, H]
-        out = []
-        for i in range(self.config.num_heads if count is None else count):
-            h = self.blocks[i](x)  # [n, H]
-            weight = self.shared_lm_head if self.lm_heads is None else self.lm_heads[i].weight  # [rows, H]
-            assert weight is not None
-            out.append(F.linear(h.to(weight.dtype), weight).to(self.dtype))  # [n, rows]
-        return torch.stack(out)  # [count, n, rows]
+        states = torch.stack([self.blocks[i](x) for i in range(self.config.num_heads if count is None else count)])  # [count, n, H]
+        if self.lm_heads is not None:
+            return torch.stack([self.lm_heads[i](h).to(self.dtype) for i, h in enumerate(states)])  # [count, n, rows]
+        assert self.shared_lm_head is not None
+        flat = states.reshape(-1, states.shape[-1])  # [count * n, H]
+        if self._shared_product is not None:
+            logits = self._shared_product(flat.float())
+        else:
+            logits = F.linear(flat.to(self.shared_lm_head.dtype), self.shared_lm_head)
+        return logits.to(self.dtype).reshape(*states.shape[:2], -1)  # [count, n, rows]
+
+    def quantize_shared_head(self) -> bool:
+        """Score with an int8 copy of the shared LM head (the output-layer precision of an int4 or
+        int8 target): a quarter of the float32 bytes a drafting step reads. Training keeps the
+        float head. Returns whether there was a shared head to quantize."""
+        from leapdecode.models.quantize import QuantizedLinear
+
+        if self.shared_lm_head is None or self.shared_lm_head.shape[1] % 32:
+            return False
+        linear = nn.Linear(self.shared_lm_head.shape[1], self.shared_lm_head.shape[0], bias=False)
+        linear.weight = nn.Parameter(self.shared_lm_head.float(), requires_grad=False)
+        self._shared_product = QuantizedLinear.from_linear(linear, 8).forward
+        return True
 
     def forward(self, hidden: torch.Tensor, count: int | None = None) -> torch.Tensor:
         """hidden [n, H] -> logits [count, n, vocab] (head i: the token at offset i+2); tokens

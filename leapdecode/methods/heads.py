@@ -131,6 +131,8 @@ class Medusa(_HeadMethod):
         folder = head_folder(self.head, target, self.name)
         heads = load_medusa(folder, target.model)
         self._like_target(heads, target, log)
+        if target.quantize != "none" and heads.quantize_shared_head():
+            log(f"{self.name}: the shared LM head quantized to int8, as the target's output layer")
         depth = min(self.depth, heads.config.num_heads)
         log(f"medusa heads from {folder}: {heads.config.num_heads} heads of {heads.config.num_layers} layers")
 
