@@ -249,10 +249,10 @@ def test_heads_without_lm_heads_use_the_targets(target, tmp_path, format: str) -
     assert torch.allclose(logits(heads), plain, atol=1e-5)
 
 
-@pytest.mark.parametrize("format", ["medusa", "vllm"])
-def test_heads_without_lm_heads_use_a_quantized_targets_own(tmp_path, format: str) -> None:
+def test_heads_without_lm_heads_use_a_quantized_targets_own(tmp_path) -> None:
     """A target whose LM head is quantized holds no float weight: the loader de-quantizes it,
-    as the trainer does, so the heads score what the target's own head would."""
+    as the trainer does, so the heads score what the target's own head would (Medusa's format:
+    vLLM's stores the shared head in the file)."""
     from leapdecode.models.quantize import QuantizedLinear, quantize_model
 
     quantized = make_tiny_model("llama")
@@ -260,7 +260,7 @@ def test_heads_without_lm_heads_use_a_quantized_targets_own(tmp_path, format: st
     head = quantized.get_output_embeddings()
     assert isinstance(head, QuantizedLinear)
     heads = random_medusa(CONFIG, 6, shared_lm_head=head.weight_float())
-    save_medusa(heads, tmp_path, format=format)
+    save_medusa(heads, tmp_path, format="medusa")
     loaded = load_medusa(tmp_path, quantized)
     assert loaded.lm_heads is None and torch.equal(logits(loaded), logits(heads))
 
@@ -275,8 +275,33 @@ def test_a_quantized_shared_head_scores_as_the_float_one_and_stays_lossless(tiny
     assert not torch.equal(after, before) and torch.allclose(after, before, atol=0.05 * before.abs().max().item())
     assert heads.state_dict().keys() == state.keys() and all(torch.equal(heads.state_dict()[k], v) for k, v in state.items())
     assert random_medusa(CONFIG, 7).quantize_shared_head() is False  # own LM heads: nothing shared
+    heads.shared_lm_head = heads.shared_lm_head.clone()  # a new head: the copy of the old one no longer scores
+    assert torch.equal(logits(heads), before)
+    heads.quantize_shared_head()
     prompt = prompts(1, 9)[0]
     assert run(tiny_model, prompt, MedusaDrafter(heads, LAYERS, tree=True, nodes=12, width=3))[0] == plain(tiny_model, prompt)
+
+
+@pytest.mark.parametrize("shared", [True, False], ids=["shared-lm-head", "own-lm-heads"])
+def test_the_method_on_a_quantized_target_stays_lossless(tmp_path, shared: bool) -> None:
+    """`medusa:` on an int4 target quantizes the heads as the target (and a shared LM head to
+    int8, scoring every head in one product): greedy output equals plain decoding."""
+    import dataclasses
+
+    from leapdecode import wrap
+    from leapdecode.models.quantize import quantize_model
+    from tests.helpers import tiny_lm
+
+    model = make_tiny_model("llama")
+    quantize_model(model, "int4")
+    lm = dataclasses.replace(tiny_lm(model), quantize="int4")
+    shared_head = model.get_output_embeddings().weight_float() if shared else None
+    save_medusa(random_medusa(CONFIG, 8, shared_lm_head=shared_head), tmp_path, format="medusa")
+    decoder = wrap(lm, f"medusa:head={tmp_path},cost_aware=false")
+    for prompt in prompts(3, 21):
+        out = decoder.generate(prompt, max_new_tokens=40)
+        assert out.token_ids == wrap(lm, "ar").generate(prompt, max_new_tokens=40).token_ids
+        assert out.stats.drafted_tokens > 0
 
 
 def test_heads_without_lm_heads_need_the_targets_weights(tmp_path) -> None:

@@ -91,9 +91,9 @@ class MedusaHeads(nn.Module):
             raise ValueError(f"shared_lm_head has shape {tuple(shared_lm_head.shape)}, the heads need {(rows, hidden)}")
         else:
             self.shared_lm_head = shared_lm_head.detach()  # a plain tensor: `.to()` on the heads leaves it alone
-        # what scores rows against the shared head: `shared_lm_head` itself, or a quantized copy
-        # (`quantize_shared_head`); a plain callable, so neither state_dict nor `.to()` see it
-        self._shared_product: Callable[[torch.Tensor], torch.Tensor] | None = None
+        # a quantized copy of the shared head (`quantize_shared_head`) and the tensor it copies: a
+        # plain callable, so neither state_dict nor `.to()` see it; used while that tensor is the head
+        self._shared_product: tuple[torch.Tensor, Callable[[torch.Tensor], torch.Tensor]] | None = None
 
     @property
     def dtype(self) -> torch.dtype:
@@ -111,23 +111,24 @@ class MedusaHeads(nn.Module):
             return torch.stack([self.lm_heads[i](h).to(self.dtype) for i, h in enumerate(states)])  # [count, n, rows]
         assert self.shared_lm_head is not None
         flat = states.reshape(-1, states.shape[-1])  # [count * n, H]
-        if self._shared_product is not None:
-            logits = self._shared_product(flat.float())
+        if self._shared_product is not None and self._shared_product[0] is self.shared_lm_head:
+            logits = self._shared_product[1](flat.float())
         else:
             logits = F.linear(flat.to(self.shared_lm_head.dtype), self.shared_lm_head)
         return logits.to(self.dtype).reshape(*states.shape[:2], -1)  # [count, n, rows]
 
     def quantize_shared_head(self) -> bool:
-        """Score with an int8 copy of the shared LM head (the output-layer precision of an int4 or
-        int8 target): a quarter of the float32 bytes a drafting step reads. Training keeps the
-        float head. Returns whether there was a shared head to quantize."""
-        from leapdecode.models.quantize import QuantizedLinear
+        """Score with an int8 copy of the shared LM head (what `quantize_model` makes of an int4 or
+        int8 target's output layer): a quarter of the float32 bytes a drafting step reads. The
+        float head stays (saving, training). Returns whether there was a shared head whose width
+        the kernel takes (a multiple of 32)."""
+        from leapdecode.models.quantize import QuantizedLinear, quantize_weight_super
 
-        if self.shared_lm_head is None or self.shared_lm_head.shape[1] % 32:
+        head = self.shared_lm_head
+        if head is None or head.shape[1] % 32:
             return False
-        linear = nn.Linear(self.shared_lm_head.shape[1], self.shared_lm_head.shape[0], bias=False)
-        linear.weight = nn.Parameter(self.shared_lm_head.float(), requires_grad=False)
-        self._shared_product = QuantizedLinear.from_linear(linear, 8).forward
+        qweight, factors = quantize_weight_super(head.float(), 8)
+        self._shared_product = (head, QuantizedLinear.from_groups(qweight, factors, None, 8, None).forward)
         return True
 
     def forward(self, hidden: torch.Tensor, count: int | None = None) -> torch.Tensor:
