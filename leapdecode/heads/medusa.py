@@ -122,13 +122,12 @@ class MedusaHeads(nn.Module):
         int8 target's output layer): a quarter of the float32 bytes a drafting step reads. The
         float head stays (saving, training). Returns whether there was a shared head whose width
         the kernel takes (a multiple of 32)."""
-        from leapdecode.models.quantize import QuantizedLinear, quantize_weight_super
+        from leapdecode.models.quantize import QuantizedLinear
 
         head = self.shared_lm_head
         if head is None or head.shape[1] % 32:
             return False
-        qweight, factors = quantize_weight_super(head.float(), 8)
-        self._shared_product = (head, QuantizedLinear.from_groups(qweight, factors, None, 8, None).forward)
+        self._shared_product = (head, QuantizedLinear.from_weight(head.float(), 8).forward)
         return True
 
     def forward(self, hidden: torch.Tensor, count: int | None = None) -> torch.Tensor:

@@ -355,8 +355,13 @@ class QuantizedLinear(nn.Module):
     @classmethod
     def from_linear(cls, linear: nn.Linear, bits: int) -> QuantizedLinear:
         """`linear` rounded to `bits` with super-block scales."""
-        qweight, factors = quantize_weight_super(linear.weight, bits)
-        return cls.from_groups(qweight, factors, None, bits, linear.bias)
+        return cls.from_weight(linear.weight, bits, linear.bias)
+
+    @classmethod
+    def from_weight(cls, weight: torch.Tensor, bits: int, bias: torch.Tensor | None = None) -> QuantizedLinear:
+        """A weight [out, in] (and bias [out]) rounded to `bits` with super-block scales."""
+        qweight, factors = quantize_weight_super(weight, bits)
+        return cls.from_groups(qweight, factors, None, bits, bias)
 
     def groups(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """(qweight, scales, mins) as `quantize_weight` gives them (the scales as the kernel computes them)."""
