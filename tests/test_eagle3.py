@@ -229,7 +229,8 @@ def test_head_with_suffix_is_lossless_and_grafts(target) -> None:
 def test_random_heads_are_lossless_on_the_real_model(real_lm, tmp_path) -> None:
     """Random EAGLE-3 and Medusa heads for smollm2, loaded from folders through the method
     strings: chains, trees and the suffix graft give plain decoding's tokens."""
-    from leapdecode.heads.medusa import MedusaConfig, random_medusa, save_medusa
+    from leapdecode.heads.medusa import MedusaConfig, random_medusa
+    from leapdecode.heads.medusa_format import save_medusa
     from tests.helpers import drafted_matching_plain
 
     model = real_lm.model

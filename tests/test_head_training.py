@@ -62,7 +62,7 @@ def test_short_training_run_lowers_loss_and_raises_held_out_acceptance(cls, draf
     assert sum(losses[-20:]) < 0.7 * sum(losses[:20]), (losses[:5], losses[-5:])
     assert before < 1.3 and after > before + 1.0, (before, after)
     if draft_vocab:  # the target's LM head shared over the draft vocabulary: vLLM's format, read back the same
-        from leapdecode.heads.medusa import load_medusa
+        from leapdecode.heads.medusa_format import load_medusa
 
         heads = trainer.heads
         assert heads.lm_heads is None and heads.token_map.tolist() == list(vocab.ids)

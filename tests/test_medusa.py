@@ -20,7 +20,8 @@ from leapdecode.drafters.medusa import MedusaDrafter
 from leapdecode.engine import StopCriteria, TorchBackend, decode
 from leapdecode.engine.cost import ForwardCost
 from leapdecode.errors import ModelLoadError
-from leapdecode.heads.medusa import MedusaConfig, MedusaHeads, load_medusa, random_medusa, save_medusa
+from leapdecode.heads.medusa import MedusaConfig, MedusaHeads, random_medusa
+from leapdecode.heads.medusa_format import load_medusa, save_medusa
 from leapdecode.verifiers import SamplingParams
 from tests.helpers import GREEDY, TINY_VOCAB, assert_sampled_like_plain, make_tiny_model, prompts
 
@@ -277,7 +278,13 @@ def test_a_quantized_shared_head_scores_as_the_float_one_and_stays_lossless(tiny
     assert random_medusa(CONFIG, 7).quantize_shared_head() is False  # own LM heads: nothing shared
     heads.shared_lm_head = heads.shared_lm_head.clone()  # a new head: the copy of the old one no longer scores
     assert torch.equal(logits(heads), before)
-    heads.quantize_shared_head()
+    assert heads.quantize_shared_head()
+    with torch.no_grad():
+        heads.shared_lm_head.mul_(2.0)  # changed in place: the copy is stale, the float head scores
+    assert torch.equal(logits(heads), 2.0 * before)
+    with torch.no_grad():
+        heads.shared_lm_head.mul_(0.5)
+    assert heads.quantize_shared_head()
     prompt = prompts(1, 9)[0]
     assert run(tiny_model, prompt, MedusaDrafter(heads, LAYERS, tree=True, nodes=12, width=3))[0] == plain(tiny_model, prompt)
 
@@ -289,6 +296,7 @@ def test_the_method_on_a_quantized_target_stays_lossless(tmp_path, shared: bool)
     import dataclasses
 
     from leapdecode import wrap
+    from leapdecode.api import Decoder
     from leapdecode.models.quantize import quantize_model
     from tests.helpers import tiny_lm
 
@@ -297,7 +305,9 @@ def test_the_method_on_a_quantized_target_stays_lossless(tmp_path, shared: bool)
     lm = dataclasses.replace(tiny_lm(model), quantize="int4")
     shared_head = model.get_output_embeddings().weight_float() if shared else None
     save_medusa(random_medusa(CONFIG, 8, shared_lm_head=shared_head), tmp_path, format="medusa")
-    decoder = wrap(lm, f"medusa:head={tmp_path},cost_aware=false")
+    said: list[str] = []
+    decoder = Decoder(lm, f"medusa:head={tmp_path},cost_aware=false", log=said.append)
+    assert any("shared LM head quantized to int8" in line for line in said) == shared  # the int8 product is what drafts
     for prompt in prompts(3, 21):
         out = decoder.generate(prompt, max_new_tokens=40)
         assert out.token_ids == wrap(lm, "ar").generate(prompt, max_new_tokens=40).token_ids

@@ -124,7 +124,7 @@ class Medusa(_HeadMethod):
 
     def drafter_factory(self, target: LoadedModel, *, draft_model: LoadedModel | None, log: Log) -> DrafterFactory:
         from leapdecode.drafters.medusa import MedusaDrafter
-        from leapdecode.heads.medusa import load_medusa
+        from leapdecode.heads.medusa_format import load_medusa
         from leapdecode.heads.store import head_folder
 
         layers = self._target_layers(target)

@@ -249,7 +249,7 @@ class MedusaTrainer(Trainer):
         return MedusaDrafter(self.heads, self.num_layers)
 
     def export(self, folder: Path, settings: TrainSettings, progress: Progress, report: Any) -> Path:
-        from leapdecode.heads.medusa import save_medusa
+        from leapdecode.heads.medusa_format import save_medusa
 
         # Medusa's own format has no token map: heads over a draft vocabulary are written in vLLM's
         save_medusa(self.heads, folder, format="medusa" if self.heads.token_map is None else "vllm", base_model=self.target.name)
