@@ -369,9 +369,11 @@ def test_bounded_load_with_disconnects(server) -> None:
         assert report.unexpected == [], report.unexpected
         assert set(report.statuses) <= {"200", "429", "abandoned"}, report.statuses
         assert report.rejected == report.statuses.get("429", 0)
-        assert report.completed > 0 and report.disconnected > 0 and report.abandoned > 0
         # every slot is freed: a disconnected stream or an abandoned request stops at its next step
         assert report.admitted_after == 0
     print(json.dumps({"rounds": [r.summary() for r in reports]}, indent=2))
+    # each kind of ending happened (over both rounds: a round whose few abandoning clients all met
+    # a full queue, and got 429, abandons nothing; about one round in fifty does)
+    assert all(sum(getattr(r, kind) for r in reports) > 0 for kind in ("completed", "disconnected", "abandoned")), reports
     assert memory[1] - memory[0] < 64 * 2**20  # no growth across rounds beyond noise
     still_serving(url)
