@@ -84,18 +84,20 @@ class MedusaHeads(nn.Module):
             return torch.stack([self.lm_heads[i](h).to(self.dtype) for i, h in enumerate(states)])  # [count, n, rows]
         assert self.shared_lm_head is not None
         flat = states.reshape(-1, states.shape[-1])  # [count * n, H]
-        if self._copies_shared_head():
-            assert self._shared_product is not None
-            logits = self._shared_product[2](flat.float())  # [count * n, rows]
+        int8 = self._int8_product()
+        if int8 is not None:
+            logits = int8(flat.float())  # [count * n, rows]
         else:
             logits = F.linear(flat.to(self.shared_lm_head.dtype), self.shared_lm_head)  # [count * n, rows]
         return logits.to(self.dtype).reshape(*states.shape[:2], -1)  # [count, n, rows]
 
-    def _copies_shared_head(self) -> bool:
-        """Whether the int8 copy is of the shared head as it is now (the same tensor, unchanged
-        in place since the copy)."""
-        product, head = self._shared_product, self.shared_lm_head
-        return product is not None and product[0] is head and head is not None and product[1] == _version(head)
+    def _int8_product(self) -> Callable[[torch.Tensor], torch.Tensor] | None:
+        """The int8 copy's product while it copies the shared head as it is now (the same tensor,
+        unchanged in place since the copy), else None."""
+        if self._shared_product is None or self.shared_lm_head is None:
+            return None
+        head, version, product = self._shared_product
+        return product if head is self.shared_lm_head and version == _version(head) else None
 
     def quantize_shared_head(self) -> bool:
         """Score with an int8 copy of the shared LM head (what `quantize_model` makes of an int4 or
