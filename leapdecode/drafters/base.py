@@ -136,8 +136,10 @@ class Drafter(ABC):
         states side by side: [rows, len(feature_layers) * hidden]). Called before `update`."""
 
     def cut(self, kept: Sequence[int]) -> None:  # noqa: B027 - optional hook
-        """Only these tokens of the last draft (indices, parents first) were scored: a wrapper or a
-        batch scheduler cut the rest. Called before `observe`, for drafters that observe."""
+        """Only these tokens of the last draft (ascending indices, parents kept) will be scored: a
+        wrapper, a batch scheduler or the loop (to the rows the backend verifies exactly) cut the
+        rest. Called after `propose` (or within `take`) and before the pass, whenever a draft is
+        cut; a drafter that keeps state per drafted row must follow it."""
 
     def finish(self) -> None:  # noqa: B027 - optional hook
         """The request ended (a stop or the budget; not when abandoned): drafters that share what

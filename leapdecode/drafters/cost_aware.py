@@ -112,6 +112,12 @@ class CostAwareDrafter(Drafter):
         self.kept_lengths.append(len(kept))
         return offer.draft.subset(kept)
 
+    def cut(self, kept: Sequence[int]) -> None:
+        # a cut of the part already kept (the loop's, to the rows verified exactly): indices into it
+        self._kept = [self._kept[i] for i in kept]
+        if self.kept_lengths:
+            self.kept_lengths[-1] = len(self._kept)
+
     def propose(self, max_tokens: int) -> Draft:
         # this request alone in its pass: the pending token's row is there anyway
         offer = self.offer(max_tokens)

@@ -131,7 +131,12 @@ class SequenceRun:
         counts) within the budget and `exact`, the most drafted tokens the backend verifies
         exactly (a tree's nodes all count there: a wider tree keeps its first nodes)."""
         draft = self.drafter.propose(self._heard(exact))
-        return draft if exact is None else draft.first(exact)
+        if exact is None or len(draft) <= exact:
+            return draft
+        # the loop's cut is a cut like any other: a drafter that keeps per-row state hears which
+        # of its tokens will be scored (a tree's first nodes keep their parents)
+        self.drafter.cut(range(exact))
+        return draft.first(exact)
 
     def offer(self, exact: int | None) -> Offer:
         """As `propose`, for a pass shared with other sequences: the whole draft, with each
