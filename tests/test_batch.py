@@ -18,7 +18,7 @@ from leapdecode.drafters import Draft, Offer
 from leapdecode.engine import TorchBackend, compile_tree
 from leapdecode.engine.batch import BatchItem, forward_batch
 from leapdecode.engine.cost import ForwardCost, measure_batch_cost
-from leapdecode.engine.scheduler import BatchScheduler, Submission, allocate
+from leapdecode.engine.scheduler import BatchScheduler, Submission, allocate, share_rows
 from leapdecode.errors import InputError
 from leapdecode.models.row_exact import use_row_exact
 from tests.helpers import TINY_VOCAB, make_tiny_model, tiny_lm
@@ -327,3 +327,65 @@ def test_models_whose_rotary_follows_the_longest_position_are_not_batched(exact_
         assert "dynamic" in backend.batchable
     finally:
         config.rope_parameters = saved
+
+
+def test_a_short_prompt_behind_a_long_one_starts_within_two_passes_and_each_equals_itself_alone(exact_tiny) -> None:
+    """Prompt rows are shared fairly: a short request that joins while a long prompt is being
+    prefilled gets its first token within two passes (oldest-first chunks held it for the long
+    prompt's whole prefill: eleven passes here), and both outputs are the requests' own."""
+    decoder = wrap(exact_tiny, "ar")
+    scheduler = BatchScheduler(decoder.backend, ForwardCost(tuple(0.01 for _ in range(64))), max_batch=4, max_rows=32)
+    long_prompt = [random.Random(3).randrange(2, TINY_VOCAB) for _ in range(360)]
+    outputs: dict[str, list[int]] = {"long": [], "short": []}
+    first: dict[str, int] = {}
+    passes = [0]
+
+    def on_step(name: str):
+        def record(step) -> None:
+            first.setdefault(name, passes[0])
+            outputs[name].extend(step.tokens)
+        return record
+
+    scheduler.submit(Submission(decoder.start(long_prompt, max_new_tokens=6), on_step("long"), lambda r: None))
+    scheduler.step()
+    passes[0] += 1
+    scheduler.submit(Submission(decoder.start([5, 6, 7, 8], max_new_tokens=6), on_step("short"), lambda r: None))
+    joined = passes[0]
+    while not scheduler.idle:
+        scheduler.step()
+        passes[0] += 1
+    assert first["short"] - joined < 2
+    assert first["long"] >= 360 // 32
+    assert outputs["long"] == decoder.generate(long_prompt, max_new_tokens=6).token_ids
+    assert outputs["short"] == decoder.generate([5, 6, 7, 8], max_new_tokens=6).token_ids
+
+
+def test_the_time_limit_counts_decoding_and_the_prefill_has_its_own(exact_tiny) -> None:
+    """A request whose prefill waits on another prompt's chunks is not timed out for it: its
+    limit counts from its first token; a prefill that alone outlasts the limit ends with a timeout."""
+    clock = [0.0]
+    decoder = wrap(exact_tiny, "ar")
+    scheduler = BatchScheduler(decoder.backend, ForwardCost(tuple(0.01 for _ in range(64))), max_batch=4, max_rows=16,
+                               clock=lambda: clock[0])
+    ends: dict[str, str] = {}
+    long_prompt = [random.Random(4).randrange(2, TINY_VOCAB) for _ in range(200)]  # 13+ passes of prefill
+    scheduler.submit(Submission(decoder.start(long_prompt, max_new_tokens=4), lambda s: None,
+                                lambda r: ends.__setitem__("long", r), timeout_s=5.0))
+    for _ in range(3):
+        scheduler.step()
+        clock[0] += 1.0
+    scheduler.submit(Submission(decoder.start([5, 6, 7], max_new_tokens=5), lambda s: None,
+                                lambda r: ends.__setitem__("short", r), timeout_s=5.0))
+    while not scheduler.idle:
+        scheduler.step()
+        clock[0] += 1.0
+    assert ends == {"short": "length", "long": "timeout"}
+
+
+@given(st.lists(st.integers(0, 300), max_size=6), st.integers(1, 256))
+def test_prompt_rows_are_shared_max_min_fairly(needs, rows) -> None:
+    given_rows = share_rows(needs, rows)
+    assert sum(given_rows) == min(rows, sum(needs))
+    assert all(0 <= g <= n for g, n in zip(given_rows, needs))
+    short = [g for g, n in zip(given_rows, needs) if g < n]  # prompts left wanting got at least as much as anyone else, less one
+    assert all(s >= max(given_rows) - 1 for s in short)

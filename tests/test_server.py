@@ -32,7 +32,7 @@ def server():
     port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "leapdecode", "serve", "--model", MODEL, "--dtype", "float32", "--port", str(port), "--max-queue", "4", "--timeout", "60",
-         "--max-batch", "4"],
+         "--max-batch", "4", "--body-timeout", "3", "--max-connections", "48"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
     url = f"http://127.0.0.1:{port}"
@@ -376,4 +376,33 @@ def test_bounded_load_with_disconnects(server) -> None:
     # a full queue, and got 429, abandons nothing; about one round in fifty does)
     assert all(sum(getattr(r, kind) for r in reports) > 0 for kind in ("completed", "disconnected", "abandoned")), reports
     assert memory[1] - memory[0] < 64 * 2**20  # no growth across rounds beyond noise
+    still_serving(url)
+
+
+def test_half_sent_bodies_time_out_and_open_connections_are_bounded(server) -> None:
+    """Sixty connections each holding a half-sent body: those past --max-connections (48) are
+    refused at once (503), the others get 408 once --body-timeout (3 s) passes, and every one is
+    closed; the server serves on."""
+    url = server[0]
+    port = int(url.rsplit(":", 1)[1])
+    head = (f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
+            "Content-Length: 100\r\n\r\n{\"model\"").encode()
+    sockets = []
+    for _ in range(60):
+        s = socket.create_connection(("127.0.0.1", port), timeout=15)
+        s.sendall(head)
+        sockets.append(s)
+    start = time.monotonic()
+    statuses = []
+    for s in sockets:
+        data = b""
+        while True:
+            chunk = s.recv(4096)
+            if not chunk:
+                break  # the server closed the connection
+            data += chunk
+        statuses.append(data.split(b" ", 2)[1].decode() if data.startswith(b"HTTP/1.1 ") else "none")
+        s.close()
+    assert set(statuses) == {"408", "503"}, statuses
+    assert statuses.count("408") <= 48 and time.monotonic() - start < 15
     still_serving(url)

@@ -27,6 +27,8 @@ def serve(
     api_key: Annotated[str | None, typer.Option("--api-key", envvar="LEAPDECODE_API_KEY", help="Require `Authorization: Bearer KEY` on /v1 requests.")] = None,
     allowed_host: Annotated[list[str] | None, typer.Option("--allowed-host", help="Host header accepted (repeatable; default: any). Guards against DNS rebinding.")] = None,
     max_body_bytes: Annotated[int, typer.Option("--max-body-bytes", help="Largest request body accepted (413 beyond it).")] = 4 << 20,
+    body_timeout: Annotated[float, typer.Option("--body-timeout", help="Seconds a request body may take to arrive whole (408 beyond it).")] = 30.0,
+    max_connections: Annotated[int, typer.Option("--max-connections", help="Open connections at once; more get 503.")] = 64,
     dtype: DtypeOpt = "auto",
     row_exact: RowExactOpt = None,
     quantize: QuantizeOpt = "auto",
@@ -37,13 +39,15 @@ def serve(
     import uvicorn
 
     from leapdecode.server.app import ServerConfig, create_app, is_loopback
+    from leapdecode.server.middleware import allowed_hosts
 
     parse_method(method)
+    allowed_hosts(tuple(allowed_host or ()))  # a malformed one fails before the model loads
     allowed = tuple(m.strip() for m in allow_methods.split(",") if m.strip()) if allow_methods is not None else None
     for name in allowed or ():
         method_class(name)
-    if max_queue < 1 or timeout <= 0 or max_body_bytes < 1024:
-        raise typer.BadParameter("--max-queue must be >= 1, --timeout > 0 and --max-body-bytes >= 1024")
+    if max_queue < 1 or timeout <= 0 or max_body_bytes < 1024 or body_timeout <= 0 or max_connections < 1:
+        raise typer.BadParameter("--max-queue must be >= 1, --timeout > 0, --max-body-bytes >= 1024, --body-timeout > 0 and --max-connections >= 1")
     if (max_batch is not None and max_batch < 1) or not (max_batch or 1) <= max_pass_rows <= 256:
         raise typer.BadParameter("--max-batch must be >= 1, and --max-pass-rows from --max-batch to 256")
     if not is_loopback(host) and not api_key:
@@ -53,10 +57,11 @@ def serve(
     config = ServerConfig(
         model_name=served_model_name or lm.name, default_method=method, max_queue=max_queue, timeout_s=timeout,
         allow_methods=allowed, api_key=api_key, allowed_hosts=tuple(allowed_host or ()), max_body_bytes=max_body_bytes,
+        body_timeout_s=body_timeout, max_connections=max_connections,
         max_batch=max_batch, max_pass_rows=max_pass_rows,
     )
     console.print(f"serving [bold]{config.model_name}[/] with [bold]{method}[/] on http://{host}:{port}/v1")
-    uvicorn.run(create_app(lm, config), host=host, port=port, log_level="warning")
+    uvicorn.run(create_app(lm, config), host=host, port=port, log_level="warning", limit_concurrency=config.max_connections)
 
 
 def register(app: typer.Typer) -> None:

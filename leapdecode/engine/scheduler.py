@@ -74,7 +74,17 @@ class Submission:
     cancelled: threading.Event = field(default_factory=threading.Event)
     error: BaseException | None = None
     submitted_at: float = field(default_factory=time.monotonic)
-    started_at: float | None = None  # when it joined the batch (queue time ends, its time limit starts)
+    started_at: float | None = None  # when it joined the batch (queue time ends, its prefill's time limit starts)
+    decoding_at: float | None = None  # when its prompt was in and its first token out (its decoding's time limit starts)
+
+    def overdue(self, now: float) -> bool:
+        """Past its time limit: its decoding counted from its first token, its prefill (which
+        waits on other prompts' chunks too) from joining the batch, each on a limit of its own;
+        time in the queue never counts."""
+        if self.timeout_s is None or self.started_at is None:
+            return False
+        since = self.decoding_at if self.decoding_at is not None else self.started_at
+        return now - since > self.timeout_s
 
     def cancel(self) -> None:
         """Leave at the next pass (a client that went away): its rows and cache are freed there."""
@@ -89,6 +99,25 @@ class Prefill:
     done: int = 0  # prompt tokens in the cache
     features: list[torch.Tensor] = field(default_factory=list)  # per chunk [n, F], when the drafter wants states
     followers: list[Submission] = field(default_factory=list)
+
+
+def share_rows(needs: list[int], rows: int) -> list[int]:
+    """`rows` shared among prompts that still need `needs` rows (oldest first): an equal share
+    each, what a prompt needs less than its share going to the others, the remainder to the
+    oldest (max-min fairness)."""
+    given = [0] * len(needs)
+    open_ = [i for i, need in enumerate(needs) if need > 0]
+    while rows > 0 and open_:
+        each = max(1, rows // len(open_))
+        for i in list(open_):
+            take = min(each, needs[i] - given[i], rows)
+            given[i] += take
+            rows -= take
+            if given[i] == needs[i]:
+                open_.remove(i)
+            if rows == 0:
+                break
+    return given
 
 
 class BatchScheduler:
@@ -155,16 +184,17 @@ class BatchScheduler:
             self._end(submission, "error")
 
     def _chunks(self, rows: int) -> list[tuple[Submission, BatchItem]]:
-        """The next chunk of each prompt being prefilled, oldest first, within `rows` (at least one:
-        a prefilling request holds a batch slot, so fewer than `max_rows` requests decode)."""
+        """The next chunk of each prompt being prefilled within `rows` (at least one: a
+        prefilling request holds a batch slot, so fewer than `max_rows` requests decode), the
+        rows shared fairly (`share_rows`): a short prompt behind a long one is in after a pass
+        or two, not after the long one's whole prefill."""
+        prefills = list(self.prefilling.items())
+        left = [len(s.run.prompt_ids) - p.done for s, p in prefills]
         chunks = []
-        for submission, prefill in self.prefilling.items():
-            if rows <= 0:
-                break
-            prompt = submission.run.prompt_ids
-            tokens = prompt[prefill.done : prefill.done + rows]
-            chunks.append((submission, BatchItem(prefill.seq, tokens, None, last_only=True)))
-            rows -= len(tokens)
+        for (submission, prefill), size in zip(prefills, share_rows(left, rows)):
+            if size > 0:
+                tokens = submission.run.prompt_ids[prefill.done : prefill.done + size]
+                chunks.append((submission, BatchItem(prefill.seq, tokens, None, last_only=True)))
         return chunks
 
     def _pass(self, decoding: list[Submission], chunks: list[tuple[Submission, BatchItem]]) -> PassReport | None:
@@ -217,6 +247,9 @@ class BatchScheduler:
             return 0
         whole = Scores(scores.logits, features=torch.cat(prefill.features) if prefill.features else None)  # features [prompt, F]
         del self.prefilling[submission]  # below, each request's failure is its own
+        now = self.clock()
+        for member in (submission, *prefill.followers):
+            member.decoding_at = now
         forks = [(f, self._isolated(f, lambda: self.backend.fork(prefill.seq))) for f in prefill.followers]
         emitted = self._isolated(submission, lambda: self._deliver(submission, submission.run.begin(self.backend, prefill.seq, whole))) or 0
         for follower, seq in forks:
@@ -250,7 +283,7 @@ class BatchScheduler:
         for submission in list(self.running):
             if submission.cancelled.is_set():
                 self._end(submission, "cancelled")
-            elif submission.timeout_s is not None and submission.started_at is not None and now - submission.started_at > submission.timeout_s:
+            elif submission.overdue(now):
                 self._end(submission, "timeout")
 
     def _admit(self) -> None:

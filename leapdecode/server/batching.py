@@ -66,7 +66,6 @@ class BatchWorker:
             loop.call_soon_threadsafe(queue.put_nowait, step)
 
         def on_end(reason: str) -> None:
-            self.metrics.running.dec()
             if reason in ("stop", "length", "cancelled"):
                 job.finish_reason = reason
             job.timed_out = reason == "timeout"
@@ -78,7 +77,6 @@ class BatchWorker:
             loop.call_soon_threadsafe(on_done)
 
         submission = self.scheduler.submit(Submission(job.start(), on_step, on_end, job.timeout_s, cancelled=job.cancel))
-        self.metrics.running.inc()  # in the batch, or about to join it (`on_end` runs on the scheduler's thread, after a pass)
         return submission
 
     def _loop(self) -> None:

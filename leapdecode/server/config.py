@@ -20,6 +20,8 @@ class ServerConfig:
     api_key: str | None = None  # when set, every /v1 request needs `Authorization: Bearer KEY`
     allowed_hosts: tuple[str, ...] = ()  # when set, the Host header must be one of these (DNS rebinding)
     max_body_bytes: int = 4 << 20
+    body_timeout_s: float = 30.0  # a request body must arrive whole within this (408 beyond it)
+    max_connections: int = 64  # open connections at once; beyond, 503 (uvicorn's limit_concurrency)
     # Requests decoded together in shared passes (`server.batching`); None: chosen from the
     # measured cost curve where the model can share passes, else 1 (one request at a time).
     max_batch: int | None = None

@@ -69,31 +69,31 @@ def validation_error(exc: RequestValidationError) -> ApiError:
 
 
 def add_error_handlers(app: FastAPI, metrics: Metrics) -> None:
-    """Answer every error with an OpenAI-style body, counted in `metrics` by path and status."""
+    """Answer every error with an OpenAI-style body, counted in `metrics` by route and status."""
 
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
-        metrics.requests.labels(request.url.path, str(exc.status)).inc()
+        metrics.requests.labels(metrics.endpoint(request.scope), str(exc.status)).inc()
         return exc.response()
 
     @app.exception_handler(LeapDecodeError)
     async def _input_error(request: Request, exc: LeapDecodeError) -> JSONResponse:
-        metrics.requests.labels(request.url.path, "400").inc()
+        metrics.requests.labels(metrics.endpoint(request.scope), "400").inc()
         return ApiError(400, str(exc)).response()
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        metrics.requests.labels(request.url.path, str(exc.status_code)).inc()
+        metrics.requests.labels(metrics.endpoint(request.scope), str(exc.status_code)).inc()
         messages = {404: f"No route {request.url.path}.", 405: f"Method {request.method} is not allowed on {request.url.path}."}
         return ApiError(exc.status_code, messages.get(exc.status_code, str(exc.detail)), code=str(exc.status_code)).response()
 
     @app.exception_handler(Exception)
     async def _server_error(request: Request, exc: Exception) -> JSONResponse:
         logger.error("request to %s failed", request.url.path, exc_info=exc)
-        metrics.requests.labels(request.url.path, "500").inc()
+        metrics.requests.labels(metrics.endpoint(request.scope), "500").inc()
         return ApiError(500, "The server failed on this request; see its log.", type_="server_error").response()
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-        metrics.requests.labels(request.url.path, "400").inc()
+        metrics.requests.labels(metrics.endpoint(request.scope), "400").inc()
         return validation_error(exc).response()

@@ -1,4 +1,7 @@
-"""The server's Prometheus metrics, and the one place it turns a request's steps into tau and alpha."""
+"""The server's Prometheus metrics, and the one place it turns a request's steps into tau and alpha.
+
+Labels are bounded: a request's `endpoint` is its route's template (`/v1/models/{model_id}`),
+and every path no route serves is `other`, so no client can grow the series (routes x statuses)."""
 
 from __future__ import annotations
 
@@ -6,8 +9,13 @@ import dataclasses
 from collections.abc import Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from starlette.routing import Match, Route
+from starlette.types import Scope
 
 from leapdecode.engine import GenerationStats, Step
+
+
+UNMATCHED = "other"  # the endpoint label of a path no route serves
 
 
 def step_stats(steps: Sequence[Step]) -> GenerationStats:
@@ -20,6 +28,7 @@ class Metrics:
     """Prometheus metrics in a registry of this app's own (no process-global state)."""
 
     def __init__(self) -> None:
+        self.routes: tuple[Route, ...] = ()  # the app's routes, whose templates label requests (`create_app` sets them)
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter("leapdecode_requests", "HTTP requests by endpoint and status", ["endpoint", "status"], registry=r)
@@ -30,8 +39,9 @@ class Metrics:
         self.accepted_tokens = Counter("leapdecode_accepted_tokens", "Drafted tokens accepted", registry=r)
         self.tau = Gauge("leapdecode_mean_accepted_tokens_per_pass", "Generated tokens / forward passes (tau)", registry=r)
         self.alpha = Gauge("leapdecode_draft_hit_ratio", "Accepted / drafted tokens (alpha)", registry=r)
-        self.queue_depth = Gauge("leapdecode_queue_depth", "Admitted requests waiting for the model", registry=r)
-        self.running = Gauge("leapdecode_running_requests", "Requests being decoded", registry=r)
+        # both count generations (a request with n choices counts n), as --max-queue admits them
+        self.queue_depth = Gauge("leapdecode_queue_depth", "Generations admitted and not yet decoding (waiting for a batch slot or the worker)", registry=r)
+        self.running = Gauge("leapdecode_running_requests", "Generations decoding: in the batch (prefilling or decoding) or on the worker", registry=r)
         self.latency = Histogram(
             "leapdecode_request_latency_seconds", "Request latency", ["endpoint"], registry=r,
             buckets=(0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64, 128, float("inf")),
@@ -58,6 +68,14 @@ class Metrics:
             buckets=(0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 16, float("inf")),
         )
         self._total = step_stats(())  # every recorded request's counts, for the tau and alpha gauges
+
+    def endpoint(self, scope: Scope) -> str:
+        """The `endpoint` label of a request: the template of the route that serves its path
+        (whatever its method), else `other`."""
+        for route in self.routes:
+            if route.matches(scope)[0] != Match.NONE:
+                return route.path_format
+        return UNMATCHED
 
     def record(self, prompt_tokens: int, steps: list[Step]) -> None:
         """Count a finished request; tau and alpha are over every request recorded so far."""

@@ -39,6 +39,9 @@ def check_model(state: ServerState, name: str) -> None:
 
 def check_body(state: ServerState, body: CompletionRequest | ChatCompletionRequest) -> None:
     check_model(state, body.model)
+    if body.stream_options is not None and not body.stream:  # as the OpenAI API answers
+        raise ApiError(400, "The 'stream_options' parameter is only allowed when 'stream' is enabled.", param="stream_options",
+                       code="invalid_value")
     unsupported = body.unsupported()
     if unsupported:
         raise ApiError(400, f"{', '.join(unsupported)} {'is' if len(unsupported) == 1 else 'are'} not supported by this server",
@@ -82,17 +85,20 @@ async def respond(
 
 
 @router.get("/health")
+@router.head("/health", include_in_schema=False)  # HEAD wherever GET is served
 async def health(request: Request) -> dict[str, Any]:
     state = state_of(request)
     return {"status": "ok", "model": state.config.model_name, "admitted": state.admitted, "max_queue": state.config.max_queue}
 
 
 @router.get("/metrics")
+@router.head("/metrics", include_in_schema=False)  # HEAD wherever GET is served
 async def prometheus(request: Request) -> PlainTextResponse:
     return PlainTextResponse(generate_latest(state_of(request).metrics.registry).decode(), media_type=CONTENT_TYPE_LATEST)
 
 
 @router.get("/v1/models")
+@router.head("/v1/models", include_in_schema=False)  # HEAD wherever GET is served
 async def models(request: Request) -> dict[str, Any]:
     state = state_of(request)
     card = {"id": state.config.model_name, "object": "model", "created": state.created, "owned_by": "leapdecode"}
@@ -100,6 +106,7 @@ async def models(request: Request) -> dict[str, Any]:
 
 
 @router.get("/v1/models/{model_id:path}")
+@router.head("/v1/models/{model_id:path}", include_in_schema=False)  # HEAD wherever GET is served
 async def model_card(model_id: str, request: Request) -> dict[str, Any]:
     state = state_of(request)
     check_model(state, model_id)

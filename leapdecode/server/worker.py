@@ -43,9 +43,10 @@ MAX_DECODERS = 32  # decoders kept for per-request methods; beyond, all but the 
 class Job:
     """One admitted request's generation, run on the worker thread.
 
-    Everything slow happens there, inside the request's time limit, which starts when the
-    worker takes the job (waiting in the queue does not count): building the method's decoder
-    (cached per canonical method string) and decoding."""
+    Everything slow happens there: building the method's decoder (cached per canonical method
+    string) and the prefill, within a time limit of their own from when the worker takes the job
+    (waiting in the queue does not count), then decoding, within its time limit from the first
+    token, as in the shared passes (`Submission.overdue`)."""
 
     method: Method
     decoder_for: Callable[[Method], Decoder]
@@ -58,7 +59,6 @@ class Job:
     timeout_s: float
     logprobs: int | None = None  # alternatives per token to report; None: no log-probabilities
     cancel: threading.Event = field(default_factory=threading.Event)
-    deadline: float | None = None  # monotonic time by which it must end (None: timeout_s from its start)
     finish_reason: str = "length"
     timed_out: bool = False
     method_name: str = ""
@@ -94,7 +94,8 @@ class Job:
         if self.cancel.is_set():  # the client left while the request waited: no prefill
             self.finish_reason = "cancelled"
             return
-        deadline = self.deadline if self.deadline is not None else time.monotonic() + self.timeout_s
+        deadline = time.monotonic() + self.timeout_s  # the decoder and the prefill; then decoding from the first token
+        first = True
         decoder = self.decoder_for(self.method)
         self.method_name = str(decoder.method)
         stream = decoder.stream(
@@ -113,6 +114,8 @@ class Job:
                 if time.monotonic() > deadline:
                     self.timed_out = True
                     return
+                if first:
+                    deadline, first = time.monotonic() + self.timeout_s, False
         finally:
             stream.close()
 
@@ -136,6 +139,7 @@ class ServerState:
     batch: BatchWorker | None = None  # shared passes (`--max-batch` above 1); None: one request at a time
     decoders_lock: threading.Lock = field(default_factory=threading.Lock)
     admitted: int = 0  # running + waiting
+    on_worker: int = 0  # generations decoding on the one-at-a-time worker now (0 or 1; written on its thread)
     created: int = field(default_factory=lambda: int(time.time()))
 
     @classmethod
@@ -150,7 +154,13 @@ class ServerState:
         batch = start_batching(lm, config, metrics)
         state = cls(lm, config, metrics, served, allowed, costs, executor, default_decoder, batch=batch)
         state.decoders[state.default_key] = default_decoder
+        metrics.running.set_function(state.running)
+        metrics.queue_depth.set_function(lambda: max(0, state.admitted - state.running()))
         return state
+
+    def running(self) -> int:
+        """Generations decoding: in the batch (prefilling or decoding) or on the worker thread."""
+        return (len(self.batch.scheduler.running) if self.batch is not None else 0) + self.on_worker
 
     @property
     def default_key(self) -> str:
@@ -185,22 +195,27 @@ class ServerState:
             raise ApiError(429, f"The server is busy: {self.admitted} requests are admitted (limit {self.config.max_queue}). Retry later.",
                            type_="rate_limit_error", code="queue_full")
         self.admitted += count
-        self.metrics.queue_depth.set(self.admitted - 1)
 
     def release(self, count: int = 1) -> None:
         self.admitted -= count
-        self.metrics.queue_depth.set(max(0, self.admitted - 1))
 
     def _run_blocking(self, jobs: list[Job]) -> list[list[Step]]:
-        """A request's choices one after another, within one time limit; a choice that ends
-        early (timeout, client gone) ends the request."""
+        """A request's choices one after another, each within its own time limit; a choice that
+        ends early (timeout, client gone) ends the request."""
         choices: list[list[Step]] = []
-        with self.metrics.running.track_inprogress():
-            for job in _sharing_deadline(jobs):
-                choices.append(list(job.steps()))
-                if job.ended_early:
-                    break
+        for job in jobs:
+            choices.append(list(self._on_worker(job)))
+            if job.ended_early:
+                break
         return choices
+
+    def _on_worker(self, job: Job) -> Iterator[Step]:
+        """`job`'s steps on the worker thread, counted as running while it decodes."""
+        self.on_worker += 1
+        try:
+            yield from job.steps()
+        finally:
+            self.on_worker -= 1
 
     async def complete(self, jobs: list[Job], endpoint: str, request: Request) -> list[list[Step]]:
         """Run a non-streaming request's choices (siblings sharing one cancel) and count them; a
@@ -305,13 +320,12 @@ class ServerState:
         def work() -> None:
             index = 0
             try:
-                with self.metrics.running.track_inprogress():
-                    for index, job in enumerate(_sharing_deadline(jobs)):
-                        for step in job.steps():
-                            loop.call_soon_threadsafe(queue.put_nowait, (index, step))
-                        loop.call_soon_threadsafe(queue.put_nowait, (index, None))
-                        if job.ended_early:  # the stream ends with it: the other choices do not run
-                            return
+                for index, job in enumerate(jobs):
+                    for step in self._on_worker(job):
+                        loop.call_soon_threadsafe(queue.put_nowait, (index, step))
+                    loop.call_soon_threadsafe(queue.put_nowait, (index, None))
+                    if job.ended_early:  # the stream ends with it: the other choices do not run
+                        return
             except BaseException as exc:  # hand any failure to the event loop, which reports it
                 loop.call_soon_threadsafe(queue.put_nowait, (index, exc))
 
@@ -366,14 +380,6 @@ class ServerState:
             jobs[0].cancel.set()
             self.metrics.requests.labels(endpoint, status).inc()
             self.metrics.latency.labels(endpoint).observe(time.perf_counter() - start)
-
-
-def _sharing_deadline(jobs: list[Job]) -> list[Job]:
-    """A request's choices run one after another under one time limit, from now."""
-    deadline = time.monotonic() + jobs[0].timeout_s
-    for job in jobs:
-        job.deadline = deadline
-    return jobs
 
 
 @dataclass(frozen=True)

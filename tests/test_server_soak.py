@@ -1,0 +1,129 @@
+"""A soak, bounded: a few hundred requests against a real server on loopback — every file-free
+lossless method, `n` of 1 and 2, streamed and not, clients that disconnect or abandon, and a
+long prompt among short ones. No answer may be a 5xx; every greedy answer is the library's;
+afterwards every slot and gauge is back to zero and resident memory has not grown past a bound."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import psutil
+import pytest
+
+from leapdecode import wrap
+from tests.test_server import MODEL, free_port
+
+METHODS = ["ar", "anpd", "pld", "suffix", "recycle", "hybrid", "jacobi", "lookahead", "anpd-tree", "trie"]
+LONG = "Here is a long document about rivers. " + " ".join(f"River {i} flows into the sea past town {i}." for i in range(150))
+PROMPTS = ["Name three colours.", "Write a haiku about rain.", "What is 12 times 7?", "Say hello in French.",
+           "List two prime numbers.", "Describe a cat in one sentence.", LONG + " Which river is number 42?"]
+CLIENTS, WARM_UP, PER_CLIENT, MAX_TOKENS = 8, 5, 20, 12
+RSS_GROWTH_MB = 96  # over the soak, after a warm-up round of the same mix
+
+
+@pytest.fixture(scope="module")
+def soak_server():
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "leapdecode", "serve", "--model", MODEL, "--dtype", "float32", "--port", str(port),
+         "--max-queue", "16", "--max-batch", "4", "--timeout", "60", "--method", "anpd"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 180
+    while time.time() < deadline:
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                break
+        except httpx.HTTPError:
+            time.sleep(0.5)
+        assert proc.poll() is None, proc.stdout.read()
+    else:
+        proc.kill()
+        pytest.fail("the server did not start")
+    yield url, proc
+    proc.terminate()
+    proc.wait(timeout=30)
+
+
+def one(client: httpx.Client, index: int, may_leave: bool = True) -> tuple[str, int, list[str]]:
+    """Request `index` of the mix: (status, prompt index, the choices' texts when it completed)."""
+    p = index % len(PROMPTS)
+    body = {"model": MODEL, "messages": [{"role": "user", "content": PROMPTS[p]}], "max_tokens": MAX_TOKENS,
+            "temperature": 0, "n": 2 if index % 5 == 0 else 1, "leapdecode": {"method": METHODS[index % len(METHODS)]}}
+    leaves = may_leave and index % 9 == 0
+    if index % 2 == 0:
+        texts = [""] * body["n"]
+        with client.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as resp:
+            if resp.status_code != 200:
+                resp.read()
+                return str(resp.status_code), p, []
+            for line in resp.iter_lines():
+                if leaves:
+                    return "disconnected", p, []
+                if line.startswith("data: {"):
+                    for choice in json.loads(line[6:])["choices"]:
+                        texts[choice["index"]] += choice["delta"].get("content") or ""
+        return "200", p, texts
+    try:
+        resp = client.post("/v1/chat/completions", json=body, timeout=0.2 if leaves else 120)
+    except httpx.TimeoutException:
+        return "abandoned", p, []
+    if resp.status_code != 200:
+        return str(resp.status_code), p, []
+    return "200", p, [c["message"]["content"] for c in resp.json()["choices"]]
+
+
+def gauges(url: str) -> dict[str, float]:
+    out = {}
+    for line in httpx.get(url + "/metrics").text.splitlines():
+        if line.startswith(("leapdecode_running_requests ", "leapdecode_queue_depth ")):
+            name, value = line.split(" ")
+            out[name] = float(value)
+    return out
+
+
+def test_a_soak_of_mixed_requests_ends_clean(soak_server, real_lm) -> None:
+    url, proc = soak_server
+    expected = [wrap(real_lm, "ar").generate([{"role": "user", "content": p}], max_new_tokens=MAX_TOKENS).text for p in PROMPTS]
+    results: list[tuple[str, int, list[str]]] = []
+    rss: list[float] = []
+    lock = threading.Lock()
+
+    def client_loop(c: int, requests: int, offset: int) -> None:
+        with httpx.Client(base_url=url, timeout=120) as client:
+            for r in range(requests):
+                result = one(client, offset + c * requests + r)
+                with lock:
+                    results.append(result)
+                    if len(results) % 40 == 0:
+                        rss.append(psutil.Process(proc.pid).memory_info().rss / 2**20)
+
+    for requests, offset in ((WARM_UP, 10_000), (PER_CLIENT, 0)):  # a warm-up round of the same mix, then the soak
+        if offset == 0:
+            results.clear()
+            rss[:] = [psutil.Process(proc.pid).memory_info().rss / 2**20]
+        threads = [threading.Thread(target=client_loop, args=(c, requests, offset)) for c in range(CLIENTS)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    statuses = {s: sum(1 for r in results if r[0] == s) for s in {r[0] for r in results}}
+    print(json.dumps({"statuses": statuses, "rss_mb": [round(m) for m in rss]}))
+    assert set(statuses) <= {"200", "429", "disconnected", "abandoned"}, statuses
+    assert statuses.get("200", 0) >= len(results) // 3
+    for status, p, texts in results:
+        if status == "200":
+            assert texts == [expected[p]] * len(texts), (p, texts)
+    deadline = time.time() + 30
+    while time.time() < deadline and (httpx.get(url + "/health").json()["admitted"] or any(gauges(url).values())):
+        time.sleep(0.2)
+    assert httpx.get(url + "/health").json()["admitted"] == 0
+    assert gauges(url) == {"leapdecode_running_requests": 0.0, "leapdecode_queue_depth": 0.0}
+    rss.append(psutil.Process(proc.pid).memory_info().rss / 2**20)
+    assert rss[-1] - rss[0] < RSS_GROWTH_MB, rss
