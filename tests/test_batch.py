@@ -18,7 +18,7 @@ from leapdecode.drafters import Draft, Offer
 from leapdecode.engine import TorchBackend, compile_tree
 from leapdecode.engine.batch import BatchItem, forward_batch
 from leapdecode.engine.cost import ForwardCost, measure_batch_cost
-from leapdecode.engine.scheduler import BatchScheduler, Submission, allocate, share_rows
+from leapdecode.engine.scheduler import BatchScheduler, Submission, allocate, efficient_rows, share_rows
 from leapdecode.errors import InputError
 from leapdecode.models.row_exact import use_row_exact
 from tests.helpers import TINY_VOCAB, make_tiny_model, tiny_lm
@@ -389,3 +389,27 @@ def test_prompt_rows_are_shared_max_min_fairly(needs, rows) -> None:
     assert all(0 <= g <= n for g, n in zip(given_rows, needs))
     short = [g for g, n in zip(given_rows, needs) if g < n]  # prompts left wanting got at least as much as anyone else, less one
     assert all(s >= max(given_rows) - 1 for s in short)
+
+
+def test_prompt_chunks_beside_decoding_rows_stop_where_rows_stop_getting_cheaper(exact_tiny) -> None:
+    """While requests decode, a pass holds no more rows than the fewest that cost about as little
+    per row as any pass can (past them prompt rows cost as much each, and the decoding requests
+    would only wait longer per token); a prompt prefilled alone takes the whole pass."""
+    knee = ForwardCost((0.030, 0.031, 0.032, 0.034, 0.036, 0.040, 0.045, 0.050))  # then 5 ms a row
+    assert efficient_rows(knee, 32) == 12 and efficient_rows(ForwardCost((0.01,) * 64), 8) == 8
+    decoder = wrap(exact_tiny, "ar")
+    scheduler = BatchScheduler(decoder.backend, knee, max_batch=4, max_rows=32)
+    assert scheduler.busy_rows == 12
+    out: list[int] = []
+    scheduler.submit(Submission(decoder.start([5, 6, 7], max_new_tokens=30), lambda s: out.extend(s.tokens), lambda r: None))
+    scheduler.step()  # its prefill: it decodes from now on
+    long_prompt = [random.Random(5).randrange(2, TINY_VOCAB) for _ in range(100)]
+    scheduler.submit(Submission(decoder.start(long_prompt, max_new_tokens=2), lambda s: None, lambda r: None))
+    reports = []
+    while not scheduler.idle:
+        report = scheduler.step()
+        if report is not None:
+            reports.append(report)
+    chunked = [r for r in reports if r.prefill_rows]
+    assert chunked and all(r.rows <= 12 for r in chunked)
+    assert out == decoder.generate([5, 6, 7], max_new_tokens=30).token_ids

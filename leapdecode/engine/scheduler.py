@@ -3,7 +3,8 @@
 Requests join and leave between passes. Each pass packs, for every running request, its pending
 token and the part of its draft that pays, plus chunks of the prompts of requests that joined
 (their prefill rides along with the others' decoding in the rows the pass has left, Sarathi-style,
-so a long prompt never stalls the others for more than one pass of `max_rows`), into one forward
+so a long prompt never stalls the others for more than one pass of `max_rows`, and those rows are
+shared fairly among the prompts, so a short one is not held behind a long one's prefill), into one forward
 (`engine.batch`); each request's rows are bitwise what its own pass would give (a prompt's too,
 whatever its chunks), so its output equals the request alone. Requests with the same prompt that
 join together (`n` > 1 siblings) share its prefill: one is prefilled, the others get copies of
@@ -101,6 +102,18 @@ class Prefill:
     followers: list[Submission] = field(default_factory=list)
 
 
+KNEE = 1.1  # a pass of `efficient_rows` costs at most this much per row over the best pass's
+
+
+def efficient_rows(cost: PassCost, max_rows: int) -> int:
+    """The fewest rows at which a pass costs at most `KNEE` x the lowest cost per row of any pass
+    up to `max_rows` rows: a bigger pass saves (almost) nothing per row, and only makes the
+    requests decoding in it wait longer for their next token."""
+    per_row = [cost.of(n) / n for n in range(1, max_rows + 1)]
+    best = min(per_row)
+    return next(n for n, c in enumerate(per_row, 1) if c <= KNEE * best)
+
+
 def share_rows(needs: list[int], rows: int) -> list[int]:
     """`rows` shared among prompts that still need `needs` rows (oldest first): an equal share
     each, what a prompt needs less than its share going to the others, the remainder to the
@@ -135,6 +148,9 @@ class BatchScheduler:
         self.max_batch = max_batch
         self.max_rows = max_rows
         self.clock = clock
+        # while requests decode, a pass holds no more rows than this (prompt chunks shrink): past
+        # it prompt rows cost as much each, and the decoding requests would wait longer per token
+        self.busy_rows = efficient_rows(cost, max_rows)
         self.waiting: deque[Submission] = deque()
         self.running: list[Submission] = []  # admitted: decoding, prefilling, or following a prefill
         self.prefilling: dict[Submission, Prefill] = {}  # in order of admission
@@ -163,14 +179,17 @@ class BatchScheduler:
     @torch.inference_mode()
     def step(self) -> PassReport | None:
         """One pass over the running requests: their decoding rows, then prompt chunks in the
-        rows left (oldest prompt first); None when there is nothing to do."""
+        rows left (shared fairly, `share_rows`); None when there is nothing to do."""
         self._drop_leavers()
         self._admit()
         decoding = [s for s in self.running if s.run.seq is not None]
         start = self.clock()
         if not decoding and not self.prefilling:
             return None
-        report = self._pass(decoding, self._chunks(self.max_rows - len(decoding)))
+        rows = self.max_rows - len(decoding)  # for prompt chunks
+        if decoding:  # a pass no bigger than pays per row: the decoding requests wait less per token
+            rows = min(rows, max(1, self.busy_rows - len(decoding)))
+        report = self._pass(decoding, self._chunks(rows))
         return dataclasses.replace(report, seconds=self.clock() - start) if report is not None else None
 
     def fail_all(self, error: BaseException) -> None:

@@ -122,5 +122,7 @@ def start_batching(lm: LoadedModel, config: ServerConfig, metrics: Metrics) -> B
     if max_batch == 1:
         logger.info("serving one request at a time: shared passes cost as much per token as passes of their own here")
         return None
-    logger.info("serving up to %d requests in shared passes of up to %d tokens", max_batch, config.max_pass_rows)
-    return BatchWorker(backend, cost, max_batch, config.max_pass_rows, metrics)
+    worker = BatchWorker(backend, cost, max_batch, config.max_pass_rows, metrics)
+    logger.info("serving up to %d requests in shared passes of up to %d tokens (%d while requests decode)", max_batch,
+                config.max_pass_rows, worker.scheduler.busy_rows)
+    return worker
