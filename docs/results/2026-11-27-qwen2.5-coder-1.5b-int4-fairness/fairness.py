@@ -1,12 +1,12 @@
 """A long prompt and four streaming chat clients behind it, against `leapdecode serve` on loopback:
 each client's time to first token and largest gap between chunks.
 
-    python fairness.py SOURCE_ROOT [MODEL] [PROMPT_TOKENS]
+    python fairness.py SOURCE_ROOT [MODEL] [SENTENCES]
 
 SOURCE_ROOT is the leapdecode checkout whose server runs (put first on PYTHONPATH), so that two
 commits are measured the same way in one session. The long request streams 16 tokens after a
-prompt of about PROMPT_TOKENS tokens; 0.5 s later four clients each stream 64 tokens of a short
-chat. Greedy, 2 threads, the server's defaults otherwise (--max-queue 8, --timeout 120).
+prompt of SENTENCES numbered sentences (333: 7,274 tokens with Qwen2.5's tokenizer and chat
+template); 0.5 s later four clients each stream 64 tokens of a short chat. Greedy, 2 threads, the server's defaults otherwise (--max-queue 8, --timeout 120).
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ def stream(url: str, model: str, messages: list[dict[str, str]], max_tokens: int
 def main() -> None:
     root = sys.argv[1]
     model = sys.argv[2] if len(sys.argv) > 2 else "qwen2.5-coder-1.5b"
-    tokens = int(sys.argv[3]) if len(sys.argv) > 3 else 4000
+    sentences = int(sys.argv[3]) if len(sys.argv) > 3 else 333
     port = free_port()
     env = {**os.environ, "PYTHONPATH": root}
     proc = subprocess.Popen([sys.executable, "-m", "leapdecode", "serve", "-m", model, "--port", str(port), "--threads", "2"],
@@ -64,8 +64,8 @@ def main() -> None:
             if proc.poll() is not None:
                 raise SystemExit(proc.stdout.read())
         commit = subprocess.run(["git", "-C", root, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-        # about `tokens` tokens of text the model has to read whole (a sentence is about 12 tokens)
-        document = " ".join(f"Item {i}: the shipment of {i % 17} crates left dock {i % 5} on day {i % 30}." for i in range(tokens // 12))
+        # text the model has to read whole (about 22 tokens a sentence with Qwen2.5's tokenizer)
+        document = " ".join(f"Item {i}: the shipment of {i % 17} crates left dock {i % 5} on day {i % 30}." for i in range(sentences))
         long_messages = [{"role": "user", "content": document + "\nWhich dock did item 7 leave from?"}]
         results: dict[str, dict[str, object]] = {"long": {}}
         threads = [threading.Thread(target=stream, args=(url, model, long_messages, 16, results["long"]))]
@@ -80,7 +80,7 @@ def main() -> None:
             threads[-1].start()
         for t in threads:
             t.join()
-        print(json.dumps({"commit": commit, "model": model, "prompt_tokens_about": tokens, "results": results}, indent=1))
+        print(json.dumps({"commit": commit, "model": model, "sentences": sentences, "results": results}, indent=1))
     finally:
         proc.terminate()
         proc.wait(timeout=30)
