@@ -13,6 +13,7 @@ import torch
 from leapdecode import wrap
 from leapdecode.drafters import DraftModelDrafter
 from leapdecode.engine import StopCriteria, TorchBackend, decode
+from leapdecode.engine.cost import ForwardCost
 from leapdecode.engine.noise import PositionNoise
 from leapdecode.engine.reference import greedy_reference, sample_reference
 from leapdecode.errors import MethodError, ModelLoadError
@@ -168,9 +169,11 @@ def test_a_draft_model_with_another_vocabulary_is_refused(tiny_model) -> None:
 
 def test_draft_method_parameters_are_validated() -> None:
     assert str(parse_method("draft:model=qwen2.5-coder-0.5b,k=5,cascade=true")) == (
-        "draft:model=qwen2.5-coder-0.5b,k=5,schedule=constant,threshold=0.0,cascade=True,coupled=True"
+        "draft:model=qwen2.5-coder-0.5b,k=5,schedule=constant,threshold=0.0,cascade=True,coupled=True,precision=int4,vocab=32768,"
+        "cost_aware=True"
     )
-    for bad in ("draft:k=0", "draft:schedule=sometimes", "draft:threshold=1.5", "draft:cascade=maybe"):
+    for bad in ("draft:k=0", "draft:schedule=sometimes", "draft:threshold=1.5", "draft:cascade=maybe", "draft:precision=fp8",
+                "draft:vocab=100", "draft:vocab=-1"):
         with pytest.raises(MethodError):
             parse_method(bad)
     with pytest.raises(MethodError, match="needs model=NAME"):
@@ -198,6 +201,9 @@ def test_real_qwen_pair_greedy_equals_plain_decoding() -> None:
     draft = load_model("qwen2.5-coder-0.5b", log=lambda msg: None)
     prompts_ = ["def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n", "Write a haiku about the sea."]
     decoders = {m: wrap(target, m, draft_model=draft) for m in ("draft:k=5", "draft:k=5,cascade=true")}
+    # the draft's own cheapest path: int4 rounded from its float weights, a 32,768-token draft
+    # vocabulary, the cost cut (with a slow cost curve, it may draft or not at any step)
+    decoders["default path"] = wrap(target, "draft:model=qwen2.5-coder-0.5b,k=5")
     plain = wrap(target, "ar")
     for prompt, chat in zip(prompts_, (False, True)):
         expected = plain.generate(prompt, max_new_tokens=20, chat=chat)
@@ -205,3 +211,140 @@ def test_real_qwen_pair_greedy_equals_plain_decoding() -> None:
             out = decoder.generate(prompt, max_new_tokens=20, chat=chat)
             assert out.token_ids == expected.token_ids, (method, prompt)
             assert out.stats.accepted_tokens > 0
+
+
+# A draft model on its cheapest path: int4 whatever its weights, and an output layer cut to a
+# draft vocabulary. Its numerics never reach the output: every variant decodes as plain decoding.
+HALF = tuple(range(0, TINY_VOCAB, 2)) + (1, 3, 5, 7)  # 52 of the 96 tokens
+
+
+def int4_copy(model):
+    from leapdecode.models.quantize import quantize_model
+
+    draft = copy.deepcopy(model)
+    quantize_model(draft, "int4")
+    return draft
+
+
+def test_a_draft_vocabulary_scores_its_rows_as_the_whole_head_does_and_nothing_else(tiny_model) -> None:
+    from leapdecode.engine.draft_head import DraftHeadBackend
+
+    trimmed, whole = DraftHeadBackend(tiny_model, HALF), TorchBackend(tiny_model)
+    prompt = prompts(1, seed=4)[0]
+    with torch.inference_mode():
+        (seq_t, first_t), (seq_w, first_w) = trimmed.prefill(prompt), whole.prefill(prompt)
+        rows_t, rows_w = trimmed.forward(seq_t, [5, 6, 7]), whole.forward(seq_w, [5, 6, 7])
+    ids = torch.tensor(sorted(set(HALF)))
+    outside = torch.ones(TINY_VOCAB, dtype=torch.bool)
+    outside[ids] = False
+    for got, full in ((first_t.logits, first_w.logits), (rows_t.logits, rows_w.logits)):
+        assert got.shape == full.shape
+        torch.testing.assert_close(got[:, ids], full[:, ids], rtol=1e-5, atol=1e-5)
+        assert torch.isneginf(got[:, outside]).all()
+
+
+@pytest.mark.parametrize("make_draft", [lambda m: m, lambda m: make_tiny_model("llama", seed=1), int4_copy],
+                         ids=["itself", "random", "itself-int4"])
+@pytest.mark.parametrize("options", [dict(k=4), dict(k=6, cascade_n=3), dict(k=5, threshold=0.3)], ids=["k4", "cascade", "threshold"])
+def test_an_int4_or_vocabulary_cut_draft_model_decodes_as_plain_greedy(tiny_model, make_draft, options) -> None:
+    from leapdecode.engine.draft_head import DraftHeadBackend
+
+    draft = make_draft(tiny_model)
+    for vocab in (HALF, tuple(range(TINY_VOCAB))):
+        drafted = 0
+        for prompt in prompts(4, seed=9):
+            drafter = DraftModelDrafter(DraftHeadBackend(draft, vocab), **options)
+            steps = list(decode(TorchBackend(tiny_model), prompt, drafter, StopCriteria(frozenset(), 30), *GREEDY))
+            assert [t for s in steps for t in s.tokens] == greedy_reference(tiny_model, prompt, 30), (vocab, prompt)
+            assert all(t in vocab for s in steps for t in s.drafted)  # the draft proposes nothing outside it
+            drafted += sum(len(s.drafted) for s in steps)
+        assert drafted > 0
+
+
+def test_a_vocabulary_cut_draft_model_samples_as_plain_sampling(tiny_model) -> None:
+    """Coupled: plain sampling's text, seed for seed. Uncoupled (min(1, p/q)): the target
+    distribution, with q's support narrowed to the draft vocabulary."""
+    from leapdecode.engine.draft_head import DraftHeadBackend
+
+    draft = int4_copy(_noisy_copy(tiny_model, 0.5))
+    for i, prompt in enumerate(prompts(2, seed=33)):
+        params = SamplingParams(0.8, top_k=8) if i % 2 else SamplingParams(1.0, top_p=0.9)
+        for seed in range(2):
+            expected = sample_reference(tiny_model, prompt, 16, params, PositionNoise(seed))
+            drafter = DraftModelDrafter(DraftHeadBackend(draft, HALF), k=4, sampling=params, noise=PositionNoise(seed), coupled=True)
+            assert sampled_tokens(tiny_model, prompt, params, drafter, seed, 16) == expected
+    prompt = list(range(2, TINY_VOCAB)) + [7, 8, 9]
+    params = SamplingParams(temperature=1.5, top_k=3)
+    exact = exact_joint(tiny_model, prompt, params, 3)
+    counts: dict[tuple[int, ...], int] = {}
+    draws = 600
+    for i in range(draws):
+        noise = PositionNoise(21_000 + i)
+        verifier = functools.partial(verify_speculative, params=params, noise=noise)
+        drafter = DraftModelDrafter(DraftHeadBackend(draft, HALF), k=3, sampling=params, noise=noise, coupled=False)
+        steps = list(decode(TorchBackend(tiny_model), prompt, drafter, StopCriteria(frozenset(), 3), verifier, GREEDY[1]))
+        key = tuple(t for s in steps for t in s.tokens)
+        counts[key] = counts.get(key, 0) + 1
+    assert_follows_exact(counts, exact, draws)
+
+
+def test_the_draft_vocabulary_is_the_most_used_tokens_by_a_brute_force_count(tmp_path) -> None:
+    import random
+
+    from leapdecode.heads.vocabulary import DraftVocabulary, count_ranking, draft_vocabulary, ranking_path, save_ranking
+    from tests.helpers import TinyTokenizer
+
+    rng = random.Random(0)
+    texts = [[min(int(rng.expovariate(0.05)), TINY_VOCAB - 1) for _ in range(rng.randrange(1, 60))] for _ in range(50)]
+    tally = {t: sum(text.count(t) for text in texts) for t in range(TINY_VOCAB)}
+    brute = sorted((t for t in tally if tally[t]), key=lambda t: (-tally[t], t))
+    assert count_ranking(texts) == brute
+    vocab = DraftVocabulary.from_ranking(brute, 20, TINY_VOCAB, always=[95])
+    assert set(vocab.ids) == {*brute[:19], 95} and list(vocab.ids) == sorted(vocab.ids)
+    assert (torch.tensor(vocab.ids) == torch.arange(len(vocab.ids)) + vocab.d2t()).all()  # EAGLE's d2t form
+    assert vocab.to_draft()[list(vocab.ids)].tolist() == list(range(20)) and int(vocab.t2d().sum()) == 20
+    tokenizer = TinyTokenizer()
+    by_order, source = draft_vocabulary(tokenizer, 10, TINY_VOCAB, [1], tmp_path)  # nothing counted yet
+    assert by_order.ids == (0, 1, *range(2, 10)) and "own order" in source
+    save_ranking(ranking_path(tmp_path, tokenizer), brute, "test texts")
+    counted, source = draft_vocabulary(tokenizer, 20, TINY_VOCAB, [95], tmp_path)
+    assert counted == vocab and source == "counted on test texts"
+
+
+def cost_run(target, draft, prompt, cost, **options):
+    from leapdecode.drafters.draft_model import DraftCost
+
+    drafter = DraftModelDrafter(TorchBackend(draft), cost=DraftCost(cost[0], ForwardCost(cost[1])), **options)
+    steps = list(decode(TorchBackend(target), prompt, drafter, StopCriteria(frozenset(), 40), *GREEDY))
+    return [t for s in steps for t in s.tokens], steps
+
+
+def test_the_cost_cut_drafts_while_tokens_pay_and_never_changes_the_output(tiny_model, random_draft) -> None:
+    from leapdecode.drafters.draft_model import PROBE_EVERY
+
+    flat = (0.030,) * 8
+    for prompt in prompts(3, seed=12):
+        expected = greedy_reference(tiny_model, prompt, 40)
+        free, steps = cost_run(tiny_model, tiny_model, prompt, (1e-6, flat), k=4)  # drafting costs nothing: k every step
+        assert free == expected and all(len(s.drafted) == 4 for s in steps[1:-2])
+        dear, steps = cost_run(tiny_model, tiny_model, prompt, (1.0, flat), k=4)  # a draft pass dearer than many target passes
+        assert dear == expected
+        assert all(len(s.drafted) <= 1 for s in steps) and sum(len(s.drafted) > 0 for s in steps) <= len(steps) // PROBE_EVERY + 1
+        # a draft pass a third of the target's, a draft that is mostly wrong: lengths vary, the output does not
+        mixed, steps = cost_run(tiny_model, random_draft, prompt, (0.010, (0.030, 0.031, 0.032, 0.034, 0.036)), k=5)
+        assert mixed == expected
+    assert len({len(s.drafted) for s in steps[1:]}) > 1
+
+
+def test_the_cost_cut_learns_per_depth_and_confidence_and_hears_the_loops_cut(tiny_model) -> None:
+    from leapdecode.drafters.draft_model import DraftCost
+
+    drafter = DraftModelDrafter(TorchBackend(tiny_model), k=6, cost=DraftCost(1e-6, ForwardCost((0.03,) * 8)))
+    drafter.reset(prompts(1, seed=2)[0])
+    with torch.inference_mode():
+        draft = drafter.propose(10)
+    assert len(draft) == 6 and len(drafter.buckets) == 6
+    drafter.cut(range(2))  # the loop scored only two of them
+    drafter.update([*draft.tokens[:2], 5], 2)  # both accepted; the third was never scored
+    seen = drafter.rates.local.counts
+    assert seen[("depth", 1)][0] == seen[("depth", 2)][0] == 1.0 and ("depth", 3) not in seen

@@ -13,7 +13,7 @@ import torch
 from leapdecode.engine import StopCriteria, TorchBackend, decode
 from leapdecode.engine.reference import greedy_reference
 from leapdecode.errors import InputError
-from leapdecode.training.features import DraftVocabulary
+from leapdecode.heads.vocabulary import DraftVocabulary
 from leapdecode.training.settings import Progress, TrainSettings, lr_at
 from leapdecode.training.trainers import Eagle3Trainer, MedusaTrainer
 from tests.helpers import GREEDY, TINY_VOCAB, make_tiny_model, prompts, tiny_lm

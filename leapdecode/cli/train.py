@@ -1,4 +1,5 @@
-"""`leapdecode train-drafter`: train an EAGLE-3 or Medusa head for a model, on CPU, resumably."""
+"""`leapdecode train-drafter`: train an EAGLE-3 or Medusa head for a model, on CPU, resumably;
+`leapdecode draft-vocab`: rank a model's tokens for draft vocabularies."""
 
 from __future__ import annotations
 
@@ -52,5 +53,23 @@ def train_drafter(
     console.print(f"{method} head written to {head}")
 
 
+@friendly
+def draft_vocab(
+    model: ModelOpt = DEFAULT_MODEL,
+    data: Annotated[str, typer.Option("--data", help="sharegpt (ShareGPT V3, the train extra) or a .jsonl file of conversations.")] = "sharegpt",
+    conversations: Annotated[int, typer.Option("--conversations", help="Training conversations whose answers are counted.")] = 2000,
+) -> None:
+    """Rank MODEL's tokens by how often answers use them: the draft vocabulary `draft:vocab=V` keeps."""
+    from leapdecode.models import default_cache_dir
+    from leapdecode.training.vocabulary import write_ranking
+
+    if conversations < 1:
+        raise typer.BadParameter("--conversations must be at least 1")
+    lm = load_with_progress(model)
+    path, ranked = write_ranking(lm.tokenizer, default_cache_dir(), data, conversations)
+    console.print(f"{ranked} distinct tokens ranked in {path}")
+
+
 def register(app: typer.Typer) -> None:
     app.command("train-drafter")(train_drafter)
+    app.command("draft-vocab")(draft_vocab)

@@ -53,6 +53,23 @@ class AcceptanceEstimate:
 PRIOR_WEIGHT = 6.0  # observations the shared rate counts for in a request's own estimate
 
 
+class RequestEstimate:
+    """One request's acceptance rates: its own outcomes, with the decoder's shared rate (which
+    it feeds too) as a prior worth `PRIOR_WEIGHT` observations."""
+
+    def __init__(self, shared: AcceptanceEstimate) -> None:
+        self.shared = shared
+        self.local = AcceptanceEstimate(shared.decay)
+
+    def rate(self, bucket: Hashable) -> float:
+        accepted, seen = self.local.counts.get(bucket, (0.0, 0.0))
+        return (accepted + PRIOR_WEIGHT * self.shared.rate(bucket)) / (seen + PRIOR_WEIGHT)
+
+    def observe(self, bucket: Hashable, accepted: bool) -> None:
+        self.shared.observe(bucket, accepted)
+        self.local.observe(bucket, accepted)
+
+
 class CostAwareDrafter(Drafter):
     """Cuts the inner drafter's chain or tree to the part with the best expected tokens per second."""
 
@@ -63,7 +80,7 @@ class CostAwareDrafter(Drafter):
         self.observes_target = inner.observes_target  # type: ignore[misc] - as the inner drafter does
         self.feature_layers = inner.feature_layers
         self.estimate = estimate if estimate is not None else AcceptanceEstimate()  # shared by a decoder's requests
-        self.local = AcceptanceEstimate()  # this request's own outcomes
+        self.request = RequestEstimate(self.estimate)  # this request's own outcomes, the shared rate as prior
         self._full = Draft()
         self._parents: tuple[int, ...] = ()  # of the full draft
         self._buckets: list[Hashable] = []
@@ -74,7 +91,7 @@ class CostAwareDrafter(Drafter):
         self.inner.reset(prompt_ids)
         self._full, self._parents, self._buckets, self._kept = Draft(), (), [], []
         self.kept_lengths = []
-        self.local = AcceptanceEstimate(self.estimate.decay)
+        self.request = RequestEstimate(self.estimate)
 
     def attach(self, backend: Backend, seq: CacheState) -> None:
         self.inner.attach(backend, seq)
@@ -95,8 +112,7 @@ class CostAwareDrafter(Drafter):
 
     def rate(self, bucket: Hashable) -> float:
         """The acceptance rate of `bucket` in this request: its own outcomes, the shared rate as prior."""
-        accepted, seen = self.local.counts.get(bucket, (0.0, 0.0))
-        return (accepted + PRIOR_WEIGHT * self.estimate.rate(bucket)) / (seen + PRIOR_WEIGHT)
+        return self.request.rate(bucket)
 
     def offer(self, max_tokens: int) -> Offer:
         draft = self.inner.propose(max_tokens)
@@ -134,8 +150,7 @@ class CostAwareDrafter(Drafter):
             following = -1
             for child in children.get(node, ()):
                 hit = self._full.tokens[child] == target
-                self.estimate.observe(self._buckets[child], hit)
-                self.local.observe(self._buckets[child], hit)
+                self.request.observe(self._buckets[child], hit)
                 if hit:
                     following = child
             if level == num_accepted or following < 0:

@@ -21,23 +21,52 @@ Options:
 - `cascade` drafts the draft model's own tokens with ANPD's n-gram module and verifies them with
   the draft model in one pass (the same verifier as the target, so the draft keeps exactly the
   draft model's distribution): the cheapest drafter sits at the bottom of the cascade.
+- `cost` (`DraftCost`: a draft pass's seconds and the target's pass cost by rows) drafts each
+  next token only while it pays: before each draft pass, the chance that the next token is
+  accepted (its depth's rate so far) must raise the expected tokens per second of the step by
+  more than the draft pass and the extra verification row cost; after it, the draft model's own
+  probability of its token, calibrated online per depth and probability decile (`estimate`),
+  sets that token's chance. Zero tokens when even the first does not pay (one probe every
+  `PROBE_EVERY` silent steps keeps the rates learning). Not with the cascade.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
 
 import torch
 
 from leapdecode.drafters.base import Draft, Drafter
+from leapdecode.drafters.cost_aware import AcceptanceEstimate, RequestEstimate
 from leapdecode.drafters.ngram import NGramModule
 from leapdecode.engine.backend import Backend
 from leapdecode.engine.backend import CacheState
+from leapdecode.engine.cost import PassCost
 from leapdecode.engine.sampling import SamplingParams, logits_to_probs
 from leapdecode.engine.noise import PositionNoise, Stream
 from leapdecode.verifiers import Verdict, verify_greedy, verify_speculative
 
 SCHEDULES = ("constant", "heuristic")
+PROBE_EVERY = 8  # silent steps (no draft: the first token did not pay) before one token is drafted anyway
+MAX_DEPTH_BUCKET = 8
+
+
+@dataclass(frozen=True)
+class DraftCost:
+    """What drafting one more token costs: one draft-model pass, and one more row in the
+    target's verification pass."""
+
+    draft_pass: float  # seconds of a draft-model pass over one token
+    target: PassCost  # seconds of a target pass by the rows it scores
+
+
+def _depth_bucket(depth: int) -> Hashable:
+    return ("depth", min(depth, MAX_DEPTH_BUCKET))
+
+
+def _prob_bucket(depth: int, prob: float) -> Hashable:
+    return ("prob", min(depth, MAX_DEPTH_BUCKET), min(int(prob * 10), 9))
 
 
 class DraftModelDrafter(Drafter):
@@ -54,6 +83,8 @@ class DraftModelDrafter(Drafter):
         schedule: str = "constant",
         threshold: float = 0.0,
         cascade_n: int = 0,
+        cost: DraftCost | None = None,
+        estimate: AcceptanceEstimate | None = None,
     ) -> None:
         if k < 1:
             raise ValueError(f"k must be >= 1, got {k}")
@@ -78,6 +109,11 @@ class DraftModelDrafter(Drafter):
         self.last_draft: list[int] = []
         self.k_now = k
         self.draft_passes = 0  # draft-model forward passes, for statistics and tests
+        self.cost = cost if cascade_n == 0 else None
+        self.shared = estimate if estimate is not None else AcceptanceEstimate()  # a decoder's greedy requests share it
+        self.rates = RequestEstimate(self.shared)
+        self.buckets: list[Hashable] = []  # per token of the last draft: its probability's bucket
+        self.silent = 0  # steps in a row without a draft
 
     def reset(self, prompt_ids: Sequence[int]) -> None:
         self.stream = list(prompt_ids)
@@ -86,6 +122,9 @@ class DraftModelDrafter(Drafter):
         self.last_draft = []
         self.k_now = self.k
         self.draft_passes = 0
+        self.rates = RequestEstimate(self.shared)
+        self.buckets = []
+        self.silent = 0
         if self.ngram is not None:
             self.ngram.initialise(prompt_ids)
 
@@ -111,14 +150,29 @@ class DraftModelDrafter(Drafter):
             return drafted[len(drafted) - count :]
         return self.stream[len(self.stream) - (count - len(drafted)) :] + drafted
 
+    def _pays(self, drafted: int, reach: float, expected: float) -> bool:
+        """Whether drafting one more token raises the step's expected tokens per second, with
+        `drafted` tokens drafted so far, the last one reached with probability `reach`, and
+        `expected` tokens expected from the step (the bonus token and each drafted one's reach)."""
+        assert self.cost is not None
+        if drafted == 0 and self.silent >= PROBE_EVERY:
+            return True  # probe: the rates learn only from drafted tokens
+        guess = reach * self.rates.rate(_depth_bucket(drafted + 1))
+        now = drafted * self.cost.draft_pass + self.cost.target.of(drafted + 1)
+        more = self.cost.draft_pass + self.cost.target.of(drafted + 2) - self.cost.target.of(drafted + 1)
+        return (expected + guess) / (now + more) > expected / now
+
     def propose(self, max_tokens: int) -> Draft:
         budget = min(self.k_now, max_tokens)
-        self.last_draft = []
+        self.last_draft, self.buckets = [], []
         if budget <= 0:
             return Draft()
         drafted: list[int] = []
         q_rows: list[torch.Tensor] = []  # each [tokens in that round, vocab]
+        reach, expected = 1.0, 1.0
         while len(drafted) < budget:
+            if self.cost is not None and not self._pays(len(drafted), reach, expected):
+                break
             # 1. What the cache lacks (at least the last emitted or drafted token), plus n-gram drafts.
             tail = self._tokens_from(self.seq.length if self.seq is not None else 0, drafted)
             lower: list[int] = []
@@ -136,6 +190,11 @@ class DraftModelDrafter(Drafter):
             num_kept, new = verdict.num_accepted, verdict.tokens
             self.backend.rollback(self.seq, self.seq.length - (len(lower) - num_kept))
             drafted.extend(new)
+            if self.cost is not None:  # the draft model's own probability of its token, calibrated
+                prob = float(self._probs(logits[-1:])[0, new[-1]])
+                self.buckets.append(_prob_bucket(len(drafted), prob))
+                reach *= self.rates.rate(self.buckets[-1])
+                expected += reach
             if (self.sampling.greedy or self.coupled) and self.threshold == 0.0:
                 continue  # greedy and coupled verification need no q
             probs = self._probs(logits[: num_kept + 1])  # [num_kept+1, vocab]
@@ -152,10 +211,21 @@ class DraftModelDrafter(Drafter):
                     self.backend.rollback(self.seq, min(self.seq.length, len(self.stream) + cut))
                     break
         self.last_draft = drafted
+        self.silent = 0 if drafted else self.silent + 1
         q = None if self.sampling.greedy or self.coupled else torch.cat(q_rows)  # [D, vocab]
         return Draft(drafted, q)
 
+    def cut(self, kept: Sequence[int]) -> None:
+        # a chain's kept part is a prefix: the rest was never scored
+        self.last_draft = self.last_draft[: len(kept)]
+        self.buckets = self.buckets[: len(kept)]
+
     def update(self, tokens: Sequence[int], num_accepted: int) -> None:
+        # each scored token up to the first rejected one: accepted or not, given its parent was
+        for j, bucket in enumerate(self.buckets[: num_accepted + 1]):
+            hit = j < num_accepted
+            self.rates.observe(_depth_bucket(j + 1), hit)
+            self.rates.observe(bucket, hit)
         if self.seq is not None:
             # The cache stays valid over the stream and the accepted drafts; drop the rest.
             self.backend.rollback(self.seq, min(self.seq.length, len(self.stream) + num_accepted))

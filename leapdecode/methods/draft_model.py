@@ -6,16 +6,20 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 from leapdecode.errors import MethodError, ModelLoadError
-from leapdecode.methods.base import DrafterFactory, Log, Method
+from leapdecode.methods.base import DrafterFactory, Log, Method, cached_cost, logger
 
 if TYPE_CHECKING:
     from leapdecode.drafters.base import Drafter
+    from leapdecode.engine.backend import Backend
+    from leapdecode.engine.cost import ForwardCost
     from leapdecode.engine.noise import PositionNoise
     from leapdecode.engine.sampling import SamplingParams
     from leapdecode.models.loading import LoadedModel
 
 SCHEDULES = ("constant", "heuristic")  # as `leapdecode.drafters.draft_model.SCHEDULES`
+PRECISIONS = ("int4", "own")  # the draft model's linear layers: the packed int4 kernel, or what the target's precision gives it
 CASCADE_N = 5  # the n-gram order of ANPD at the bottom of the cascade
+MIN_VOCAB = 256  # a smaller draft vocabulary could not hold the end-of-turn and byte tokens a chat needs
 
 
 @dataclass(frozen=True)
@@ -35,34 +39,95 @@ class DraftModel(Method):
     # sampling: the draft model picks with the target's own per-position uniforms, so a sampled
     # text equals plain sampling's (False: its own noise, verified by min(1, p/q))
     coupled: bool = True
+    # the draft model's own numerics never change the output (the target verifies every token):
+    # by default it runs its cheapest path, int4 whatever its checkpoint holds, and scores only
+    # the `vocab` tokens answers use most (0: its whole output layer)
+    precision: str = "int4"
+    vocab: int = 32768
+    # draft each next token only while it pays for its draft pass and its verification row, by
+    # the draft's own probability calibrated online (`DraftModelDrafter`'s `cost`); not with the cascade
+    cost_aware: bool = True
 
     def __post_init__(self) -> None:
         self._require(1 <= self.k <= 64, f"k must be between 1 and 64, got {self.k}")
         self._require(self.schedule in SCHEDULES, f"schedule must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}")
         self._require(0.0 <= self.threshold < 1.0, f"threshold must be in [0, 1), got {self.threshold}")
+        self._require(self.precision in PRECISIONS, f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
+        self._require(self.vocab == 0 or self.vocab >= MIN_VOCAB, f"vocab must be 0 (the whole output layer) or at least {MIN_VOCAB}, got {self.vocab}")
+
+    def prepare(
+        self, target: LoadedModel, *, draft_model: LoadedModel | None = None, log: Log | None = None,
+        backend: Backend | None = None, cost: ForwardCost | None = None,
+    ) -> DrafterFactory:
+        """The per-request drafter factory; with `cost_aware`, its drafters cut their own drafts
+        by what a draft pass and a verification row cost (`cost`: the target's curve, measured
+        here when not given), so no wrapper cuts them again."""
+        log = log or logger.info
+        if self.cost_aware and not self.cascade and cost is None:
+            cost = cached_cost(target, backend or self.make_backend(target), self.pass_size, log)
+        return self.build_factory(target, draft_model, log, cost if self.cost_aware and not self.cascade else None)
 
     def drafter_factory(self, target: LoadedModel, *, draft_model: LoadedModel | None, log: Log) -> DrafterFactory:
-        from leapdecode.drafters.draft_model import DraftModelDrafter
-        from leapdecode.engine.backend import TorchBackend
-        from leapdecode.models.loading import load_model
+        return self.build_factory(target, draft_model, log, None)
+
+    def build_factory(self, target: LoadedModel, draft_model: LoadedModel | None, log: Log, cost: ForwardCost | None) -> DrafterFactory:
+        from leapdecode.drafters.cost_aware import AcceptanceEstimate
+        from leapdecode.drafters.draft_model import DraftCost, DraftModelDrafter
+        from leapdecode.engine.cost import measure_forward_cost
 
         if target.backend != "torch":
             raise MethodError(f"draft: draft-model decoding runs on the torch backend, not {target.backend}")
         if draft_model is None:
             if not self.model:
                 raise MethodError("draft: needs model=NAME (a preset, folder, .gguf or hub id) for the draft model")
-            draft_model = load_model(self.model, device=target.device, dtype=target.model.dtype, quantize=target.quantize, log=log)
+            draft_model = self.load_draft(target, log)
         check_same_vocabulary(target, draft_model)
-        backend = TorchBackend(draft_model.model)
+        backend = self.draft_backend(target, draft_model, log)
         cascade_n = CASCADE_N if self.cascade else 0
+        draft_cost = None
+        if cost is not None:
+            draft_cost = DraftCost(measure_forward_cost(backend, 1).of(1), cost)
+            log(f"draft pass {1000 * draft_cost.draft_pass:.1f} ms, target pass {1000 * cost.of(1):.1f} ms")
+        shared = AcceptanceEstimate()  # greedy requests share what acceptance the draft's confidence means
 
         def factory(sampling: SamplingParams, noise: PositionNoise) -> Drafter:
             return DraftModelDrafter(
                 backend, self.k, sampling=sampling, noise=noise, coupled=self.coupled, schedule=self.schedule,
-                threshold=self.threshold, cascade_n=cascade_n,
+                threshold=self.threshold, cascade_n=cascade_n, cost=draft_cost,
+                estimate=shared if sampling.greedy else AcceptanceEstimate(),
             )
 
         return factory
+
+
+    def load_draft(self, target: LoadedModel, log: Log) -> LoadedModel:
+        """The draft model on its cheapest path: int4 (rounded from float32, whatever its file
+        holds) on a CPU, unless `precision=own` (then as the target's precision gives it)."""
+        import dataclasses
+
+        from leapdecode.models.loading import load_model
+        from leapdecode.models.quantize import quantize_model
+
+        if self.precision == "own" or target.device.type != "cpu":
+            return load_model(self.model, device=target.device, dtype=target.model.dtype, quantize=target.quantize, log=log)
+        draft = load_model(self.model, device=target.device, dtype="float32", quantize="none", log=log)
+        log(f"draft model {draft.name}: rounding its linear layers to int4 for drafting")
+        quantize_model(draft.model, "int4")
+        return dataclasses.replace(draft, quantize="int4", precision="int4, rounded for drafting")
+
+    def draft_backend(self, target: LoadedModel, draft: LoadedModel, log: Log) -> Backend:
+        """The draft model's backend: its output layer cut to the draft vocabulary (`vocab`)."""
+        from leapdecode.engine.backend import TorchBackend
+        from leapdecode.engine.draft_head import DraftHeadBackend
+        from leapdecode.heads.vocabulary import draft_vocabulary
+        from leapdecode.models.loading import default_cache_dir
+
+        size = target.model.config.get_text_config().vocab_size
+        if self.vocab == 0 or self.vocab >= size:
+            return TorchBackend(draft.model)
+        vocab, source = draft_vocabulary(target.tokenizer, self.vocab, size, sorted(target.eos_token_ids), default_cache_dir())
+        log(f"draft vocabulary: {len(vocab.ids)} of {size} tokens ({source})")
+        return DraftHeadBackend(draft.model, vocab.ids)
 
 
 def check_same_vocabulary(target: LoadedModel, draft: LoadedModel) -> None:

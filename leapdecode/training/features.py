@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,47 +20,6 @@ from typing import Any
 import torch
 
 TOP_K = 16  # target probabilities kept per position
-
-
-@dataclass(frozen=True)
-class DraftVocabulary:
-    """The draft vocabulary: `ids[i]` is draft token i's target id (most frequent first)."""
-
-    ids: tuple[int, ...]
-    target_size: int
-
-    @classmethod
-    def most_frequent(cls, sequences: Iterable[Iterable[int]], size: int, target_size: int, always: Iterable[int] = ()) -> DraftVocabulary:
-        """The `size` target tokens seen most often (ties: lower id first), `always` included
-        (end-of-turn tokens), sorted by target id as EAGLE's d2t offsets expect."""
-        counts: Counter[int] = Counter()
-        for seq in sequences:
-            counts.update(seq)
-        chosen = dict.fromkeys(t for t in always if 0 <= t < target_size)  # ordered, a set too
-        ranked = (t for t, _ in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
-        fill = range(target_size)  # the lowest unseen ids, when the corpus has too few distinct tokens
-        for t in (*ranked, *fill):
-            if len(chosen) >= min(size, target_size):
-                break
-            chosen.setdefault(t)
-        return cls(tuple(sorted(chosen)), target_size)
-
-    def d2t(self) -> torch.Tensor:
-        """[draft]: offsets, target id = draft id + d2t[draft id]."""
-        ids = torch.tensor(self.ids, dtype=torch.long)
-        return ids - torch.arange(len(ids))
-
-    def t2d(self) -> torch.Tensor:
-        """[target]: True where the draft vocabulary holds the target id."""
-        mask = torch.zeros(self.target_size, dtype=torch.bool)
-        mask[list(self.ids)] = True
-        return mask
-
-    def to_draft(self) -> torch.Tensor:
-        """[target]: each target id's draft id, -1 outside the draft vocabulary."""
-        table = torch.full((self.target_size,), -1, dtype=torch.long)
-        table[list(self.ids)] = torch.arange(len(self.ids))
-        return table
 
 
 @dataclass(frozen=True)

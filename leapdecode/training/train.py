@@ -28,7 +28,7 @@ from leapdecode.training.settings import Progress, TrainSettings, lr_at
 
 if TYPE_CHECKING:
     from leapdecode.models.loading import LoadedModel
-    from leapdecode.training.features import DraftVocabulary
+    from leapdecode.heads.vocabulary import DraftVocabulary
     from leapdecode.training.trainers import Trainer
 
 logger = logging.getLogger("leapdecode")
@@ -110,7 +110,7 @@ def _bar(total: int, done: int, enabled: bool) -> Any:
 
 
 def _vocabulary(target: LoadedModel, settings: TrainSettings, examples: list[Any], saved: dict[str, Any] | None) -> DraftVocabulary:
-    from leapdecode.training.features import DraftVocabulary
+    from leapdecode.heads.vocabulary import DraftVocabulary
 
     size = target.vocab_size
     if saved is not None:

@@ -20,7 +20,8 @@ from leapdecode.errors import InputError
 if TYPE_CHECKING:
     from leapdecode.drafters.base import Drafter
     from leapdecode.training.data import Conversation
-    from leapdecode.training.features import DraftVocabulary, Example
+    from leapdecode.heads.vocabulary import DraftVocabulary
+    from leapdecode.training.features import Example
     from leapdecode.training.settings import Progress, TrainSettings
     from leapdecode.models.loading import LoadedModel
 

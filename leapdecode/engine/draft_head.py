@@ -1,0 +1,70 @@
+"""A draft model's backend that scores only a draft vocabulary.
+
+Why: a small draft model spends a large share of its pass in its output layer (the 0.5B
+Qwen2.5's 151,936 x 896 head is a quarter of its bytes) on tokens it almost never drafts. Its
+decoder body runs as usual (the model's public `get_decoder()` forward, with the same cache), and
+only the rows of a draft vocabulary are scored. The logits come back over the whole vocabulary,
+-inf outside the draft vocabulary, so every verifier and sampler reads them unchanged: a drafter
+then never proposes a token outside it, and q's support only narrows (losslessness is the
+verifier's, whatever the draft proposes).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from leapdecode.engine.backend import CacheState, Scores, TorchBackend, cache_argument
+from leapdecode.engine.tree import TreeLayout
+from leapdecode.errors import InputError
+from leapdecode.models.quantize import QuantizedLinear
+
+
+def trimmed_head(model: Any, ids: torch.Tensor) -> nn.Module:
+    """`model`'s output layer restricted to the rows `ids` [V'], in the layer's own form (a
+    quantized head stays quantized at its bits; a float one stays float)."""
+    head = model.get_output_embeddings()
+    if isinstance(head, QuantizedLinear):
+        rows = head.weight_float()[ids]  # [V', hidden]
+        bias = None if head.bias is None else head.bias[ids]
+        return QuantizedLinear.from_weight(rows, head.bits, bias)
+    if isinstance(head, nn.Linear):
+        layer = nn.Linear(head.in_features, len(ids), bias=head.bias is not None, dtype=head.weight.dtype, device=head.weight.device)
+        with torch.no_grad():
+            layer.weight.copy_(head.weight[ids])
+            if head.bias is not None:
+                layer.bias.copy_(head.bias[ids])
+        return layer.requires_grad_(False)
+    raise InputError(f"a draft vocabulary needs a linear output layer, not {type(head).__name__}")
+
+
+class DraftHeadBackend(TorchBackend):
+    """A `TorchBackend` over a draft model whose logits come from a draft vocabulary's rows of its
+    output layer (see the module doc). Chains only: a draft model drafts chains."""
+
+    def __init__(self, model: Any, ids: Sequence[int]) -> None:
+        super().__init__(model)
+        self.body = model.get_decoder()
+        self.body_cache_argument = cache_argument(self.body.forward)
+        self.ids = torch.tensor(sorted(set(ids)), dtype=torch.long, device=self.device)  # [V'] target ids, ascending
+        self.head = trimmed_head(model, self.ids)
+
+    def _run(
+        self, seq: CacheState, token_ids: list[int], logits_to_keep: int, hidden: bool, tree: TreeLayout | None = None,
+        features: tuple[int, ...] = (),
+    ) -> Scores:
+        if (tree is not None and not tree.is_chain) or features or hidden:
+            raise InputError("a draft vocabulary's backend scores chains only, without states")
+        input_ids = torch.tensor([token_ids], dtype=torch.long, device=self.device)  # [1, n]
+        out = self.body(input_ids=input_ids, use_cache=True, **{self.body_cache_argument: seq.cache})
+        seq.length += len(token_ids)
+        states = out.last_hidden_state[0]  # [n, hidden], after the final norm
+        if logits_to_keep:
+            states = states[-logits_to_keep:]  # [k, hidden]
+        scored = self.head(states).float()  # [k, V']
+        logits = torch.full((scored.shape[0], self.vocab_size), float("-inf"), device=self.device)  # [k, vocab]
+        logits.index_copy_(1, self.ids, scored)
+        return Scores(logits=logits)
