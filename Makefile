@@ -34,8 +34,12 @@ test-models: model
 	$(BIN)/leapdecode models pull qwen2.5-coder-1.5b
 
 # The llama.cpp backend (an optional extra): llama-cpp-python compiles llama.cpp, about four minutes.
+# Built for this CPU (-march=native) but without AMX: on CPUs that have it, ggml's AMX matmul
+# crashes (SIGSEGV in ggml_backend_amx_mul_mat) on the OpenMP threads torch started first.
+NO_AMX := -mno-amx-tile -mno-amx-int8 -mno-amx-bf16
 llamacpp: setup
-	@$(PY) -c "import llama_cpp" 2>/dev/null || $(PY) -m pip install -q --disable-pip-version-check -e ".[dev,llamacpp]"
+	@$(PY) -c "import llama_cpp" 2>/dev/null || CMAKE_ARGS="'-DCMAKE_C_FLAGS=$(NO_AMX)' '-DCMAKE_CXX_FLAGS=$(NO_AMX)'" \
+	  $(PY) -m pip install -q --disable-pip-version-check --no-cache-dir -e ".[dev,llamacpp]"
 
 # SuffixDecoding's own code (arctic-inference, a peer in the benchmark: `arctic-suffix`). PyPI has
 # only its source, and building it in isolation would pull a CUDA torch: it is built here against
