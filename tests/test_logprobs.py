@@ -10,7 +10,7 @@ from leapdecode.api import Decoder
 from leapdecode.errors import InputError
 from tests.helpers import make_tiny_model, prompts, tiny_lm
 
-METHODS = ["ar", "anpd:n=3,k=6,cost_aware=false", "pld", "anpd-tree", "lookahead", "draft:k=3"]
+METHODS = ["ar", "anpd:n=3,k=6,cost_aware=false", "pld", "anpd-tree", "lookahead", "draft:k=3,cost_aware=false"]
 
 
 @pytest.fixture(scope="module")

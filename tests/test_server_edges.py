@@ -129,3 +129,12 @@ def test_queue_depth_counts_what_waits_for_the_batch_not_what_runs(app_client) -
     assert (2.0, 3.0) in seen, seen
     assert statuses == [200] * 5
     assert gauge(app_client, "leapdecode_running_requests") == 0 and gauge(app_client, "leapdecode_queue_depth") == 0
+
+
+def test_a_vanishing_temperature_decodes_greedily_instead_of_sampling_nan(app_client) -> None:
+    """Found by the fuzz test: logits divided by 1e-243 overflow to NaN, whose "sample" was a
+    token id past the vocabulary (a 500). Below 1e-5 a temperature is greedy, as in vLLM."""
+    body = {"model": MODEL, "messages": [{"role": "tool", "content": "0"}], "max_tokens": 4}
+    tiny = app_client.post("/v1/chat/completions", json={**body, "temperature": 1.129452337650155e-243})
+    greedy = app_client.post("/v1/chat/completions", json={**body, "temperature": 0})
+    assert tiny.status_code == 200 and tiny.json()["choices"][0]["message"] == greedy.json()["choices"][0]["message"]

@@ -13,9 +13,15 @@ import torch
 from leapdecode.errors import InputError
 
 
+# Below this a temperature is greedy decoding (vLLM's rule): logits divided by a tinier one
+# overflow float32, and a distribution of NaNs would sample a token that does not exist.
+MIN_TEMPERATURE = 1e-5
+
+
 @dataclass(frozen=True)
 class SamplingParams:
-    """temperature 0 means greedy decoding (as in the OpenAI API); top_k 0 and top_p 1 mean off."""
+    """temperature 0 (or below `MIN_TEMPERATURE`) means greedy decoding (as in the OpenAI API);
+    top_k 0 and top_p 1 mean off."""
 
     temperature: float = 0.0
     top_k: int = 0
@@ -34,7 +40,7 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        return self.temperature < MIN_TEMPERATURE
 
 
 def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
