@@ -27,26 +27,28 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def server():
+def start_server(*options: str):
+    """`leapdecode serve` on a free loopback port with `options`, once /health answers: (url, process)."""
     port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "leapdecode", "serve", "--model", MODEL, "--dtype", "float32", "--port", str(port), "--max-queue", "4", "--timeout", "60",
-         "--max-batch", "4", "--body-timeout", "3", "--max-connections", "48"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )
+    proc = subprocess.Popen([sys.executable, "-m", "leapdecode", "serve", "--model", MODEL, "--port", str(port), *options],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"
     deadline = time.time() + 180
     while time.time() < deadline:
         try:
             if httpx.get(url + "/health", timeout=2).status_code == 200:
-                break
+                return url, proc
         except httpx.HTTPError:
             time.sleep(0.5)
         assert proc.poll() is None, proc.stdout.read()
-    else:
-        proc.kill()
-        pytest.fail("the server did not start")
+    proc.kill()
+    pytest.fail("the server did not start")
+
+
+@pytest.fixture(scope="module")
+def server():
+    url, proc = start_server("--dtype", "float32", "--max-queue", "4", "--timeout", "60", "--max-batch", "4",
+                             "--body-timeout", "3", "--max-connections", "48")
     yield url, proc
     proc.terminate()
     proc.wait(timeout=30)

@@ -7,8 +7,6 @@ second half."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import threading
 import time
 
@@ -17,7 +15,7 @@ import psutil
 import pytest
 
 from leapdecode import wrap
-from tests.test_server import MODEL, free_port
+from tests.test_server import MODEL, start_server
 
 METHODS = ["ar", "anpd", "pld", "suffix", "recycle", "hybrid", "jacobi", "lookahead", "anpd-tree", "trie"]
 LONG = "Here is a long document about rivers. " + " ".join(f"River {i} flows into the sea past town {i}." for i in range(150))
@@ -29,24 +27,7 @@ RSS_GROWTH_MB = 96  # over the soak's second half
 
 @pytest.fixture(scope="module")
 def soak_server():
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "leapdecode", "serve", "--model", MODEL, "--dtype", "float32", "--port", str(port),
-         "--max-queue", "16", "--max-batch", "4", "--timeout", "60", "--method", "anpd"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 180
-    while time.time() < deadline:
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                break
-        except httpx.HTTPError:
-            time.sleep(0.5)
-        assert proc.poll() is None, proc.stdout.read()
-    else:
-        proc.kill()
-        pytest.fail("the server did not start")
+    url, proc = start_server("--dtype", "float32", "--max-queue", "16", "--max-batch", "4", "--timeout", "60", "--method", "anpd")
     yield url, proc
     proc.terminate()
     proc.wait(timeout=30)
