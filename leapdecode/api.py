@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Any, TypedDict, Union, Unpack
 import torch
 
 from leapdecode.engine import GenerationStats, SamplingParams, Step, StopCriteria, TreeVerifier, Verifier, truncate_at_stop
-from leapdecode.engine.loop import SequenceRun, decode_run
+from leapdecode.engine.loop import SequenceRun
+from leapdecode.engine.scheduler import decode_run
 from leapdecode.errors import InputError
 from leapdecode.methods import Method, parse_method
 from leapdecode.models import LoadedModel

@@ -282,6 +282,51 @@ def test_a_request_past_its_time_limit_leaves_and_a_failing_pass_ends_only_its_r
     assert ends["healthy"] == "length" and out == decoder.generate([9, 8, 7, 9, 8, 7], max_new_tokens=12).token_ids
 
 
+@pytest.mark.parametrize("max_batch", [1, 3])
+def test_requests_that_cannot_share_run_in_passes_of_their_own_beside_the_shared_pass(exact_tiny, max_batch) -> None:
+    """A method on a backend of its own (the target's layers run one by one) holds a slot and runs
+    its own passes, taking turns with the shared pass; every output is the request's alone."""
+    layered, plain = wrap(exact_tiny, "layerskip:exit=1,k=3"), wrap(exact_tiny, "anpd")
+    scheduler = BatchScheduler(plain.backend, ForwardCost(tuple(0.01 + 0.003 * n for n in range(1, 65))), max_batch=max_batch, max_rows=32)
+    prompts = [[5, 6, 7, 5, 6, 7, 5], [9, 8, 9, 8, 9, 8], [4, 4, 3, 4, 4, 3, 4]]
+    decoders = [layered, plain, layered]
+    outputs: list[list[int]] = [[] for _ in prompts]
+    ends: dict[int, str] = {}
+    submitted = [scheduler.submit(Submission(d.start(p, max_new_tokens=16), lambda s, i=i: outputs[i].extend(s.tokens),
+                                             lambda r, i=i: ends.__setitem__(i, r), backend=d.backend))
+                 for i, (d, p) in enumerate(zip(decoders, prompts))]
+    assert [s.alone for s in submitted] == [True, False, True]
+    reports = []
+    while not scheduler.idle:
+        report = scheduler.step()
+        if report is not None:
+            reports.append(report)
+        assert len(scheduler.running) <= max_batch
+    assert ends == {0: "length", 1: "length", 2: "length"}
+    for d, p, out in zip(decoders, prompts, outputs):
+        assert out == d.generate(p, max_new_tokens=16).token_ids
+    if max_batch > 1:  # both kinds of pass were taken in turn while both were running
+        assert any(r.sequences > 1 or r.prefill_rows for r in reports) and any(r.sequences == 1 for r in reports)
+
+
+def test_a_batch_of_one_is_the_decode_loop_and_raises_what_failed(exact_tiny) -> None:
+    from leapdecode.engine.scheduler import decode_run
+
+    decoder = wrap(exact_tiny, "anpd")
+    scheduler = BatchScheduler.alone(decoder.backend)
+    assert scheduler.packing is None
+    run = decoder.start([5, 6, 7, 5, 6, 7], max_new_tokens=12)
+    assert [t for step in decode_run(decoder.backend, run) for t in step.tokens] == decoder.generate([5, 6, 7, 5, 6, 7], max_new_tokens=12).token_ids
+    broken = decoder.start([5, 6, 7], max_new_tokens=12)
+    broken.drafter.propose = lambda max_tokens: (_ for _ in ()).throw(RuntimeError("drafter failed"))  # type: ignore[method-assign]
+    steps = decode_run(decoder.backend, broken)
+    assert len(next(steps).tokens) == 1  # the prefill's token came before the failure
+    with pytest.raises(RuntimeError, match="drafter failed"):
+        next(steps)
+    with pytest.raises(InputError, match="needs the row-exact kernels|cannot|decodes one sequence"):
+        BatchScheduler(wrap(exact_tiny, "layerskip:exit=1").backend, ForwardCost((0.01,)), max_batch=2, max_rows=8)
+
+
 def test_measured_batch_cost_covers_every_row_count_and_never_falls(exact_tiny) -> None:
     backend = TorchBackend(exact_tiny.model, exact_tokens=exact_tiny.exact_tokens)
     cost = measure_batch_cost(backend, 20, 4, context=16, repeats=1)

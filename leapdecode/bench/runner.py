@@ -238,7 +238,7 @@ def run_benchmark(
             label = runner.label
             out = outputs[label]
             reference = outputs.get(plain_label[label]) if label != plain_label[label] else None
-            if not sampling.greedy and getattr(runner.method, "coupled", True) is False:
+            if not sampling.greedy and not runner.method.capabilities.coupled:
                 reference = None  # min(1, p/q) keeps the distribution, not plain sampling's tokens
             diff = None if reference is None else first_difference(reference.token_ids, out.token_ids)
             agreed = None if runner.method.lossless else token_agreement(runner.lm, prompt_ids, out.token_ids)

@@ -102,8 +102,9 @@ def bench(
     meta["decoding"] = "greedy" if sampling.greedy else f"sampled: temperature {temperature}, top_k {top_k}, top_p {top_p}, seeds {seed}+"
     heads: dict[str, list[str]] = {}  # which head each method ran with, once per head
     for e in chosen:
-        if getattr(e.method, "head", None) is not None:
-            heads.setdefault(describe_head(e.method, lm), []).append(f"`{short_label(e.label, lm.backend)}`")
+        head = e.method.capabilities.head
+        if head is not None:
+            heads.setdefault(describe_head(head, e.method.name, lm), []).append(f"`{short_label(e.label, lm.backend)}`")
     if heads:
         meta["heads"] = {", ".join(labels): about for about, labels in heads.items()}
     k = {**{str(e.method): e.method.draft_length for e in chosen}, **{e.label: e.method.draft_length for e in chosen}}

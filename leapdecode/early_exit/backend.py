@@ -43,6 +43,10 @@ class LayerBackend:
         self.vocab_size: int = int(self.runner.config.vocab_size)
         self.all_layers = tuple(range(self.runner.num_layers))
 
+    @property
+    def batchable(self) -> str | None:
+        return "a method that runs the target's layers its own way decodes one sequence at a time"
+
     @torch.inference_mode()
     def prefill(self, prompt_ids: list[int], *, features: tuple[int, ...] = ()) -> tuple[LayeredSequence, Scores]:
         no_features(features)

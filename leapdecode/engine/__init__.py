@@ -1,7 +1,8 @@
 """The engine: the backend interface, the one decode loop, stop criteria and statistics."""
 
 from leapdecode.engine.backend import Backend, CacheState, Scores, TorchBackend, keep_cache_entries, rollback_cache
-from leapdecode.engine.loop import Step, TreeVerifier, Verifier, decode
+from leapdecode.engine.loop import Step, TreeVerifier, Verifier
+from leapdecode.engine.scheduler import decode
 from leapdecode.engine.sampling import SamplingParams, logits_to_probs
 from leapdecode.engine.stats import GenerationStats
 from leapdecode.engine.stopping import StopCriteria, truncate_at_stop

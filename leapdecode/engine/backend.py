@@ -72,6 +72,12 @@ class Backend(Protocol):
         exactly; this keeps verification in the kernel's fast range), or None: any number."""
         ...
 
+    @property
+    def batchable(self) -> str | None:
+        """Why this backend cannot score several sequences in one pass (`engine.batch`), or None
+        when it can: its requests then share the scheduler's passes."""
+        ...
+
 
 class AttentionLayout:
     """Which layers attend to everything and which to a sliding window, read from the config

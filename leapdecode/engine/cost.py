@@ -105,6 +105,37 @@ def allocate(offers: Sequence[Offer | None], caps: Sequence[int], base_rows: int
     return [sorted(k) for k in kept]
 
 
+KNEE = 1.1  # a pass of `efficient_rows` costs at most this much per row over the best pass's
+
+
+def efficient_rows(cost: PassCost, max_rows: int) -> int:
+    """The fewest rows at which a pass costs at most `KNEE` x the lowest cost per row of any pass
+    up to `max_rows` rows: a bigger pass saves (almost) nothing per row, and only makes the
+    requests decoding in it wait longer for their next token."""
+    per_row = [cost.of(n) / n for n in range(1, max_rows + 1)]
+    best = min(per_row)
+    return next(n for n, c in enumerate(per_row, 1) if c <= KNEE * best)
+
+
+def share_rows(needs: list[int], rows: int) -> list[int]:
+    """`rows` shared among prompts that still need `needs` rows (oldest first): an equal share
+    each, what a prompt needs less than its share going to the others, the remainder to the
+    oldest (max-min fairness)."""
+    given = [0] * len(needs)
+    open_ = [i for i, need in enumerate(needs) if need > 0]
+    while rows > 0 and open_:
+        each = max(1, rows // len(open_))
+        for i in list(open_):
+            take = min(each, needs[i] - given[i], rows)
+            given[i] += take
+            rows -= take
+            if given[i] == needs[i]:
+                open_.remove(i)
+            if rows == 0:
+                break
+    return given
+
+
 def measure_forward_cost(backend: Backend, max_tokens: int, *, context: int = 64, repeats: int = 3, tree: bool = False) -> ForwardCost:
     """Time passes of 1..max_tokens tokens after a `context`-token prompt on `backend`: `repeats`
     rounds over every size, the median per size, fitted non-decreasing (`nondecreasing_fit`).

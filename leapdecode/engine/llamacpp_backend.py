@@ -61,6 +61,10 @@ class LlamaCppBackend:
         self._batch = self.llama_cpp.llama_batch_init(model.n_batch, 0, MAX_SEQUENCES)
         self.model.exact_batches or self._probe()  # probed now, before any sequence it would overwrite
 
+    @property
+    def batchable(self) -> str | None:
+        return "the llama.cpp backend decodes one sequence at a time"
+
     def __del__(self) -> None:
         batch = getattr(self, "_batch", None)
         if batch is not None:

@@ -10,12 +10,14 @@ engine depends on their interfaces only): `leapdecode.drafters.base` and
 `leapdecode.verifiers.verdict`.
 
 Per step the loop does work proportional to the draft, never to the context, and makes one
-device-to-host transfer (inside the verifier).
+device-to-host transfer (inside the verifier). A `SequenceRun` is one generation's side of the
+loop; the scheduler (`engine.scheduler`) owns the passes, for a request alone (`decode_run`: a
+batch of one) as for many.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -53,37 +55,6 @@ class Step:
     parents: tuple[int, ...] | None = None  # the draft's tree (None: a chain)
     path: tuple[int, ...] = ()  # indices of the accepted drafted tokens, root first
     logprobs: tuple[TokenLogprob, ...] | None = None  # one per emitted token, when the verifier was asked
-
-
-def decode(
-    backend: Backend,
-    prompt_ids: Sequence[int],
-    drafter: Drafter,
-    stop: StopCriteria,
-    verifier: Verifier,
-    tree_verifier: TreeVerifier,
-) -> Iterator[Step]:
-    """Generate after `prompt_ids`, yielding one `Step` per target forward pass."""
-    return decode_run(backend, SequenceRun(prompt_ids, drafter, stop, verifier, tree_verifier))
-
-
-def decode_run(backend: Backend, run: SequenceRun) -> Iterator[Step]:
-    """Drive one `SequenceRun` alone, one pass at a time (`engine.scheduler` drives several)."""
-    # 1. Prefill: the prompt's pass also gives the first new token.
-    seq, scores = backend.prefill(run.prompt_ids, **run.wants)
-    step = run.begin(backend, seq, scores)
-    while True:
-        # 2. Emit what the target produced, cut at EOS / a stop string / the budget.
-        yield step
-        if run.done:
-            return
-        # 3. Tell the drafter; ask for a draft no longer than what is left and than the backend
-        #    verifies exactly.
-        tokens, tree = run.plan(run.propose(backend.draft_limit(seq)))
-        # 4. Score the pending token (emitted, not yet cached) and the draft in one pass.
-        scores = backend.forward(seq, tokens, tree=tree, **run.wants)
-        # 5-7. Verify, keep the accepted path in the cache, let the drafter learn.
-        step = run.settle(backend, scores)
 
 
 class SequenceRun:

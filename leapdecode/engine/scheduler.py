@@ -22,6 +22,12 @@ On a CPU a row is dear once a pass holds a few: with eight requests, a drafted t
 likelier than about (8 x the cost of one more row / the cost of the pass) to earn its row, so
 speculation falls back to plain decoding rows when they are dear and drafts again as the batch
 thins. One pass is `step()`; the server's worker thread and the benchmark call it in a loop.
+
+It is the only driver: a request alone is a batch of one (`decode_run`), and a request that cannot
+share passes (a backend that cannot pack sequences: llama.cpp, a method that runs the target's
+layers its own way) runs in passes of its own, taking turns with the shared pass. Such a pass is
+the decode loop's step for one request (`_alone_pass`): the whole prompt, or the request's own
+cut draft, on its own backend.
 """
 
 from __future__ import annotations
@@ -31,14 +37,15 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from leapdecode.engine.backend import TorchBackend
 from leapdecode.engine.batch import BatchItem, forward_batch
-from leapdecode.engine.cost import PassCost, allocate
+from leapdecode.engine.cost import PassCost, allocate, efficient_rows, share_rows
 from leapdecode.engine.loop import SequenceRun, Step
 from leapdecode.errors import InputError
 from leapdecode.models.row_exact import PASS_ROWS
@@ -47,7 +54,10 @@ logger = logging.getLogger("leapdecode")
 
 if TYPE_CHECKING:
     from leapdecode.drafters.base import Offer
-    from leapdecode.engine.backend import CacheState, Scores, TorchBackend
+    from leapdecode.drafters.base import Drafter
+    from leapdecode.engine.backend import Backend, CacheState, Scores
+    from leapdecode.engine.loop import TreeVerifier, Verifier
+    from leapdecode.engine.stopping import StopCriteria
 
 
 @dataclass(frozen=True)
@@ -77,6 +87,8 @@ class Submission:
     submitted_at: float = field(default_factory=time.monotonic)
     started_at: float | None = None  # when it joined the batch (queue time ends, its prefill's time limit starts)
     decoding_at: float | None = None  # when its prompt was in and its first token out (its decoding's time limit starts)
+    backend: Backend | None = None  # the backend its run was made for; None: the scheduler's
+    alone: bool = field(default=False, init=False)  # runs in passes of its own (set by the scheduler at submit)
 
     def overdue(self, now: float) -> bool:
         """Past its time limit: its decoding counted from its first token, its prefill (which
@@ -102,65 +114,46 @@ class Prefill:
     followers: list[Submission] = field(default_factory=list)
 
 
-KNEE = 1.1  # a pass of `efficient_rows` costs at most this much per row over the best pass's
-
-
-def efficient_rows(cost: PassCost, max_rows: int) -> int:
-    """The fewest rows at which a pass costs at most `KNEE` x the lowest cost per row of any pass
-    up to `max_rows` rows: a bigger pass saves (almost) nothing per row, and only makes the
-    requests decoding in it wait longer for their next token."""
-    per_row = [cost.of(n) / n for n in range(1, max_rows + 1)]
-    best = min(per_row)
-    return next(n for n, c in enumerate(per_row, 1) if c <= KNEE * best)
-
-
-def share_rows(needs: list[int], rows: int) -> list[int]:
-    """`rows` shared among prompts that still need `needs` rows (oldest first): an equal share
-    each, what a prompt needs less than its share going to the others, the remainder to the
-    oldest (max-min fairness)."""
-    given = [0] * len(needs)
-    open_ = [i for i, need in enumerate(needs) if need > 0]
-    while rows > 0 and open_:
-        each = max(1, rows // len(open_))
-        for i in list(open_):
-            take = min(each, needs[i] - given[i], rows)
-            given[i] += take
-            rows -= take
-            if given[i] == needs[i]:
-                open_.remove(i)
-            if rows == 0:
-                break
-    return given
-
-
 class BatchScheduler:
-    """Runs submitted requests in shared passes on one `TorchBackend` (see the module doc)."""
+    """Runs submitted requests in shared passes on one `TorchBackend`, or one request at a time in
+    passes of its own on any `Backend` (see the module doc)."""
 
-    def __init__(self, backend: TorchBackend, cost: PassCost, *, max_batch: int = 8, max_rows: int = 128,
+    def __init__(self, backend: Backend, cost: PassCost | None, *, max_batch: int = 8, max_rows: int = 128,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        reason = backend.batchable
-        if reason is not None:
-            raise InputError(reason)
+        """`cost`: the measured cost of a shared pass by rows on `backend`, which must pack
+        sequences; None: requests never share passes (any backend)."""
+        if cost is not None and backend.batchable is not None:
+            raise InputError(backend.batchable)
         if not 1 <= max_batch <= max_rows <= PASS_ROWS:
             raise InputError(f"max_batch must be at least 1, and max_rows from max_batch to {PASS_ROWS}; got {max_batch} and {max_rows}")
         self.backend = backend
         self.cost = cost
+        # requests on a backend that packs sequences share passes on it; the others run alone
+        self.packing = backend if cost is not None and isinstance(backend, TorchBackend) else None
         self.max_batch = max_batch
         self.max_rows = max_rows
         self.clock = clock
         # while requests decode, a pass holds no more rows than this (prompt chunks shrink): past
         # it prompt rows cost as much each, and the decoding requests would wait longer per token
-        self.busy_rows = efficient_rows(cost, max_rows)
+        self.busy_rows = efficient_rows(cost, max_rows) if cost is not None else max_rows
         self.waiting: deque[Submission] = deque()
         self.running: list[Submission] = []  # admitted: decoding, prefilling, or following a prefill
         self.prefilling: dict[Submission, Prefill] = {}  # in order of admission
+        self._turn = 0  # whose pass is next: the shared pass, then each request alone in turn
         self._lock = threading.Lock()
         self.wake = threading.Condition(self._lock)  # notified on submit: an idle worker sleeps on it
+
+    @classmethod
+    def alone(cls, backend: Backend) -> BatchScheduler:
+        """A batch of one: one request at a time, each pass the decode loop's step for it."""
+        return cls(backend, None, max_batch=1, max_rows=1)
 
     def submit(self, submission: Submission) -> Submission:
         """Queue a request (any thread); it joins at a pass with room for it."""
         if not submission.run.prompt_ids:
             raise InputError("a request needs at least one prompt token")
+        backend = submission.backend if submission.backend is not None else self.backend
+        submission.alone = self.packing is None or backend.batchable is not None
         with self.wake:
             self.waiting.append(submission)
             self.wake.notify_all()
@@ -178,19 +171,62 @@ class BatchScheduler:
 
     @torch.inference_mode()
     def step(self) -> PassReport | None:
-        """One pass over the running requests: their decoding rows, then prompt chunks in the
-        rows left (shared fairly, `share_rows`); None when there is nothing to do."""
+        """One pass: the shared pass over the requests that share (their decoding rows, then
+        prompt chunks in the rows left, shared fairly: `share_rows`), or one request's pass of
+        its own, in turn; None when there is nothing to do."""
         self._drop_leavers()
         self._admit()
-        decoding = [s for s in self.running if s.run.seq is not None]
-        start = self.clock()
-        if not decoding and not self.prefilling:
+        decoding = [s for s in self.running if not s.alone and s.run.seq is not None]
+        turns: list[Submission | None] = [None] if decoding or self.prefilling else []
+        turns += [s for s in self.running if s.alone]
+        if not turns:
             return None
-        rows = self.max_rows - len(decoding)  # for prompt chunks
-        if decoding:  # a pass no bigger than pays per row: the decoding requests wait less per token
-            rows = min(rows, max(1, self.busy_rows - len(decoding)))
-        report = self._pass(decoding, self._chunks(rows))
+        turn = turns[self._turn % len(turns)]
+        self._turn += 1
+        start = self.clock()
+        if turn is not None:
+            report = self._alone_pass(turn)
+        else:
+            rows = self.max_rows - len(decoding)  # for prompt chunks
+            if decoding:  # a pass no bigger than pays per row: the decoding requests wait less per token
+                rows = min(rows, max(1, self.busy_rows - len(decoding)))
+            report = self._pass(decoding, self._chunks(rows))
         return dataclasses.replace(report, seconds=self.clock() - start) if report is not None else None
+
+    def _alone_pass(self, submission: Submission) -> PassReport:
+        """One pass of a request that does not share: the decode loop's step on its own backend."""
+        run = submission.run
+        backend = submission.backend if submission.backend is not None else self.backend
+        if run.seq is None:
+            # 1. Prefill: the prompt's pass also gives the first new token.
+            def prefill() -> int:
+                seq, scores = backend.prefill(run.prompt_ids, **run.wants)
+                submission.decoding_at = self.clock()
+                return self._deliver(submission, run.begin(backend, seq, scores))  # 2. emit
+
+            emitted = self._isolated(submission, prefill) or 0
+            return PassReport(1, len(run.prompt_ids), len(run.prompt_ids), 0, emitted, 0.0)
+        drafted = 0
+
+        def decode_step() -> int:
+            nonlocal drafted
+            assert run.seq is not None
+            # 3. Tell the drafter; ask for a draft no longer than what is left and than the
+            #    backend verifies exactly (the drafter's own cut: it is alone in the pass).
+            tokens, tree = run.plan(run.propose(backend.draft_limit(run.seq)))
+            drafted = len(tokens) - 1
+            # 4. Score the pending token (emitted, not yet cached) and the draft in one pass.
+            scores = backend.forward(run.seq, tokens, tree=tree, **run.wants)
+            # 5-7. Verify, keep the accepted path in the cache, let the drafter learn; 2. emit.
+            return self._deliver(submission, run.settle(backend, scores))
+
+        emitted = self._isolated(submission, decode_step) or 0
+        return PassReport(1, 1 + drafted, 0, drafted, emitted, 0.0)
+
+    def _packer(self) -> TorchBackend:
+        """The backend of the shared passes (only requests that share reach them)."""
+        assert self.packing is not None, "a shared pass on a scheduler that does not share"
+        return self.packing
 
     def fail_all(self, error: BaseException) -> None:
         """End every running and waiting request with `error` (the caller's loop failed)."""
@@ -228,7 +264,7 @@ class BatchScheduler:
             return None
         wanted = tuple(sorted({layer for s in members for layer in s.run.wants.get("features", ())}))
         try:
-            scores = forward_batch(self.backend, items, wanted)
+            scores = forward_batch(self._packer(), items, wanted)
         except Exception as exc:  # noqa: BLE001 - the pass failed: each of its requests ends with the error
             followers = [f for s, _ in chunks for f in self.prefilling.pop(s).followers]  # their prompt's cache is spoiled
             for submission in members + followers:
@@ -251,7 +287,7 @@ class BatchScheduler:
 
     def _settled(self, submission: Submission, scores: Scores, wanted: tuple[int, ...]) -> int:
         """A decoding request's rows were scored: verify, keep, emit."""
-        return self._deliver(submission, submission.run.settle(self.backend, self._features_for(submission.run, scores, wanted)))
+        return self._deliver(submission, submission.run.settle(self._packer(), self._features_for(submission.run, scores, wanted)))
 
     def _prefilled(self, submission: Submission, rows: int, scores: Scores) -> int:
         """A chunk of `submission`'s prompt was scored; once the whole prompt is in, it and the
@@ -269,11 +305,11 @@ class BatchScheduler:
         now = self.clock()
         for member in (submission, *prefill.followers):
             member.decoding_at = now
-        forks = [(f, self._isolated(f, lambda: self.backend.fork(prefill.seq))) for f in prefill.followers]
-        emitted = self._isolated(submission, lambda: self._deliver(submission, submission.run.begin(self.backend, prefill.seq, whole))) or 0
+        forks = [(f, self._isolated(f, lambda: self._packer().fork(prefill.seq))) for f in prefill.followers]
+        emitted = self._isolated(submission, lambda: self._deliver(submission, submission.run.begin(self._packer(), prefill.seq, whole))) or 0
         for follower, seq in forks:
             if seq is not None:
-                emitted += self._isolated(follower, lambda f=follower, q=seq: self._deliver(f, f.run.begin(self.backend, q, whole))) or 0
+                emitted += self._isolated(follower, lambda f=follower, q=seq: self._deliver(f, f.run.begin(self._packer(), q, whole))) or 0
         return emitted
 
     def _deliver(self, submission: Submission, step: Step) -> int:
@@ -316,17 +352,19 @@ class BatchScheduler:
                 self.running.append(submission)
                 joining.append(submission)
         for submission in joining:
+            if submission.alone:  # prefilled in a pass of its own
+                continue
             run = submission.run
             leader = next((s for s in self.prefilling if s.run.prompt_ids == run.prompt_ids and s.run.wants == run.wants), None)
             if leader is not None:
                 self.prefilling[leader].followers.append(submission)
             else:
-                self.prefilling[submission] = Prefill(self.backend.new_sequence())
+                self.prefilling[submission] = Prefill(self._packer().new_sequence())
 
     def _plan_decoding(self, submission: Submission) -> tuple[Offer, int]:
         """A decoding request's offer and the most drafted tokens its pass may verify exactly."""
         run = submission.run
-        exact = self.backend.draft_limit(run.seq)
+        exact = self._packer().draft_limit(run.seq)
         offer = run.offer(exact)
         return offer, len(offer.draft) if exact is None else min(len(offer.draft), exact)
 
@@ -382,3 +420,30 @@ class BatchScheduler:
             return
         heir = prefill.followers.pop(0) if prefill.followers else None
         self.prefilling = {(heir if s is submission else s): p for s, p in self.prefilling.items() if s is not submission or heir is not None}
+
+
+def decode(
+    backend: Backend,
+    prompt_ids: Sequence[int],
+    drafter: Drafter,
+    stop: StopCriteria,
+    verifier: Verifier,
+    tree_verifier: TreeVerifier,
+) -> Iterator[Step]:
+    """Generate after `prompt_ids`, yielding one `Step` per target forward pass."""
+    return decode_run(backend, SequenceRun(prompt_ids, drafter, stop, verifier, tree_verifier))
+
+
+def decode_run(backend: Backend, run: SequenceRun) -> Iterator[Step]:
+    """Drive one `SequenceRun` alone: the scheduler with a batch of one, a step per pass, each
+    step yielded as its pass ends; an error in the request is raised here."""
+    scheduler = BatchScheduler.alone(backend)
+    steps: list[Step] = []
+    ended: list[str] = []
+    submission = scheduler.submit(Submission(run, steps.append, ended.append))
+    while not ended:
+        scheduler.step()
+        yield from steps
+        steps.clear()
+    if submission.error is not None:
+        raise submission.error

@@ -45,12 +45,11 @@ def head_folder(spec: str, target: LoadedModel, method: str) -> Path:
     raise ModelLoadError(f"{method}: head {text!r} is neither a folder nor a hub id (owner/name)")
 
 
-def describe_head(method: object, target: LoadedModel) -> str:
-    """Which head a method ran with, for a benchmark's report: its folder and, for a head trained
-    here, its card's training and held-out lines."""
-    name = str(getattr(method, "name", ""))
+def describe_head(head: str, method: str, target: LoadedModel) -> str:
+    """Which head `method` (its name) ran with, for a benchmark's report: its folder (`head` as
+    the method names it) and, for a head trained here, its card's training and held-out lines."""
     try:
-        folder = head_folder(str(getattr(method, "head", "")), target, name)
+        folder = head_folder(head, target, method)
     except (MethodError, ModelLoadError) as exc:
         return f"none ({exc})"
     card = folder / "README.md"

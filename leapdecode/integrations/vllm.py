@@ -57,7 +57,7 @@ class LeapdecodeProposer:
         self.method = vllm_method(extra.get(CONFIG_KEY, self.default_method))
         factory = self.method.drafter_factory(None, draft_model=None, log=logger.info)  # type: ignore[arg-type]  # these methods load nothing
         cost = None
-        if getattr(self.method, "cost_aware", False):  # cut by vLLM's own step cost, fitted as it runs
+        if self.method.capabilities.cost_aware:  # cut by vLLM's own step cost, fitted as it runs
             cost = StepCost()
             factory = cost_aware_factory(factory, cost)
         greedy = SamplingParams()  # chain drafters draft the same whatever vLLM samples

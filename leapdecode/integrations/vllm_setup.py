@@ -38,7 +38,7 @@ def vllm_method(spec: str | Method) -> Method:
             f"{method.name!r} cannot draft inside vLLM (vLLM verifies chains, and a proposer there has no model of "
             f"its own); choose one of {', '.join(VLLM_METHODS)}"
         )
-    if getattr(method, "tree", False):  # vLLM verifies chains: the most probable path
+    if method.drafts == "tree":  # vLLM verifies chains: the most probable path (of a suffix tree)
         method = dataclasses.replace(method, tree=False)
     return method
 

@@ -7,7 +7,7 @@ and parses method strings. A new method goes into its family's module and into
 these imports stay eager.
 """
 
-from leapdecode.methods.base import DRAFT_SHAPES, DrafterFactory, Method, backend_for
+from leapdecode.methods.base import DRAFT_SHAPES, Capabilities, DrafterFactory, DraftShape, Method, backend_for
 from leapdecode.methods.draft_model import DraftModel, check_same_vocabulary
 from leapdecode.methods.heads import Eagle3, Medusa
 from leapdecode.methods.layers import Calm, LayerSkip, SelfSpec
@@ -20,7 +20,7 @@ from leapdecode.methods.suffix import ArcticSuffix, Suffix
 from leapdecode.methods.trees import AnpdTree, Hybrid, Recycle, Rest, Trie
 
 __all__ = [
-    "DRAFT_SHAPES", "METHODS", "Anpd", "AnpdTree", "ArcticSuffix", "Autoregressive", "Calm", "DraftModel", "Eagle3", "Medusa",
+    "DRAFT_SHAPES", "METHODS", "Anpd", "AnpdTree", "ArcticSuffix", "Autoregressive", "Calm", "Capabilities", "DraftModel", "DraftShape", "Eagle3", "Medusa",
     "DrafterFactory", "HfAssisted", "HfGenerate", "HfPromptLookup", "Hybrid", "Jacobi", "LayerSkip", "LlamaCppPlain",
     "LlamaCppPromptLookup", "Lookahead", "Method", "PromptLookup", "Recycle", "Rest", "SelfSpec", "Suffix", "Trie",
     "backend_for", "check_same_vocabulary", "method_class", "method_names", "parse_method",

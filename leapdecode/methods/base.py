@@ -17,7 +17,7 @@ import dataclasses
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 from leapdecode.errors import MethodError
 
@@ -38,19 +38,42 @@ Log = Callable[[str], None]
 
 logger = logging.getLogger("leapdecode")
 
-DRAFT_SHAPES = ("none", "chain", "tree")
+DraftShape = Literal["none", "chain", "tree"]
+DRAFT_SHAPES: tuple[DraftShape, ...] = ("none", "chain", "tree")
 MAX_DRAFT = 128  # longest chain a method may draft per pass
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a method does, as typed fields: what the engine, the server, the benchmark and the
+    vLLM integration read of a method (never an attribute looked up by name)."""
+
+    drafts: DraftShape = "none"  # what one pass verifies: nothing, a chain or a tree
+    cost_aware: bool = False  # each draft cut to what pays under the measured pass cost (`Method.prepare`)
+    head: str | None = None  # a trained head it drafts with: where it is ("": the one trained here); None: no head
+    own_layers: bool = False  # runs the target's layers its own way (`make_backend`): its requests cannot share passes
+    coupled: bool = True  # sampled drafts use the target's per-position uniforms (False: only the distribution is kept)
 
 
 @dataclass(frozen=True)
 class Method:
     name: ClassVar[str]
     summary: ClassVar[str]
-    drafts: ClassVar[str] = "none"  # what one pass verifies: nothing, a chain or a tree (one of DRAFT_SHAPES); a method may decide per instance (a property)
+    shape: ClassVar[DraftShape] = "none"  # what one pass verifies, unless `capabilities` says per instance
     length_field: ClassVar[str] = ""  # chains: the parameter that bounds the draft length (K)
     lossless: ClassVar[bool] = True
     peer: ClassVar[bool] = False  # runs another library's generate instead of the engine
     loads_files: ClassVar[bool] = False  # loads a model or data named by its parameters
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """What this method does; a method whose parameters change it overrides this."""
+        return Capabilities(self.shape)
+
+    @property
+    def drafts(self) -> DraftShape:
+        """What one pass verifies: nothing, a chain or a tree."""
+        return self.capabilities.drafts
 
     def build_drafter(self) -> Drafter:
         """A fresh drafter for one request (methods whose drafter needs nothing loaded)."""
@@ -70,7 +93,7 @@ class Method:
         server at start), else the one measured on this model before, else measured once, here."""
         log = log or logger.info
         factory = self.drafter_factory(target, draft_model=draft_model, log=log)
-        if getattr(self, "cost_aware", False):
+        if self.capabilities.cost_aware:
             if cost is None:
                 backend = backend or self.make_backend(target)
                 cost = cached_cost(target, backend, self.pass_size, log, tree=self.drafts == "tree")

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 from leapdecode.errors import MethodError, ModelLoadError
-from leapdecode.methods.base import DrafterFactory, Log, Method, cached_cost, logger
+from leapdecode.methods.base import Capabilities, DraftShape, DrafterFactory, Log, Method, cached_cost, logger
 
 if TYPE_CHECKING:
     from leapdecode.drafters.base import Drafter
@@ -28,7 +28,7 @@ class DraftModel(Method):
 
     name: ClassVar[str] = "draft"
     summary: ClassVar[str] = "draft-model speculative decoding: a smaller model with the same tokenizer drafts k tokens"
-    drafts: ClassVar[str] = "chain"
+    shape: ClassVar[DraftShape] = "chain"
     length_field: ClassVar[str] = "k"
     loads_files: ClassVar[bool] = True
     model: str = ""
@@ -47,6 +47,10 @@ class DraftModel(Method):
     # draft each next token only while it pays for its draft pass and its verification row, by
     # the draft's own probability calibrated online (`DraftModelDrafter`'s `cost`); not with the cascade
     cost_aware: bool = True
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return Capabilities("chain", cost_aware=self.cost_aware, coupled=self.coupled)
 
     def __post_init__(self) -> None:
         self._require(1 <= self.k <= 64, f"k must be between 1 and 64, got {self.k}")

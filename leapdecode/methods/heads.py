@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from leapdecode.errors import MethodError
-from leapdecode.methods.base import DrafterFactory, Log, Method
+from leapdecode.methods.base import Capabilities, DrafterFactory, Log, Method
 
 if TYPE_CHECKING:
     from leapdecode.drafters.base import Drafter
@@ -25,6 +25,7 @@ class _HeadMethod(Method):
     depth: int
     width: int
     nodes: int
+    cost_aware: bool
 
     def _check_shape(self, max_depth: int = 16) -> None:
         self._require(1 <= self.depth <= max_depth, f"depth must be between 1 and {max_depth}, got {self.depth}")
@@ -32,8 +33,8 @@ class _HeadMethod(Method):
         self._require(0 <= self.nodes <= 128, f"nodes must be between 0 (depth x width) and 128, got {self.nodes}")
 
     @property
-    def drafts(self) -> str:  # type: ignore[override] - a chain or a tree, per instance
-        return "chain" if self.width == 1 else "tree"
+    def capabilities(self) -> Capabilities:
+        return Capabilities("chain" if self.width == 1 else "tree", cost_aware=self.cost_aware, head=self.head)
 
     @property
     def tree_nodes(self) -> int:
@@ -80,8 +81,8 @@ class Eagle3(_HeadMethod):
         self._require(0.0 <= self.min_prob < 1.0, f"min_prob must be in [0, 1), got {self.min_prob}")
 
     @property
-    def drafts(self) -> str:  # type: ignore[override] - a chain or a tree, per instance
-        return "tree" if self.suffix or self.width > 1 else "chain"
+    def capabilities(self) -> Capabilities:
+        return Capabilities("tree" if self.suffix or self.width > 1 else "chain", cost_aware=self.cost_aware, head=self.head)
 
     @property
     def pass_size(self) -> int:

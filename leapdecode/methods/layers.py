@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 from leapdecode.early_exit.layer_sets import format_layer_set, parse_layer_set
 from leapdecode.errors import MethodError
-from leapdecode.methods.base import DrafterFactory, Log, Method, logger
+from leapdecode.methods.base import Capabilities, DraftShape, DrafterFactory, Log, Method, logger
 
 if TYPE_CHECKING:
     from leapdecode.drafters.base import Drafter
@@ -28,11 +28,15 @@ class _OwnLayerDrafting(Method):
     """What self-spec and layerskip share: the target drafts up to k tokens with a subset of its
     own layers (its backend says which), stopping after a token its draft doubts."""
 
-    drafts: ClassVar[str] = "chain"
+    shape: ClassVar[DraftShape] = "chain"
     length_field: ClassVar[str] = "k"
     k: int  # fields of the dataclasses below
     threshold: float
     coupled: bool
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return Capabilities("chain", own_layers=True, coupled=self.coupled)
 
     def _check_drafting(self) -> None:
         self._require(1 <= self.k <= 64, f"k must be between 1 and 64, got {self.k}")
@@ -132,6 +136,10 @@ class Calm(Method):
     measure: str = "softmax"  # softmax: top-1 minus top-2 probability; state: cosine to the previous layer
     first: int = 0  # first layer after which a token may exit (0-based)
     every: int = 1  # check confidence every this many layers
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return Capabilities("none", own_layers=True)
 
     def __post_init__(self) -> None:
         self._require(0.0 <= self.threshold <= 1.0, f"threshold must be in [0, 1], got {self.threshold}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
-from leapdecode.methods.base import MAX_DRAFT, Method
+from leapdecode.methods.base import MAX_DRAFT, Capabilities, DraftShape, Method
 
 if TYPE_CHECKING:
     from leapdecode.drafters.base import Drafter
@@ -17,13 +17,17 @@ class Anpd(Method):
 
     name: ClassVar[str] = "anpd"
     summary: ClassVar[str] = "Adaptive N-gram Parallel Decoding: n-gram table from prompt and output, MLN fallback"
-    drafts: ClassVar[str] = "chain"
+    shape: ClassVar[DraftShape] = "chain"
     length_field: ClassVar[str] = "k"
     n: int = 5
     k: int = 7
     # Keep only the part of each draft worth its measured cost: on by default, as it never lost to
     # plain decoding on any Spec-Bench category on either backend and the uncut draft did (docs/benchmarks.md).
     cost_aware: bool = True
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return Capabilities("chain", cost_aware=self.cost_aware)
 
     def __post_init__(self) -> None:
         self._require(self.n >= 2, f"n must be >= 2 (an n-gram needs context), got {self.n}")
@@ -42,12 +46,16 @@ class PromptLookup(Method):
 
     name: ClassVar[str] = "pld"
     summary: ClassVar[str] = "prompt lookup: copy what followed the latest earlier occurrence of the last tokens"
-    drafts: ClassVar[str] = "chain"
+    shape: ClassVar[DraftShape] = "chain"
     length_field: ClassVar[str] = "k"
     k: int = 10
     max_ngram: int = 3
     min_ngram: int = 1
     cost_aware: bool = False  # keep only the part of each draft worth its measured cost
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return Capabilities("chain", cost_aware=self.cost_aware)
 
     def __post_init__(self) -> None:
         self._require(self.k >= 1, f"k must be >= 1, got {self.k}")

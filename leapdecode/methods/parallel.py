@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
-from leapdecode.methods.base import Method
+from leapdecode.methods.base import DraftShape, Method
 
 if TYPE_CHECKING:
     from leapdecode.drafters.base import Drafter
@@ -20,7 +20,7 @@ class Jacobi(Method):
 
     name: ClassVar[str] = "jacobi"
     summary: ClassVar[str] = "Jacobi decoding: a block of guesses refined by the model's own predictions each pass"
-    drafts: ClassVar[str] = "chain"
+    shape: ClassVar[DraftShape] = "chain"
     length_field: ClassVar[str] = "block"
     block: int = 3
     mode: str = "sliding"
@@ -43,7 +43,7 @@ class Lookahead(Method):
 
     name: ClassVar[str] = "lookahead"
     summary: ClassVar[str] = "Lookahead decoding: Jacobi window (w x n-1) fills an n-gram pool; g n-grams verified per pass"
-    drafts: ClassVar[str] = "tree"
+    shape: ClassVar[DraftShape] = "tree"
     w: int = 2
     n: int = 3
     g: int = 2

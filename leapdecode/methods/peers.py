@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from leapdecode.methods.base import Method
+from leapdecode.methods.base import DraftShape, Method
 
 MAX_TOKENS = 128
 
@@ -26,7 +26,7 @@ class _PromptLookupPeer(Method):
     `max_ngram` tokens."""
 
     peer: ClassVar[bool] = True
-    drafts: ClassVar[str] = "chain"
+    shape: ClassVar[DraftShape] = "chain"
     length_field: ClassVar[str] = "tokens"
     tokens: int  # fields of the dataclasses below
     max_ngram: int
@@ -50,7 +50,7 @@ class HfAssisted(Method):
     summary: ClassVar[str] = "peer: Hugging Face generate(assistant_model=model), a draft model"
     loads_files: ClassVar[bool] = True
     peer: ClassVar[bool] = True
-    drafts: ClassVar[str] = "chain"
+    shape: ClassVar[DraftShape] = "chain"
     length_field: ClassVar[str] = "tokens"
     model: str = ""
     tokens: int = 20  # transformers' defaults: num_assistant_tokens,

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar, Protocol
 
-from leapdecode.methods.base import MAX_DRAFT, DrafterFactory, Log, Method
+from leapdecode.methods.base import MAX_DRAFT, Capabilities, DraftShape, DrafterFactory, Log, Method
 
 if TYPE_CHECKING:
     from leapdecode.models.loading import LoadedModel
@@ -67,8 +67,8 @@ class Suffix(Method):
         check_suffix_fields(self)
 
     @property
-    def drafts(self) -> str:  # type: ignore[override]  # a chain or a tree, as asked
-        return "tree" if self.tree else "chain"
+    def capabilities(self) -> Capabilities:
+        return Capabilities("tree" if self.tree else "chain", cost_aware=self.cost_aware)
 
     @property
     def pass_size(self) -> int:
@@ -89,7 +89,7 @@ class ArcticSuffix(Method):
 
     name: ClassVar[str] = "arctic-suffix"
     summary: ClassVar[str] = "peer: SuffixDecoding by arctic-inference (`make peers`), verified by this engine"
-    drafts: ClassVar[str] = "tree"
+    shape: ClassVar[DraftShape] = "tree"
     k: int = 16  # most tokens drafted per pass (their max_spec_tokens)
     depth: int = 24  # their suffix trees' depth: the longest match
     factor: float = 1.0
@@ -98,6 +98,10 @@ class ArcticSuffix(Method):
     tree: bool = True
     shared: bool = False  # their global tree of earlier responses, across this decoder's requests
     cost_aware: bool = False  # as they draft, uncut
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return Capabilities("tree" if self.tree else "chain", cost_aware=self.cost_aware)
 
     def __post_init__(self) -> None:
         self._require(1 <= self.k <= 128, f"k must be between 1 and 128, got {self.k}")

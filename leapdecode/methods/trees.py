@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
-from leapdecode.methods.base import DrafterFactory, Log, Method
+from leapdecode.methods.base import Capabilities, DraftShape, DrafterFactory, Log, Method
 from leapdecode.methods.suffix import check_suffix_fields
 
 if TYPE_CHECKING:
@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 class _TreeMethod(Method):
     """Shared checks of a tree's size."""
 
-    drafts: ClassVar[str] = "tree"
+    shape: ClassVar[DraftShape] = "tree"
     nodes: int  # fields of the dataclasses below
     depth: int
 
@@ -114,6 +114,10 @@ class Recycle(_TreeMethod):
     width: int = 4
     shared: bool = False
     cost_aware: bool = True  # keep only the part of each tree worth its measured cost
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return Capabilities("tree", cost_aware=self.cost_aware)
 
     def __post_init__(self) -> None:
         self._check_tree()

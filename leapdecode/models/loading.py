@@ -92,7 +92,9 @@ class LoadedModel:
     @property
     def backend(self) -> str:
         """Which engine runs the model: "torch" or "llama.cpp"."""
-        return "torch" if hasattr(self.model, "config") else "llama.cpp"
+        from leapdecode.models.llamacpp import LlamaCppModel
+
+        return "llama.cpp" if isinstance(self.model, LlamaCppModel) else "torch"
 
     @property
     def exact_tokens(self) -> int | None:

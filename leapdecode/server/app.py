@@ -2,7 +2,8 @@
 
 `create_app` wires the parts: the middleware that refuses a request before it is read
 (`middleware`), the OpenAI-style error bodies (`errors`), the Prometheus metrics (`metrics`),
-the worker thread that decodes one request at a time with bounded admission (`worker`), and
+the shared state with bounded admission (`worker`), the scheduler's thread that runs every
+generation (`batching`), and
 the routes (`routes`) that answer in the OpenAI API's format (`openai_format`).
 """
 
@@ -44,5 +45,4 @@ def create_app(lm: LoadedModel, config: ServerConfig) -> FastAPI:
     app.include_router(router)
     metrics.routes = tuple(r for r in (*app.router.routes, *router.routes) if isinstance(r, Route))
     app.state.server = server
-    app.state.executor = server.executor
     return app

@@ -1,9 +1,11 @@
-"""Serving many requests at once: one thread runs the engine's batch scheduler, pass after pass.
+"""Serving many requests at once: one thread runs the engine's scheduler, pass after pass.
 
-With `--max-batch` above 1, admitted requests do not wait for each other: each joins the shared
-passes of `leapdecode.engine.scheduler` at the next pass with room, and leaves when it ends, when
-its client goes away (its rows and cache are freed at the next pass) or at its time limit. Each
-request's steps reach its route through an asyncio queue, as the one-at-a-time worker's do.
+Every request goes through it. Admitted requests do not wait for each other: each joins the
+scheduler's shared passes at the next pass with room, and leaves when it ends, when its client
+goes away (its rows and cache are freed at the next pass) or at its time limit. A model that
+cannot share passes, `--max-batch 1`, or a method that runs the target's layers its own way runs
+its requests in passes of their own, in the same scheduler. Each request's steps reach its route
+through an asyncio queue.
 """
 
 from __future__ import annotations
@@ -12,8 +14,9 @@ import asyncio
 import logging
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
+from leapdecode.engine.backend import Backend, TorchBackend
 from leapdecode.engine.cost import ForwardCost, measure_batch_cost
 from leapdecode.engine.loop import Step
 from leapdecode.engine.scheduler import BatchScheduler, PassReport, Submission
@@ -21,11 +24,8 @@ from leapdecode.errors import InputError
 from leapdecode.methods import backend_for
 from leapdecode.models import LoadedModel
 from leapdecode.server.config import ServerConfig
+from leapdecode.server.jobs import Job
 from leapdecode.server.metrics import Metrics
-
-if TYPE_CHECKING:
-    from leapdecode.engine.backend import TorchBackend
-    from leapdecode.server.worker import Job
 
 logger = logging.getLogger("leapdecode")
 MAX_DEFAULT_BATCH = 16  # the largest batch `default_max_batch` picks
@@ -51,8 +51,8 @@ class Sink(Protocol):
 class BatchWorker:
     """The thread that runs `scheduler.step()` while there is work, and sleeps otherwise."""
 
-    def __init__(self, backend: TorchBackend, cost: ForwardCost, max_batch: int, max_rows: int, metrics: Metrics) -> None:
-        self.scheduler = BatchScheduler(backend, cost, max_batch=max_batch, max_rows=max_rows)
+    def __init__(self, scheduler: BatchScheduler, metrics: Metrics) -> None:
+        self.scheduler = scheduler
         self.metrics = metrics
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="leapdecode-batch", daemon=True)
@@ -66,9 +66,7 @@ class BatchWorker:
             loop.call_soon_threadsafe(queue.put_nowait, step)
 
         def on_end(reason: str) -> None:
-            if reason in ("stop", "length", "cancelled"):
-                job.finish_reason = reason
-            job.timed_out = reason == "timeout"
+            job.ended(reason)
             if submission.started_at is not None:
                 self.metrics.queue_time.observe(submission.started_at - submission.submitted_at)
             if submission.error is not None:
@@ -76,7 +74,8 @@ class BatchWorker:
             loop.call_soon_threadsafe(queue.put_nowait, None)
             loop.call_soon_threadsafe(on_done)
 
-        submission = self.scheduler.submit(Submission(job.start(), on_step, on_end, job.timeout_s, cancelled=job.cancel))
+        run, backend = job.start()
+        submission = self.scheduler.submit(Submission(run, on_step, on_end, job.timeout_s, cancelled=job.cancel, backend=backend))
         return submission
 
     def _loop(self) -> None:
@@ -102,27 +101,30 @@ class BatchWorker:
         self._thread.join(timeout=5)
 
 
-def start_batching(lm: LoadedModel, config: ServerConfig, metrics: Metrics) -> BatchWorker | None:
-    """The batch worker for `config.max_batch` (None: from the measured cost curve), or None
-    where requests run one at a time (`--max-batch 1`, or a model that cannot share passes and
-    did not ask to)."""
+def start_batching(lm: LoadedModel, config: ServerConfig, metrics: Metrics) -> BatchWorker:
+    """The worker for `config.max_batch` (None: from the measured cost curve): shared passes where
+    the model packs sequences and more than one request pays, else one request at a time."""
+    backend: Backend = backend_for(lm)
     if config.max_batch == 1:
-        return None
-    backend = backend_for(lm)
-    reason = getattr(backend, "batchable", "the llama.cpp backend decodes one sequence at a time")
-    if reason is not None:
+        return one_at_a_time(backend, metrics, "--max-batch 1")
+    reason = backend.batchable
+    if reason is not None or not isinstance(backend, TorchBackend):
         if config.max_batch is not None:
             raise InputError(f"--max-batch {config.max_batch}: {reason}")
-        logger.info("serving one request at a time: %s", reason)
-        return None
+        return one_at_a_time(backend, metrics, str(reason))
     sequences = config.max_batch or 8  # the curve is by rows; eight sequences share them as a busy batch would
     logger.info("measuring the cost of shared passes (1..%d tokens over up to %d requests)", config.max_pass_rows, sequences)
     cost = measure_batch_cost(backend, config.max_pass_rows, sequences)
     max_batch = config.max_batch or min(default_max_batch(cost), config.max_pass_rows)
     if max_batch == 1:
-        logger.info("serving one request at a time: shared passes cost as much per token as passes of their own here")
-        return None
-    worker = BatchWorker(backend, cost, max_batch, config.max_pass_rows, metrics)
+        return one_at_a_time(backend, metrics, "shared passes cost as much per token as passes of their own here")
+    scheduler = BatchScheduler(backend, cost, max_batch=max_batch, max_rows=config.max_pass_rows)
     logger.info("serving up to %d requests in shared passes of up to %d tokens (%d while requests decode)", max_batch,
-                config.max_pass_rows, worker.scheduler.busy_rows)
-    return worker
+                config.max_pass_rows, scheduler.busy_rows)
+    return BatchWorker(scheduler, metrics)
+
+
+def one_at_a_time(backend: Backend, metrics: Metrics, why: str) -> BatchWorker:
+    """A worker that runs one request at a time, each pass its own."""
+    logger.info("serving one request at a time: %s", why)
+    return BatchWorker(BatchScheduler.alone(backend), metrics)

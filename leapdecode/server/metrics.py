@@ -41,7 +41,7 @@ class Metrics:
         self.alpha = Gauge("leapdecode_draft_hit_ratio", "Accepted / drafted tokens (alpha)", registry=r)
         # both count generations (a request with n choices counts n), as --max-queue admits them
         self.queue_depth = Gauge("leapdecode_queue_depth", "Generations admitted and not yet decoding (waiting for a batch slot or the worker)", registry=r)
-        self.running = Gauge("leapdecode_running_requests", "Generations decoding: in the batch (prefilling or decoding) or on the worker", registry=r)
+        self.running = Gauge("leapdecode_running_requests", "Generations in the batch (prefilling or decoding)", registry=r)
         self.latency = Histogram(
             "leapdecode_request_latency_seconds", "Request latency", ["endpoint"], registry=r,
             buckets=(0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64, 128, float("inf")),

@@ -18,7 +18,8 @@ from leapdecode.api import check_request, encode_prompt
 from leapdecode.server.errors import ApiError
 from leapdecode.server.openai_format import ChatFormat, Choice, CompletionFormat, StreamText, final_text, finish_reason
 from leapdecode.server.schemas import ChatCompletionRequest, CompletionRequest
-from leapdecode.server.worker import ServerState, Job
+from leapdecode.server.jobs import Job
+from leapdecode.server.worker import ServerState
 
 DEFAULT_CHAT_MAX_TOKENS = 512  # when a chat request sets no limit (the OpenAI API allows up to the context)
 

@@ -80,7 +80,7 @@ class Trainer(ABC):
         """Greedy decoding of each held-out conversation's first user turn with the head drafting:
         tau, tokens per target pass (the first token, from the prefill, not counted)."""
         from leapdecode.engine.backend import TorchBackend
-        from leapdecode.engine.loop import decode
+        from leapdecode.engine.scheduler import decode
         from leapdecode.engine.stopping import StopCriteria
         from leapdecode.verifiers import verify_greedy, verify_tree_greedy
 

@@ -1,0 +1,64 @@
+"""One admitted request's generation: what the route asked for, and how it ended.
+
+A request with `n` choices is `n` jobs (`Job.siblings`) sharing one cancel event: a choice that
+fails, times out or loses its client ends the others at the next pass.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from leapdecode.api import Decoder
+from leapdecode.engine.backend import Backend
+from leapdecode.engine.loop import SequenceRun
+from leapdecode.methods import Method
+
+
+@dataclass
+class Job:
+    """One choice of an admitted request, run by the scheduler (`server.batching`).
+
+    Its decoder is built (cached per canonical method string) when it is submitted; its prefill
+    has a time limit of its own from when it joins the batch (waiting in the queue does not
+    count), and its decoding one from its first token (`engine.scheduler.Submission.overdue`)."""
+
+    method: Method
+    decoder_for: Callable[[Method], Decoder]
+    prompt_ids: list[int]
+    max_tokens: int
+    stop: list[str]
+    temperature: float
+    top_p: float
+    seed: int | None
+    timeout_s: float
+    logprobs: int | None = None  # alternatives per token to report; None: no log-probabilities
+    cancel: threading.Event = field(default_factory=threading.Event)
+    finish_reason: str = "length"
+    timed_out: bool = False
+    method_name: str = ""
+
+    def siblings(self, n: int) -> list[Job]:
+        """This job as `n` choices sharing one cancel: choice i samples with seed + i (choice 0
+        is the n=1 response; without a seed each draws its own), greedy choices are equal."""
+        seeds = [None if self.seed is None else (self.seed + i + 2**63) % 2**64 - 2**63 for i in range(n)]  # wrapped to int64
+        return [self if i == 0 else dataclasses.replace(self, seed=seed) for i, seed in enumerate(seeds)]
+
+    def start(self) -> tuple[SequenceRun, Backend]:
+        """The generation as a run, and the backend it was made for (a method that runs the
+        target's layers its own way has its own: it does not share passes); raises on bad input."""
+        decoder = self.decoder_for(self.method)
+        self.method_name = str(decoder.method)
+        run = decoder.start(
+            self.prompt_ids, max_new_tokens=self.max_tokens, stop=self.stop,
+            temperature=self.temperature, top_p=self.top_p, seed=self.seed, logprobs=self.logprobs,
+        )
+        return run, decoder.backend
+
+    def ended(self, reason: str) -> None:
+        """Record how the generation ended (the scheduler's reason)."""
+        if reason in ("stop", "length", "cancelled"):
+            self.finish_reason = reason
+        self.timed_out = reason == "timeout"

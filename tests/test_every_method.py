@@ -1,0 +1,121 @@
+"""The guard at the extension point: every registered method, run on tiny random models.
+
+Parametrised over the registry itself, so a new method cannot land untested: a lossless one must
+decode greedily as the slow reference does and, seeded, sample the tokens plain sampling samples
+(methods whose sampled drafts are coupled to the target's per-position noise); a lossy one reports
+its agreement with plain decoding. A method that needs files (a draft model, a datastore, a trained
+head) gets them from `FIXTURES`; one missing there fails here. Peers run other libraries'
+`generate` and are covered by the benchmark's tests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+
+from leapdecode.api import Decoder
+from leapdecode.engine.reference import greedy_reference
+from leapdecode.methods import METHODS, Method, parse_method
+from leapdecode.models import LoadedModel
+from tests.helpers import TINY_VOCAB, make_tiny_model, prompts, tiny_lm
+
+Fixture = Callable[[Path, LoadedModel], tuple[str, "LoadedModel | None"]]
+
+
+def _draft(tmp: Path, target: LoadedModel) -> tuple[str, LoadedModel | None]:
+    return "draft:k=3", tiny_lm(make_tiny_model(seed=1), "tiny-draft")
+
+
+def _rest(tmp: Path, target: LoadedModel) -> tuple[str, LoadedModel | None]:
+    from leapdecode.drafters.rest import Datastore, tokenizer_fingerprint
+
+    documents = [prompt * 3 for prompt in prompts(6, seed=3)]
+    meta = {"tokenizer": tokenizer_fingerprint(target.tokenizer), "model": target.name}
+    Datastore.from_documents(documents, separator=0, meta=meta).save(tmp / "ds")
+    return f"rest:datastore={tmp / 'ds'}", None
+
+
+def _eagle3(tmp: Path, target: LoadedModel) -> tuple[str, LoadedModel | None]:
+    from leapdecode.heads.eagle3 import Eagle3Config, default_aux_layers, random_head
+    from leapdecode.heads.eagle3_format import save_eagle3
+
+    text = target.model.config.get_text_config()
+    config = Eagle3Config(hidden_size=text.hidden_size, intermediate_size=128, num_attention_heads=text.num_attention_heads,
+                          num_key_value_heads=text.num_key_value_heads, vocab_size=TINY_VOCAB, draft_vocab_size=TINY_VOCAB,
+                          aux_layers=default_aux_layers(text.num_hidden_layers), rope_theta=10000.0)
+    save_eagle3(random_head(config, target.model.get_input_embeddings(), seed=1, scale=0.05), tmp / "eagle3")
+    return f"eagle3:head={tmp / 'eagle3'},depth=3,cost_aware=false", None
+
+
+def _medusa(tmp: Path, target: LoadedModel) -> tuple[str, LoadedModel | None]:
+    from leapdecode.heads.medusa import MedusaConfig, random_medusa
+    from leapdecode.heads.medusa_format import save_medusa
+
+    text = target.model.config.get_text_config()
+    save_medusa(random_medusa(MedusaConfig(text.hidden_size, TINY_VOCAB, num_heads=3), seed=2, scale=0.05), tmp / "medusa")
+    return f"medusa:head={tmp / 'medusa'},depth=3,cost_aware=false", None
+
+
+# Methods that load files, and how to make them on a tiny model.
+FIXTURES: dict[str, Fixture] = {"draft": _draft, "rest": _rest, "eagle3": _eagle3, "medusa": _medusa}
+# Methods that need a parameter to run on a two-layer model.
+EXAMPLES = {"layerskip": "layerskip:exit=1", "self-spec": "self-spec:skip=1"}
+ENGINE = [m for m in METHODS if not m.peer]
+
+
+def example(cls: type[Method], tmp: Path, target: LoadedModel) -> tuple[Method, LoadedModel | None]:
+    if cls.loads_files:
+        assert cls.name in FIXTURES, f"{cls.name} loads files: give it a fixture in FIXTURES so it is tested"
+        spec, draft = FIXTURES[cls.name](tmp, target)
+        return parse_method(spec), draft
+    return parse_method(EXAMPLES.get(cls.name, cls.name)), None
+
+
+def marks(cls: type[Method]) -> list[pytest.MarkDecorator]:
+    return [pytest.mark.peers] if cls.name == "arctic-suffix" else []
+
+
+@pytest.mark.parametrize("cls", [pytest.param(m, marks=marks(m), id=m.name) for m in ENGINE])
+def test_every_method_decodes_as_plain_decoding_or_reports_its_agreement(cls, tiny_model, tmp_path) -> None:
+    target = tiny_lm(tiny_model)
+    method, draft = example(cls, tmp_path, target)
+    decoder = Decoder(target, method, draft_model=draft)
+    plain = Decoder(target, "ar")
+    agreement = []
+    for prompt in prompts(3, seed=11):
+        expected = greedy_reference(tiny_model, prompt, 24)
+        out = decoder.generate(prompt, max_new_tokens=24)
+        assert len(out.token_ids) == 24 and out.stats.forward_passes >= 1
+        if method.lossless:
+            assert out.token_ids == expected, f"{method}: greedy output differs from plain decoding's"
+        else:
+            agreement.append(sum(a == b for a, b in zip(out.token_ids, expected)) / len(expected))
+        if method.lossless and method.capabilities.coupled:
+            for seed in (3, 4):
+                sampled = decoder.generate(prompt, max_new_tokens=16, temperature=0.9, top_p=0.95, seed=seed)
+                want = plain.generate(prompt, max_new_tokens=16, temperature=0.9, top_p=0.95, seed=seed)
+                assert sampled.token_ids == want.token_ids, f"{method}: seeded sampling differs from plain sampling's"
+    if not method.lossless:
+        assert all(0.0 <= a <= 1.0 for a in agreement)
+        print(f"{method}: agreement with plain greedy decoding {sum(agreement) / len(agreement):.2f}")
+
+
+def test_every_method_that_loads_files_has_a_fixture_and_no_fixture_is_stale() -> None:
+    loading = {m.name for m in ENGINE if m.loads_files}
+    assert loading == set(FIXTURES), "FIXTURES must name exactly the methods that load files"
+    assert set(EXAMPLES) <= {m.name for m in ENGINE}
+
+
+@pytest.mark.parametrize("cls", [m for m in ENGINE if not m.lossless], ids=lambda m: m.name)
+def test_a_lossy_method_at_its_exact_setting_is_plain_decoding(cls, tiny_model) -> None:
+    """The lossy methods have a setting that gives up nothing (CALM: threshold 1 never exits)."""
+    exact = {"calm": "calm:threshold=1"}
+    assert cls.name in exact, f"{cls.name} is lossy: name its exact setting here"
+    target = tiny_lm(tiny_model)
+    decoder = Decoder(target, exact[cls.name])
+    for prompt in prompts(2, seed=12):
+        with torch.inference_mode():
+            assert decoder.generate(prompt, max_new_tokens=16).token_ids == greedy_reference(tiny_model, prompt, 16)
