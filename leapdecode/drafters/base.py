@@ -10,7 +10,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -84,7 +84,7 @@ class Drafter(ABC):
 
     # Jacobi-style drafters guess from the target's own predictions at the drafted positions:
     # when True, the loop calls `observe` after every pass (an argmax over the scored rows).
-    observes_target: ClassVar[bool] = False
+    observes_target: bool = False
     # Top-k token ids of every scored row the drafter wants from the (greedy) verifier, in its one
     # host transfer (`observe`'s `candidates`); 0: none.
     candidates: int = 0

@@ -77,7 +77,7 @@ class CostAwareDrafter(Drafter):
         self.inner = inner
         self.cost = cost
         self.candidates = inner.candidates
-        self.observes_target = inner.observes_target  # type: ignore[misc] - as the inner drafter does
+        self.observes_target = inner.observes_target  # as the inner drafter does
         self.feature_layers = inner.feature_layers
         self.estimate = estimate if estimate is not None else AcceptanceEstimate()  # shared by a decoder's requests
         self.request = RequestEstimate(self.estimate)  # this request's own outcomes, the shared rate as prior

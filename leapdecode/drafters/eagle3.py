@@ -87,17 +87,17 @@ class Eagle3Drafter(Drafter):
         depth = min(self.depth, max_tokens)
         if depth <= 0 or self.root is None:
             return Draft()
-        return self._grow(depth)
+        return self._grow(depth, self.root)
 
     @torch.inference_mode()
-    def _grow(self, depth: int) -> Draft:
-        head, k, device = self.head, self.width, self.root.device
-        logp = head.logits(self.root).float().log_softmax(-1)  # [draft_vocab]
+    def _grow(self, depth: int, root: torch.Tensor) -> Draft:
+        head, k, device = self.head, self.width, root.device
+        logp = head.logits(root).float().log_softmax(-1)  # [draft_vocab]
         top = logp.topk(k)
         tokens, scores = [head.to_target(top.indices)], [top.values]  # per depth: [k], then [k*k]
         probs, parents = [top.values.exp()], [torch.full((k,), -1, device=device)]
         frontier = torch.arange(k, device=device)  # candidate indices run next
-        hidden = self.root.expand(1, k, -1)  # [1, k, hidden]: each frontier node's input state
+        hidden = root.expand(1, k, -1)  # [1, k, hidden]: each frontier node's input state
         ancestry = torch.eye(k, dtype=torch.bool, device=device)  # [run, run]: entry j is i's ancestor (or i)
         offset, run = 0, 0  # candidates before this depth; head entries drafted so far
         flat_tokens = tokens[0]

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
-from typing import ClassVar
 
 from leapdecode.drafters.base import Draft, Drafter
 from leapdecode.drafters.ngram import NGramModule
@@ -30,7 +29,7 @@ INITS = ("repeat", "random", "ngram")
 
 
 class JacobiDrafter(Drafter):
-    observes_target: ClassVar[bool] = True
+    observes_target = True
 
     def __init__(self, block: int = 3, mode: str = "sliding", init: str = "repeat", seed: int = 0) -> None:
         if mode not in MODES or init not in INITS or block < 1:

@@ -25,7 +25,6 @@ from __future__ import annotations
 import random
 from collections import OrderedDict
 from collections.abc import Sequence
-from typing import ClassVar
 
 from leapdecode.drafters.base import Draft, Drafter
 from leapdecode.drafters.ngram import NGramModule
@@ -48,7 +47,7 @@ def lookahead_paths(levels: Sequence[Sequence[int]]) -> list[list[int]]:
 
 
 class LookaheadDrafter(Drafter):
-    observes_target: ClassVar[bool] = True
+    observes_target = True
 
     def __init__(self, w: int = 2, n: int = 3, g: int = 2, anpd: bool = False, seed: int = 0) -> None:
         if w < 2 or n < 2 or g < 0:

@@ -17,12 +17,13 @@ query is a dictionary lookup per order and never rescans the context.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import NamedTuple
+from dataclasses import dataclass
 
 from leapdecode.drafters.base import Draft, Drafter
 
 
-class Prediction(NamedTuple):
+@dataclass(frozen=True, slots=True)
+class Prediction:
     token: int
     order: int  # the n of the n-gram that matched (MLN level)
     count: int  # how often the context was followed by `token`

@@ -287,13 +287,16 @@ class SuffixDrafter(Drafter):
         limit = min(self.k, max_tokens)
         if limit <= 0:
             return Draft()
-        options = (limit, self.factor, self.offset, self.min_match, self.min_prob, self.tree)
-        length, best = self.local.speculate(*self.local.repeat(), True, *options)
+
+        def speculate(automaton: SuffixAutomaton, state: int, matched: int, open_end: bool) -> tuple[int, Speculation]:
+            return automaton.speculate(state, matched, open_end, limit, self.factor, self.offset, self.min_match, self.min_prob, self.tree)
+
+        length, best = speculate(self.local, *self.local.repeat(), True)
         shared = False
         found = self.shared_match()
         if found is not None:
             automaton, state, matched = found
-            other_length, other = automaton.speculate(state, matched, False, *options)
+            other_length, other = speculate(automaton, state, matched, False)
             if other.score > best.score:  # this request's own match wins a tie
                 length, best, shared = other_length, other, True
         if not best.tokens:

@@ -84,7 +84,7 @@ class TrieDrafter(Drafter):
                 break
         else:
             return Draft()
-        below = {(): match}
+        below: dict[tuple[int, ...], _Node] = {(): match}
 
         def children(path: tuple[int, ...]) -> list[tuple[int, float]]:
             node = below[path]

@@ -150,6 +150,7 @@ class TorchBackend:
     ) -> Scores:
         input_ids = torch.tensor([token_ids], dtype=torch.long, device=self.device)  # [1, n]
         extra: dict[str, Any] = {}
+        mask: torch.Tensor | dict[str, torch.Tensor]
         if tree is not None and not tree.is_chain:
             if "flash" in self.attention:
                 raise InputError(
@@ -191,7 +192,7 @@ class TorchBackend:
         scored = [self._run(seq, chunk, logits_to_keep=1, hidden=False, features=features) for chunk in chunks]
         if len(scored) == 1:
             return seq, scored[0]
-        states = torch.cat([s.features for s in scored]) if features else None  # [prompt, F]
+        states = torch.cat([s.features for s in scored if s.features is not None]) if features else None  # [prompt, F]
         return seq, Scores(logits=scored[-1].logits, features=states)
 
     @property
@@ -291,14 +292,16 @@ def _growing_layer_class() -> type:
                 self.lazy_initialization(key_states, value_states)
             length = self.get_seq_length()
             end = length + key_states.shape[-2]
-            buffers = getattr(self, "buffers", None)
+            keys, values = self.keys, self.values
+            assert keys is not None and values is not None, "initialised above"
+            buffers: tuple[torch.Tensor, ...] | None = getattr(self, "buffers", None)  # set below, first update
             # rebuilt when full, or when something outside replaced the views (e.g. a beam reorder)
-            if buffers is None or end > buffers[0].shape[-2] or buffers[0].data_ptr() != self.keys.data_ptr() or length == 0:
+            if buffers is None or end > buffers[0].shape[-2] or buffers[0].data_ptr() != keys.data_ptr() or length == 0:
                 capacity = end + max(256, end // 2)
                 buffers = tuple(
                     torch.cat([old[..., :length, :], new.new_zeros((*new.shape[:-2], capacity - length, new.shape[-1]))], dim=-2)
                     if length else new.new_zeros((*new.shape[:-2], capacity, new.shape[-1]))
-                    for old, new in ((self.keys, key_states), (self.values, value_states))
+                    for old, new in ((keys, key_states), (values, value_states))
                 )  # each [batch, kv_heads, capacity, head_dim]
                 self.buffers = buffers
             buffers[0][..., length:end, :] = key_states

@@ -73,7 +73,7 @@ class SequenceRun:
         self.verifier = verifier
         self.tree_verifier = tree_verifier
         # trained heads draft from the target's own states (feature_layers); others ask for none
-        self.wants: dict[str, tuple[int, ...]] = {"features": drafter.feature_layers} if drafter.feature_layers else {}
+        self.features: tuple[int, ...] = drafter.feature_layers
         self.seq: CacheState | None = None
         self.generated: list[int] = []
         self.done = False
@@ -88,8 +88,8 @@ class SequenceRun:
         self._verdict = self.verifier((), scores.logits[-1:], None, position=0)
         self.drafter.reset(self.prompt_ids)
         self.drafter.attach(backend, seq)
-        if self.wants:
-            self.drafter.take_features(scores.features)  # [prompt, F]
+        if self.features:
+            self.drafter.take_features(wanted_features(scores))  # [prompt, F]
         return self._emit((), None)
 
     @property
@@ -140,8 +140,8 @@ class SequenceRun:
         # 6. Keep the root and the accepted path in the cache; the bonus token is not cached yet.
         kept = [0, *(i + 1 for i in verdict.path)]
         backend.keep(seq, self._start, kept)
-        if self.wants:
-            self.drafter.take_features(scores.features[kept])  # [1 + accepted, F]
+        if self.features:
+            self.drafter.take_features(wanted_features(scores)[kept])  # [1 + accepted, F]
         # 7. Jacobi-style and recycling drafters learn from the target's own predictions.
         if self.drafter.observes_target:
             self.drafter.observe(verdict.predicted, verdict.candidates)  # [D+1], [D+1][k] or None
@@ -168,3 +168,9 @@ class SequenceRun:
             self.done = True
             self.drafter.finish()
         return Step(drafted, len(verdict.path), tuple(verdict.tokens[:keep]), reason, parents, tuple(verdict.path), logprobs)
+
+
+def wanted_features(scores: Scores) -> torch.Tensor:
+    """The states a drafter with `feature_layers` asked the pass for."""
+    assert scores.features is not None, "a pass asked for states returned none"
+    return scores.features

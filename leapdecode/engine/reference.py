@@ -59,4 +59,5 @@ def full_model_predictions(model: Any, prompt_ids: Sequence[int], generated: Seq
     prompt + generated in one pass."""
     ids = torch.tensor([[*prompt_ids, *generated[:-1]]], dtype=torch.long, device=model.device)  # [1, P+T-1]
     logits = model(input_ids=ids, logits_to_keep=len(generated)).logits[0]  # [T, vocab]
-    return logits.argmax(-1)
+    predictions: torch.Tensor = logits.argmax(-1)
+    return predictions

@@ -33,13 +33,14 @@ cut draft, on its own backend.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypeVar
 
 import torch
 
@@ -51,6 +52,7 @@ from leapdecode.errors import InputError
 from leapdecode.models.row_exact import PASS_ROWS
 
 logger = logging.getLogger("leapdecode")
+T = TypeVar("T")
 
 if TYPE_CHECKING:
     from leapdecode.drafters.base import Offer
@@ -58,6 +60,7 @@ if TYPE_CHECKING:
     from leapdecode.engine.backend import Backend, CacheState, Scores
     from leapdecode.engine.loop import TreeVerifier, Verifier
     from leapdecode.engine.stopping import StopCriteria
+    from leapdecode.engine.tree import TreeLayout
 
 
 @dataclass(frozen=True)
@@ -184,6 +187,7 @@ class BatchScheduler:
         turn = turns[self._turn % len(turns)]
         self._turn += 1
         start = self.clock()
+        report: PassReport | None
         if turn is not None:
             report = self._alone_pass(turn)
         else:
@@ -200,7 +204,7 @@ class BatchScheduler:
         if run.seq is None:
             # 1. Prefill: the prompt's pass also gives the first new token.
             def prefill() -> int:
-                seq, scores = backend.prefill(run.prompt_ids, **run.wants)
+                seq, scores = backend.prefill(run.prompt_ids, features=run.features)
                 submission.decoding_at = self.clock()
                 return self._deliver(submission, run.begin(backend, seq, scores))  # 2. emit
 
@@ -216,7 +220,7 @@ class BatchScheduler:
             tokens, tree = run.plan(run.propose(backend.draft_limit(run.seq)))
             drafted = len(tokens) - 1
             # 4. Score the pending token (emitted, not yet cached) and the draft in one pass.
-            scores = backend.forward(run.seq, tokens, tree=tree, **run.wants)
+            scores = backend.forward(run.seq, tokens, tree=tree, features=run.features)
             # 5-7. Verify, keep the accepted path in the cache, let the drafter learn; 2. emit.
             return self._deliver(submission, run.settle(backend, scores))
 
@@ -255,14 +259,14 @@ class BatchScheduler:
     def _pass(self, decoding: list[Submission], chunks: list[tuple[Submission, BatchItem]]) -> PassReport | None:
         """Plan, score and settle one shared pass; a request whose drafting, verifying or
         callbacks fail leaves with its error, the others go on (a failed forward ends them all)."""
-        planned = [(s, p) for s in decoding if (p := self._isolated(s, lambda s=s: self._plan_decoding(s))) is not None]
+        planned = [(s, p) for s in decoding if (p := self._isolated(s, functools.partial(self._plan_decoding, s))) is not None]
         prefill = sum(len(item.tokens) for _, item in chunks)
         drafting = self._allocate(planned, len(planned) + prefill)
         members = [s for s, _ in drafting] + [s for s, _ in chunks]
         items = [item for _, item in drafting] + [item for _, item in chunks]
         if not items:
             return None
-        wanted = tuple(sorted({layer for s in members for layer in s.run.wants.get("features", ())}))
+        wanted = tuple(sorted({layer for s in members for layer in s.run.features}))
         try:
             scores = forward_batch(self._packer(), items, wanted)
         except Exception as exc:  # noqa: BLE001 - the pass failed: each of its requests ends with the error
@@ -273,13 +277,13 @@ class BatchScheduler:
             return None
         emitted = 0
         for (submission, _), score in zip(drafting, scores):
-            emitted += self._isolated(submission, lambda s=submission, sc=score: self._settled(s, sc, wanted)) or 0
+            emitted += self._isolated(submission, functools.partial(self._settled, submission, score, wanted)) or 0
         for (submission, item), score in zip(chunks, scores[len(drafting) :]):
             try:
                 emitted += self._prefilled(submission, len(item.tokens), self._features_for(submission.run, score, wanted))
             except Exception as exc:  # noqa: BLE001 - this prompt's requests end with the error, the others go on
-                prefill = self.prefilling.pop(submission, None)
-                for member in [submission, *(prefill.followers if prefill is not None else ())]:
+                spoiled = self.prefilling.pop(submission, None)
+                for member in [submission, *(spoiled.followers if spoiled is not None else ())]:
                     member.error = exc
                     self._end(member, "error")
         rows = sum(len(item.tokens) for item in items)
@@ -305,12 +309,16 @@ class BatchScheduler:
         now = self.clock()
         for member in (submission, *prefill.followers):
             member.decoding_at = now
-        forks = [(f, self._isolated(f, lambda: self._packer().fork(prefill.seq))) for f in prefill.followers]
-        emitted = self._isolated(submission, lambda: self._deliver(submission, submission.run.begin(self._packer(), prefill.seq, whole))) or 0
+        forks = [(f, self._isolated(f, functools.partial(self._packer().fork, prefill.seq))) for f in prefill.followers]
+        emitted = self._isolated(submission, functools.partial(self._begin, submission, prefill.seq, whole)) or 0
         for follower, seq in forks:
             if seq is not None:
-                emitted += self._isolated(follower, lambda f=follower, q=seq: self._deliver(f, f.run.begin(self._packer(), q, whole))) or 0
+                emitted += self._isolated(follower, functools.partial(self._begin, follower, seq, whole)) or 0
         return emitted
+
+    def _begin(self, submission: Submission, seq: CacheState, scores: Scores) -> int:
+        """A request's prompt is in `seq`: its first token."""
+        return self._deliver(submission, submission.run.begin(self._packer(), seq, scores))
 
     def _deliver(self, submission: Submission, step: Step) -> int:
         submission.on_step(step)
@@ -318,7 +326,7 @@ class BatchScheduler:
             self._end(submission, step.finish_reason or "length")
         return len(step.tokens)
 
-    def _isolated(self, submission: Submission, work: Callable[[], Any]) -> Any:
+    def _isolated(self, submission: Submission, work: Callable[[], T]) -> T | None:
         """`work()` for one request; if it fails, that request ends with the error (None)."""
         try:
             return work()
@@ -355,7 +363,7 @@ class BatchScheduler:
             if submission.alone:  # prefilled in a pass of its own
                 continue
             run = submission.run
-            leader = next((s for s in self.prefilling if s.run.prompt_ids == run.prompt_ids and s.run.wants == run.wants), None)
+            leader = next((s for s in self.prefilling if s.run.prompt_ids == run.prompt_ids and s.run.features == run.features), None)
             if leader is not None:
                 self.prefilling[leader].followers.append(submission)
             else:
@@ -364,6 +372,7 @@ class BatchScheduler:
     def _plan_decoding(self, submission: Submission) -> tuple[Offer, int]:
         """A decoding request's offer and the most drafted tokens its pass may verify exactly."""
         run = submission.run
+        assert run.seq is not None, "a decoding request has its cache"
         exact = self._packer().draft_limit(run.seq)
         offer = run.offer(exact)
         return offer, len(offer.draft) if exact is None else min(len(offer.draft), exact)
@@ -375,12 +384,13 @@ class BatchScheduler:
         # a prompt row is worth a token, as a decoding row is: work the requests need either way,
         # where a drafted row is worth only its reach (else a pass that carries a prompt chunk
         # would make drafts look cheap against its cost)
+        assert self.cost is not None, "shared passes are cut by their measured cost"
         kept = allocate([offer for _, (offer, _) in planned], [cap for _, (_, cap) in planned], base, base, self.cost,
                         max(self.max_rows, base))
         items: list[tuple[Submission, BatchItem]] = []
         for (submission, (offer, _)), keep in zip(planned, kept):
             run = submission.run
-            plan = self._isolated(submission, lambda run=run, offer=offer, keep=keep: run.plan(run.take(offer, keep)))
+            plan = self._isolated(submission, functools.partial(taken_plan, run, offer, keep))
             if plan is not None and run.seq is not None:
                 items.append((submission, BatchItem(run.seq, plan[0], plan[1])))
         return items
@@ -391,7 +401,7 @@ class BatchScheduler:
         union of every request's)."""
         from leapdecode.engine.backend import Scores
 
-        own = run.wants.get("features", ())
+        own = run.features
         if own == wanted or scores.features is None:
             return scores if own else Scores(scores.logits)
         width = scores.features.shape[-1] // len(wanted)
@@ -419,7 +429,18 @@ class BatchScheduler:
                     other.followers.remove(submission)
             return
         heir = prefill.followers.pop(0) if prefill.followers else None
-        self.prefilling = {(heir if s is submission else s): p for s, p in self.prefilling.items() if s is not submission or heir is not None}
+        order = list(self.prefilling.items())
+        self.prefilling = {}
+        for leader, waiting in order:
+            if leader is not submission:
+                self.prefilling[leader] = waiting
+            elif heir is not None:  # in its place
+                self.prefilling[heir] = waiting
+
+
+def taken_plan(run: SequenceRun, offer: Offer, kept: Sequence[int]) -> tuple[list[int], TreeLayout | None]:
+    """The pass's tokens and tree for the part of `offer` the scheduler kept."""
+    return run.plan(run.take(offer, kept))
 
 
 def decode(

@@ -78,9 +78,9 @@ class LoadedModel:
     name: str
     eos_token_ids: frozenset[int]
     max_context: int
-    # Forward-cost curves measured on these weights on this machine, by (backend, threads): a
+    # Forward-cost curves measured on these weights on this machine, by (backend, threads, trees): a
     # property of the model like its size, measured on first use by cost-aware methods.
-    costs: dict[tuple[str, int], Any] = field(default_factory=dict, repr=False, compare=False)
+    costs: dict[tuple[str, int, bool], Any] = field(default_factory=dict, repr=False, compare=False)
     row_exact: bool = False  # verification rows bitwise one-token passes (`leapdecode.models.row_exact`)
     quantize: str = "none"  # "int8"/"int4": group-quantized linear layers (`leapdecode.models.quantize`)
     precision: str = ""  # why it runs in this dtype and quantization (`leapdecode.models.precision`)
