@@ -8,7 +8,7 @@ MODEL ?= smollm2-135m
 # vLLM (the `vllm` extra) pins other versions of some of our dependencies: it gets its own venv.
 VLLM_VENV ?= .venv-vllm
 
-.PHONY: setup model test-models browser llamacpp peers vllm demo test test-fast docs clean
+.PHONY: setup model test-models browser llamacpp peers vllm demo lint test test-fast docs clean
 
 setup: $(VENV)/.installed
 
@@ -62,7 +62,14 @@ $(VLLM_VENV)/.installed: pyproject.toml
 	$(VLLM_VENV)/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec
 	touch $@
 
-test: test-models browser llamacpp peers vllm
+# ruff (lint and the format check) over the code and the tests; mypy over the package, strict on
+# the core (engine, verifiers, drafters, methods: pyproject.toml).
+lint: setup
+	$(BIN)/ruff check leapdecode tests
+	$(BIN)/ruff format --check leapdecode tests
+	$(BIN)/mypy leapdecode/engine leapdecode/verifiers leapdecode/drafters leapdecode/methods
+
+test: lint test-models browser llamacpp peers vllm
 	$(PY) -m pytest -q
 
 # The tiny-model tests only (minutes): no real model, no optional backend, no browser.

@@ -26,17 +26,39 @@ if TYPE_CHECKING:
 __version__ = "0.1.0"
 
 _LAZY = {
-    "Decoder": "leapdecode.api", "GenerationResult": "leapdecode.api", "encode_prompt": "leapdecode.api",
-    "generate": "leapdecode.api", "wrap": "leapdecode.api",
-    "GenerationStats": "leapdecode.engine", "Step": "leapdecode.engine",
-    "METHODS": "leapdecode.methods", "Method": "leapdecode.methods", "parse_method": "leapdecode.methods",
-    "PRESETS": "leapdecode.models", "LoadedModel": "leapdecode.models", "load_model": "leapdecode.models",
+    "Decoder": "leapdecode.api",
+    "GenerationResult": "leapdecode.api",
+    "encode_prompt": "leapdecode.api",
+    "generate": "leapdecode.api",
+    "wrap": "leapdecode.api",
+    "GenerationStats": "leapdecode.engine",
+    "Step": "leapdecode.engine",
+    "METHODS": "leapdecode.methods",
+    "Method": "leapdecode.methods",
+    "parse_method": "leapdecode.methods",
+    "PRESETS": "leapdecode.models",
+    "LoadedModel": "leapdecode.models",
+    "load_model": "leapdecode.models",
 }
 
 __all__ = [
-    "METHODS", "PRESETS", "Decoder", "GenerationResult", "GenerationStats", "InputError", "LeapDecodeError",
-    "LoadedModel", "Method", "MethodError", "ModelLoadError", "Step", "encode_prompt", "generate", "load_model",
-    "parse_method", "wrap",
+    "METHODS",
+    "PRESETS",
+    "Decoder",
+    "GenerationResult",
+    "GenerationStats",
+    "InputError",
+    "LeapDecodeError",
+    "LoadedModel",
+    "Method",
+    "MethodError",
+    "ModelLoadError",
+    "Step",
+    "encode_prompt",
+    "generate",
+    "load_model",
+    "parse_method",
+    "wrap",
 ]
 
 

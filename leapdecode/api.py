@@ -1,9 +1,9 @@
 """The library API: load, wrap with a method, generate.
 
-    import leapdecode
-    lm = leapdecode.load_model("smollm2-135m")
-    out = leapdecode.wrap(lm, "anpd:n=5,k=7").generate("def fib(n):", max_new_tokens=128)
-    print(out.text, out.stats.summary())
+import leapdecode
+lm = leapdecode.load_model("smollm2-135m")
+out = leapdecode.wrap(lm, "anpd:n=5,k=7").generate("def fib(n):", max_new_tokens=128)
+print(out.text, out.stats.summary())
 """
 
 from __future__ import annotations
@@ -13,28 +13,35 @@ import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypedDict, Union, Unpack
+from typing import TYPE_CHECKING, Any, TypedDict, Unpack
 
 import torch
 
-from leapdecode.engine import GenerationStats, SamplingParams, Step, StopCriteria, TreeVerifier, Verifier, truncate_at_stop
+from leapdecode.engine import (
+    GenerationStats,
+    SamplingParams,
+    Step,
+    StopCriteria,
+    TreeVerifier,
+    Verifier,
+    truncate_at_stop,
+)
 from leapdecode.engine.loop import SequenceRun
+from leapdecode.engine.noise import PositionNoise
 from leapdecode.engine.scheduler import decode_run
 from leapdecode.errors import InputError
 from leapdecode.methods import Method, parse_method
 from leapdecode.models import LoadedModel
-from leapdecode.engine.noise import PositionNoise
 from leapdecode.verifiers import verify_greedy, verify_speculative, verify_tree_greedy, verify_tree_speculative
 from leapdecode.verifiers.verdict import MAX_TOP_LOGPROBS, TokenLogprob
 
 if TYPE_CHECKING:
-    from leapdecode.drafters.base import Drafter
     from leapdecode.engine.cost import ForwardCost
 
 logger = logging.getLogger("leapdecode")
 
 Message = dict[str, str]
-Prompt = Union[str, Sequence[Message], Sequence[int]]
+Prompt = str | Sequence[Message] | Sequence[int]
 
 
 @dataclass(frozen=True)
@@ -149,7 +156,11 @@ class Decoder:
             raise InputError(f"{self.method.name!r} is a benchmark peer (Hugging Face generate), not an engine method")
         self.backend = self.method.make_backend(lm)
         self._new_drafter = self.method.prepare(
-            lm, draft_model=draft_model, log=log or logger.info, backend=self.backend, cost=cost,
+            lm,
+            draft_model=draft_model,
+            log=log or logger.info,
+            backend=self.backend,
+            cost=cost,
         )
 
     def check_request(self, prompt_ids: list[int], max_new_tokens: int) -> None:
@@ -158,7 +169,10 @@ class Decoder:
 
     @staticmethod
     def _verifiers(
-        sampling: SamplingParams, noise: PositionNoise, logprobs: int | None, candidates: int = 0,
+        sampling: SamplingParams,
+        noise: PositionNoise,
+        logprobs: int | None,
+        candidates: int = 0,
     ) -> tuple[Verifier, TreeVerifier]:
         """Greedy matching at temperature 0, else speculative sampling (exactly the target's
         distribution, from the request's per-position `noise`); each in its chain and its tree
@@ -203,16 +217,27 @@ class Decoder:
         tokens at its position (`Step.logprobs`); it changes no token.
         Bad arguments raise here, before the first step is asked for.
         """
-        run = self.start(prompt, max_new_tokens=max_new_tokens, stop=stop, chat=chat, temperature=temperature, top_k=top_k,
-                         top_p=top_p, seed=seed, generator=generator, logprobs=logprobs)
+        run = self.start(
+            prompt,
+            max_new_tokens=max_new_tokens,
+            stop=stop,
+            chat=chat,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            seed=seed,
+            generator=generator,
+            logprobs=logprobs,
+        )
         return StepStream(run.prompt_ids, self._run(run))
 
     def start(self, prompt: Prompt, **options: Unpack[GenerationOptions]) -> SequenceRun:
         """The generation as a `SequenceRun` that has not run yet, for a batch scheduler
         (`leapdecode.engine.scheduler`) to drive with others; `stream` drives one alone. Takes
         `stream`'s options, checked here."""
-        sampling = SamplingParams(options.get("temperature", 0.0), options.get("top_k", 0), options.get("top_p", 1.0),
-                                  options.get("seed"))
+        sampling = SamplingParams(
+            options.get("temperature", 0.0), options.get("top_k", 0), options.get("top_p", 1.0), options.get("seed")
+        )
         logprobs = options.get("logprobs")
         if logprobs is not None and (
             isinstance(logprobs, bool) or not isinstance(logprobs, int) or not 0 <= logprobs <= MAX_TOP_LOGPROBS
@@ -223,7 +248,9 @@ class Decoder:
         self.check_request(prompt_ids, max_new_tokens)
         criteria = StopCriteria(self.lm.eos_token_ids, max_new_tokens, options.get("stop", ()), self.lm.tokenizer)
         # greedy draws nothing: no seed is taken from torch's global generator
-        noise = PositionNoise(0) if sampling.greedy else PositionNoise.for_request(sampling.seed, options.get("generator"))
+        noise = (
+            PositionNoise(0) if sampling.greedy else PositionNoise.for_request(sampling.seed, options.get("generator"))
+        )
         drafter = self._new_drafter(sampling, noise)
         verifier, tree_verifier = self._verifiers(sampling, noise, logprobs, drafter.candidates)
         return SequenceRun(prompt_ids, drafter, criteria, verifier, tree_verifier)
@@ -240,7 +267,9 @@ class Decoder:
         elapsed = time.perf_counter() - start
         token_ids = [t for s in steps for t in s.tokens]
         return GenerationResult(
-            text=truncate_at_stop(self.lm.tokenizer.decode(token_ids, skip_special_tokens=True), options.get("stop", ())),
+            text=truncate_at_stop(
+                self.lm.tokenizer.decode(token_ids, skip_special_tokens=True), options.get("stop", ())
+            ),
             token_ids=token_ids,
             prompt_ids=stream.prompt_ids,
             finish_reason=steps[-1].finish_reason or "length",

@@ -34,5 +34,3 @@ def real_lm():
     from leapdecode.models import load_model
 
     return load_model("smollm2-135m", dtype="float32", log=lambda msg: None)
-
-

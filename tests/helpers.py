@@ -15,13 +15,23 @@ TINY_VOCAB = 96
 
 
 def make_tiny_model(arch: str = "llama", seed: int = 0, vocab: int = TINY_VOCAB, layers: int = 2):
-    """A small random model (2 layers unless told) with a peaked output distribution, so greedy choices are not near-ties."""
+    """A small random model (2 layers unless told) with a peaked output distribution, so greedy
+    choices are not near-ties."""
     from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
 
     common = dict(
-        vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-        initializer_range=0.3, bos_token_id=0, eos_token_id=1, pad_token_id=1, tie_word_embeddings=False,
+        vocab_size=vocab,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        initializer_range=0.3,
+        bos_token_id=0,
+        eos_token_id=1,
+        pad_token_id=1,
+        tie_word_embeddings=False,
     )
     config = LlamaConfig(**common) if arch == "llama" else Qwen2Config(**common)
     torch.manual_seed(seed)
@@ -91,8 +101,13 @@ GREEDY = (verify_greedy, verify_tree_greedy)
 
 
 def prompts(
-    count: int, seed: int = 0, *, repetitive_every: int = 3, repetitive_len: tuple[int, int] = (8, 40),
-    random_len: tuple[int, int] = (1, 30), repeats: int = 12,
+    count: int,
+    seed: int = 0,
+    *,
+    repetitive_every: int = 3,
+    repetitive_len: tuple[int, int] = (8, 40),
+    random_len: tuple[int, int] = (1, 30),
+    repeats: int = 12,
 ) -> list[list[int]]:
     """Random tiny-vocabulary prompts, and every `repetitive_every`-th one a short unit repeated,
     where n-gram drafts run long."""
@@ -108,6 +123,7 @@ def prompts(
 
 
 # --- the sampling harness: empirical distributions against exactly computed ones ---------
+
 
 def tv(a: torch.Tensor, b: torch.Tensor) -> float:
     return 0.5 * float((a - b).abs().sum())
@@ -143,7 +159,9 @@ def exact_joint(model, prompt: list[int], params: SamplingParams, length: int) -
     return out
 
 
-def sample_sequences(model, prompt: list[int], params: SamplingParams, make_drafter, *, draws: int = 600, length: int = 3, seed: int = 0) -> dict[tuple[int, ...], int]:
+def sample_sequences(
+    model, prompt: list[int], params: SamplingParams, make_drafter, *, draws: int = 600, length: int = 3, seed: int = 0
+) -> dict[tuple[int, ...], int]:
     """How often each `length`-token continuation comes out of `draws` sampled generations through
     the decode loop, with a fresh drafter from `make_drafter()` each time (chain and tree verifiers),
     each generation with its own seed (per-position noise: `leapdecode.engine.noise`)."""
@@ -168,13 +186,17 @@ def sampled_steps(model, prompt: list[int], params: SamplingParams, drafter, see
     from leapdecode.verifiers import verify_speculative, verify_tree_speculative
 
     noise = PositionNoise(seed)
-    verifiers = (functools.partial(verify_speculative, params=params, noise=noise),
-                 functools.partial(verify_tree_speculative, params=params, noise=noise))
+    verifiers = (
+        functools.partial(verify_speculative, params=params, noise=noise),
+        functools.partial(verify_tree_speculative, params=params, noise=noise),
+    )
     with torch.inference_mode():
         return list(decode(TorchBackend(model), prompt, drafter, StopCriteria(frozenset(), length), *verifiers))
 
 
-def assert_sampled_like_plain(model, prompt: list[int], params: SamplingParams, make_drafter, seeds, length: int) -> int:
+def assert_sampled_like_plain(
+    model, prompt: list[int], params: SamplingParams, make_drafter, seeds, length: int
+) -> int:
     """For each seed, sampled output with `make_drafter()` equals plain sampling's (the slow
     reference: no cache, no draft) token for token. Returns how many tokens were drafted."""
     from leapdecode.engine.noise import PositionNoise

@@ -19,15 +19,23 @@ PACKAGE = Path(__file__).resolve().parents[1] / "leapdecode"
 
 # docs/ARCHITECTURE.md: a module may import from its own layer or the layers below it.
 LAYERS = {
-    "errors": 0, "textstream": 0, "data": 0,
+    "errors": 0,
+    "textstream": 0,
+    "data": 0,
     "models": 1,
     "engine": 2,
-    "early_exit": 3, "verifiers": 3, "heads": 3,
+    "early_exit": 3,
+    "verifiers": 3,
+    "heads": 3,
     "drafters": 4,
     "methods": 5,
     "api": 6,
-    "bench": 7, "server": 7, "integrations": 7, "training": 7,
-    "cli": 8, "__main__": 8,
+    "bench": 7,
+    "server": 7,
+    "integrations": 7,
+    "training": 7,
+    "cli": 8,
+    "__main__": 8,
 }
 
 
@@ -63,7 +71,9 @@ def _imports(path: Path, module: str, known: set[str]) -> set[str]:
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
-                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+                base = ".".join(
+                    package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else [])
+                )
             if base.startswith("leapdecode"):
                 for alias in node.names:
                     sub = f"{base}.{alias.name}"
@@ -94,7 +104,7 @@ def test_no_import_cycles() -> None:
         state[node] = 1
         for nxt in sorted(graph[node]):
             if state.get(nxt) == 1:
-                cycles.append(path[path.index(nxt):] + [nxt])
+                cycles.append(path[path.index(nxt) :] + [nxt])
             elif nxt not in state:
                 walk(nxt, path + [nxt])
         state[node] = 2
@@ -111,8 +121,10 @@ def test_every_module_sits_in_a_layer_and_imports_only_downwards() -> None:
     assert not unplaced, f"modules outside the layers of docs/ARCHITECTURE.md: {unplaced}"
     upward = [
         f"{m} ({_layer(m)}) imports {dep} ({_layer(dep)})"
-        for m, deps in graph.items() if m != "leapdecode"
-        for dep in deps if dep != "leapdecode" and _layer(dep) > _layer(m)  # type: ignore[operator]
+        for m, deps in graph.items()
+        if m != "leapdecode"
+        for dep in deps
+        if dep != "leapdecode" and _layer(dep) > _layer(m)  # type: ignore[operator]
     ]
     assert not upward, "imports against the layering:\n" + "\n".join(upward)
 
@@ -136,7 +148,9 @@ def test_light_commands_import_no_torch(args: list[str]) -> None:
         "assert result.exit_code == 0, result.output\n"
         "print('TORCH' if 'torch' in sys.modules else 'NO-TORCH')\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, "COLUMNS": "200"})
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, "COLUMNS": "200"}
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().endswith("NO-TORCH"), f"`leapdecode {' '.join(args)}` imported torch"
 

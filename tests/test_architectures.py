@@ -17,13 +17,23 @@ from tests.helpers import TINY_VOCAB, prompts, tiny_lm
 WINDOW = 12  # shorter than prompt + generation, so every sliding layer runs past it
 
 BASE = dict(
-    vocab_size=TINY_VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-    max_position_embeddings=512, initializer_range=0.3, bos_token_id=0, eos_token_id=1, pad_token_id=1,
+    vocab_size=TINY_VOCAB,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    max_position_embeddings=512,
+    initializer_range=0.3,
+    bos_token_id=0,
+    eos_token_id=1,
+    pad_token_id=1,
     tie_word_embeddings=False,
 )
 ARCHITECTURES = {
     "llama": dict(num_key_value_heads=2),
-    "qwen2": dict(num_key_value_heads=2, use_sliding_window=True, sliding_window=WINDOW, max_window_layers=1),  # mixed layers
+    "qwen2": dict(
+        num_key_value_heads=2, use_sliding_window=True, sliding_window=WINDOW, max_window_layers=1
+    ),  # mixed layers
     "mistral": dict(num_key_value_heads=2, sliding_window=WINDOW),  # every layer sliding
     "gemma2": dict(num_key_value_heads=2, sliding_window=WINDOW, head_dim=16, query_pre_attn_scalar=16),  # alternating
     "phi3": dict(num_key_value_heads=2, sliding_window=WINDOW),

@@ -37,12 +37,16 @@ def random_tree(rng: random.Random, n: int) -> tuple[int, ...]:
 
 
 def caches_equal(a, b) -> bool:
-    return all(torch.equal(x.keys, y.keys) and torch.equal(x.values, y.values) for x, y in zip(a.cache.layers, b.cache.layers))
+    return all(
+        torch.equal(x.keys, y.keys) and torch.equal(x.values, y.values) for x, y in zip(a.cache.layers, b.cache.layers)
+    )
 
 
 @settings(max_examples=25, deadline=None)
 @given(seed=st.integers(0, 2**16), sequences=st.integers(1, 5), with_prompt=st.booleans())
-def test_each_sequence_of_a_packed_pass_scores_bitwise_as_its_own_pass(exact_tiny, seed, sequences, with_prompt) -> None:
+def test_each_sequence_of_a_packed_pass_scores_bitwise_as_its_own_pass(
+    exact_tiny, seed, sequences, with_prompt
+) -> None:
     rng = random.Random(seed)
     backend = TorchBackend(exact_tiny.model, exact_tokens=exact_tiny.exact_tokens)
     contexts = [[rng.randrange(TINY_VOCAB) for _ in range(rng.randint(1, 80))] for _ in range(sequences)]
@@ -72,13 +76,19 @@ def test_each_sequence_of_a_packed_pass_scores_bitwise_as_its_own_pass(exact_tin
     if with_prompt:
         seq, want = backend.prefill(prompt, features=(1, 2))
         got = by_seq[id(fresh)]
-        assert got.logits.shape[0] == 1 and torch.equal(got.logits, want.logits) and torch.equal(got.features, want.features)
+        assert (
+            got.logits.shape[0] == 1
+            and torch.equal(got.logits, want.logits)
+            and torch.equal(got.features, want.features)
+        )
         assert caches_equal(seq, fresh)
 
 
 @settings(max_examples=20, deadline=None)
 @given(seed=st.integers(0, 2**16), cuts=st.lists(st.integers(1, 90), min_size=1, max_size=4))
-def test_a_prompt_prefilled_in_chunks_beside_other_sequences_is_bitwise_its_whole_prefill(exact_tiny, seed, cuts) -> None:
+def test_a_prompt_prefilled_in_chunks_beside_other_sequences_is_bitwise_its_whole_prefill(
+    exact_tiny, seed, cuts
+) -> None:
     rng = random.Random(seed)
     backend = TorchBackend(exact_tiny.model, exact_tokens=exact_tiny.exact_tokens)
     prompt = [rng.randrange(TINY_VOCAB) for _ in range(rng.randint(2, 100))]
@@ -99,7 +109,9 @@ def test_a_prompt_prefilled_in_chunks_beside_other_sequences_is_bitwise_its_whol
     assert seq.length == whole_seq.length and caches_equal(seq, whole_seq)
 
 
-def test_the_backend_prefills_long_prompts_in_chunks_that_give_the_bits_of_any_other_cut(exact_tiny, monkeypatch) -> None:
+def test_the_backend_prefills_long_prompts_in_chunks_that_give_the_bits_of_any_other_cut(
+    exact_tiny, monkeypatch
+) -> None:
     from leapdecode.models import row_exact
 
     backend = TorchBackend(exact_tiny.model, exact_tokens=exact_tiny.exact_tokens)
@@ -109,7 +121,11 @@ def test_the_backend_prefills_long_prompts_in_chunks_that_give_the_bits_of_any_o
     seq32, by32 = backend.prefill(prompt, features=(1,))
     monkeypatch.setattr(row_exact, "PASS_ROWS", 50)
     seq50, by50 = backend.prefill(prompt, features=(1,))
-    assert by32.features.shape[0] == 90 and torch.equal(by32.features, by50.features) and torch.equal(by32.logits, by50.logits)
+    assert (
+        by32.features.shape[0] == 90
+        and torch.equal(by32.features, by50.features)
+        and torch.equal(by32.logits, by50.logits)
+    )
     assert caches_equal(seq32, seq50)
     forked = backend.fork(seq32)
     assert forked.length == 90 and caches_equal(forked, seq32)
@@ -121,14 +137,30 @@ def test_requests_with_the_same_prompt_share_one_prefill_and_each_equals_itself_
     plain, anpd = wrap(exact_tiny, "ar"), wrap(exact_tiny, "anpd")
     scheduler = BatchScheduler(plain.backend, ForwardCost(tuple(0.01 for _ in range(64))), max_batch=4, max_rows=16)
     prompt = [5, 6, 7, 8, 5, 6, 7, 8, 5, 6, 7, 8, 9, 9, 5, 6, 7, 8, 5, 6, 7]  # two chunks of 16 rows at most
-    options = [{"max_new_tokens": 20}, {"max_new_tokens": 20, "temperature": 0.9, "seed": 1},
-               {"max_new_tokens": 20, "temperature": 0.9, "seed": 2}, {"max_new_tokens": 7}]
+    options = [
+        {"max_new_tokens": 20},
+        {"max_new_tokens": 20, "temperature": 0.9, "seed": 1},
+        {"max_new_tokens": 20, "temperature": 0.9, "seed": 2},
+        {"max_new_tokens": 7},
+    ]
     outputs: list[list[int]] = [[] for _ in options]
     ends: list[str] = ["" for _ in options]
-    subs = [scheduler.submit(Submission((anpd if i % 2 else plain).start(prompt, **o), lambda s, i=i: outputs[i].extend(s.tokens),
-                                        lambda r, i=i: ends.__setitem__(i, r))) for i, o in enumerate(options)]
+    subs = [
+        scheduler.submit(
+            Submission(
+                (anpd if i % 2 else plain).start(prompt, **o),
+                lambda s, i=i: outputs[i].extend(s.tokens),
+                lambda r, i=i: ends.__setitem__(i, r),
+            )
+        )
+        for i, o in enumerate(options)
+    ]
     prefilled = scheduler.step().prefill_rows  # the first chunk of the first request's prefill
-    assert prefilled == 16 and list(scheduler.prefilling) == [subs[0]] and scheduler.prefilling[subs[0]].followers == subs[1:]
+    assert (
+        prefilled == 16
+        and list(scheduler.prefilling) == [subs[0]]
+        and scheduler.prefilling[subs[0]].followers == subs[1:]
+    )
     subs[0].cancel()  # it leaves mid-prefill: the next takes the prefill over
     while not scheduler.idle:
         report = scheduler.step()
@@ -233,8 +265,13 @@ def run_schedule(lm, rng: random.Random, requests: int, max_batch: int, max_rows
             i = waiting.pop(0)
             method, prompt, options = plans[i]
             run = decoders[method].start(prompt, **options)
-            submissions[i] = scheduler.submit(Submission(run, lambda step, i=i: outputs[i].extend(step.tokens),
-                                                         lambda reason, i=i: ends.__setitem__(i, reason)))
+            submissions[i] = scheduler.submit(
+                Submission(
+                    run,
+                    lambda step, i=i: outputs[i].extend(step.tokens),
+                    lambda reason, i=i: ends.__setitem__(i, reason),
+                )
+            )
         if to_cancel in submissions and outputs[to_cancel] and rng.random() < 0.5:
             submissions[to_cancel].cancel()
         report = scheduler.step()
@@ -243,11 +280,20 @@ def run_schedule(lm, rng: random.Random, requests: int, max_batch: int, max_rows
 
 
 @settings(max_examples=12, deadline=None)
-@given(seed=st.integers(0, 2**16), requests=st.integers(1, 6), max_batch=st.integers(1, 4), max_rows=st.sampled_from([8, 24, 48]),
-       cancel=st.booleans())
-def test_every_request_in_a_batch_equals_the_request_alone(exact_tiny, seed, requests, max_batch, max_rows, cancel) -> None:
+@given(
+    seed=st.integers(0, 2**16),
+    requests=st.integers(1, 6),
+    max_batch=st.integers(1, 4),
+    max_rows=st.sampled_from([8, 24, 48]),
+    cancel=st.booleans(),
+)
+def test_every_request_in_a_batch_equals_the_request_alone(
+    exact_tiny, seed, requests, max_batch, max_rows, cancel
+) -> None:
     rng = random.Random(seed)
-    plans, outputs, ends, submissions, scheduler, plain, cancelled = run_schedule(exact_tiny, rng, requests, max_batch, max_rows, cancel)
+    plans, outputs, ends, submissions, scheduler, plain, cancelled = run_schedule(
+        exact_tiny, rng, requests, max_batch, max_rows, cancel
+    )
     assert not scheduler.running and not scheduler.waiting
     for i, (_, prompt, options) in enumerate(plans):
         alone = plain.generate(prompt, **options).token_ids
@@ -261,9 +307,18 @@ def test_every_request_in_a_batch_equals_the_request_alone(exact_tiny, seed, req
 def test_a_request_past_its_time_limit_leaves_and_a_failing_pass_ends_only_its_requests(exact_tiny) -> None:
     clock = [0.0]
     decoder = wrap(exact_tiny, "anpd")
-    scheduler = BatchScheduler(decoder.backend, ForwardCost((0.01, 0.02)), max_batch=4, max_rows=32, clock=lambda: clock[0])
+    scheduler = BatchScheduler(
+        decoder.backend, ForwardCost((0.01, 0.02)), max_batch=4, max_rows=32, clock=lambda: clock[0]
+    )
     ends: dict[str, str] = {}
-    slow = scheduler.submit(Submission(decoder.start([5, 6, 7], max_new_tokens=50), lambda s: None, lambda r: ends.__setitem__("slow", r), timeout_s=1.0))
+    slow = scheduler.submit(
+        Submission(
+            decoder.start([5, 6, 7], max_new_tokens=50),
+            lambda s: None,
+            lambda r: ends.__setitem__("slow", r),
+            timeout_s=1.0,
+        )
+    )
     scheduler.step()
     clock[0] = 2.0
     scheduler.step()
@@ -274,8 +329,13 @@ def test_a_request_past_its_time_limit_leaves_and_a_failing_pass_ends_only_its_r
     failed = scheduler.submit(Submission(broken, lambda s: None, lambda r: ends.__setitem__("broken", r)))
     scheduler.step()  # its prefill
     out: list[int] = []
-    scheduler.submit(Submission(decoder.start([9, 8, 7, 9, 8, 7], max_new_tokens=12), lambda s: out.extend(s.tokens),
-                                lambda r: ends.__setitem__("healthy", r)))
+    scheduler.submit(
+        Submission(
+            decoder.start([9, 8, 7, 9, 8, 7], max_new_tokens=12),
+            lambda s: out.extend(s.tokens),
+            lambda r: ends.__setitem__("healthy", r),
+        )
+    )
     while not scheduler.idle:
         scheduler.step()  # the broken drafter fails: that request ends with its error, the pass goes on without it
     assert ends["broken"] == "error" and "drafter failed" in str(failed.error) and broken.seq is None
@@ -287,14 +347,24 @@ def test_requests_that_cannot_share_run_in_passes_of_their_own_beside_the_shared
     """A method on a backend of its own (the target's layers run one by one) holds a slot and runs
     its own passes, taking turns with the shared pass; every output is the request's alone."""
     layered, plain = wrap(exact_tiny, "layerskip:exit=1,k=3"), wrap(exact_tiny, "anpd")
-    scheduler = BatchScheduler(plain.backend, ForwardCost(tuple(0.01 + 0.003 * n for n in range(1, 65))), max_batch=max_batch, max_rows=32)
+    scheduler = BatchScheduler(
+        plain.backend, ForwardCost(tuple(0.01 + 0.003 * n for n in range(1, 65))), max_batch=max_batch, max_rows=32
+    )
     prompts = [[5, 6, 7, 5, 6, 7, 5], [9, 8, 9, 8, 9, 8], [4, 4, 3, 4, 4, 3, 4]]
     decoders = [layered, plain, layered]
     outputs: list[list[int]] = [[] for _ in prompts]
     ends: dict[int, str] = {}
-    submitted = [scheduler.submit(Submission(d.start(p, max_new_tokens=16), lambda s, i=i: outputs[i].extend(s.tokens),
-                                             lambda r, i=i: ends.__setitem__(i, r), backend=d.backend))
-                 for i, (d, p) in enumerate(zip(decoders, prompts))]
+    submitted = [
+        scheduler.submit(
+            Submission(
+                d.start(p, max_new_tokens=16),
+                lambda s, i=i: outputs[i].extend(s.tokens),
+                lambda r, i=i: ends.__setitem__(i, r),
+                backend=d.backend,
+            )
+        )
+        for i, (d, p) in enumerate(zip(decoders, prompts))
+    ]
     assert [s.alone for s in submitted] == [True, False, True]
     reports = []
     while not scheduler.idle:
@@ -316,7 +386,9 @@ def test_a_batch_of_one_is_the_decode_loop_and_raises_what_failed(exact_tiny) ->
     scheduler = BatchScheduler.alone(decoder.backend)
     assert scheduler.packing is None
     run = decoder.start([5, 6, 7, 5, 6, 7], max_new_tokens=12)
-    assert [t for step in decode_run(decoder.backend, run) for t in step.tokens] == decoder.generate([5, 6, 7, 5, 6, 7], max_new_tokens=12).token_ids
+    assert [t for step in decode_run(decoder.backend, run) for t in step.tokens] == decoder.generate(
+        [5, 6, 7, 5, 6, 7], max_new_tokens=12
+    ).token_ids
     broken = decoder.start([5, 6, 7], max_new_tokens=12)
     broken.drafter.propose = lambda max_tokens: (_ for _ in ()).throw(RuntimeError("drafter failed"))  # type: ignore[method-assign]
     steps = decode_run(decoder.backend, broken)
@@ -336,13 +408,17 @@ def test_measured_batch_cost_covers_every_row_count_and_never_falls(exact_tiny) 
 def test_the_default_batch_grows_while_doubling_the_rows_of_a_pass_still_pays() -> None:
     from leapdecode.server.batching import default_max_batch
 
-    assert default_max_batch(ForwardCost(tuple(0.01 * n for n in range(1, 129)))) == 1  # a row costs a pass: never share
+    assert (
+        default_max_batch(ForwardCost(tuple(0.01 * n for n in range(1, 129)))) == 1
+    )  # a row costs a pass: never share
     assert default_max_batch(ForwardCost(tuple(0.05 for _ in range(128)))) == 16  # rows are free: the largest
     # rows per second 25, 40, 57, 73, 84 at 1, 2, 4, 8, 16: the last doubling gains less than 1.2x
     assert default_max_batch(ForwardCost(tuple(0.03 + 0.01 * n for n in range(1, 129)))) == 8
 
 
-@pytest.mark.parametrize("methods", [["lookahead", "jacobi"], ["recycle:cost_aware=false", "anpd-tree"], ["hybrid", "lookahead"]])
+@pytest.mark.parametrize(
+    "methods", [["lookahead", "jacobi"], ["recycle:cost_aware=false", "anpd-tree"], ["hybrid", "lookahead"]]
+)
 def test_drafts_cut_to_the_pass_budget_still_equal_plain_decoding(exact_tiny, methods) -> None:
     """Drafters that learn from the rows they were scored on hear which rows the pass kept."""
     plain = wrap(exact_tiny, "ar")
@@ -354,7 +430,9 @@ def test_drafts_cut_to_the_pass_budget_still_equal_plain_decoding(exact_tiny, me
     ends: list[str] = ["" for _ in prompts]
     for i, prompt in enumerate(prompts):
         run = decoders[i % len(decoders)].start(prompt, max_new_tokens=40)
-        scheduler.submit(Submission(run, lambda s, i=i: outputs[i].extend(s.tokens), lambda r, i=i: ends.__setitem__(i, r)))
+        scheduler.submit(
+            Submission(run, lambda s, i=i: outputs[i].extend(s.tokens), lambda r, i=i: ends.__setitem__(i, r))
+        )
     while not scheduler.idle:
         report = scheduler.step()
         assert report is None or report.rows <= 10
@@ -389,6 +467,7 @@ def test_a_short_prompt_behind_a_long_one_starts_within_two_passes_and_each_equa
         def record(step) -> None:
             first.setdefault(name, passes[0])
             outputs[name].extend(step.tokens)
+
         return record
 
     scheduler.submit(Submission(decoder.start(long_prompt, max_new_tokens=6), on_step("long"), lambda r: None))
@@ -410,17 +489,30 @@ def test_the_time_limit_counts_decoding_and_the_prefill_has_its_own(exact_tiny) 
     limit counts from its first token; a prefill that alone outlasts the limit ends with a timeout."""
     clock = [0.0]
     decoder = wrap(exact_tiny, "ar")
-    scheduler = BatchScheduler(decoder.backend, ForwardCost(tuple(0.01 for _ in range(64))), max_batch=4, max_rows=16,
-                               clock=lambda: clock[0])
+    scheduler = BatchScheduler(
+        decoder.backend, ForwardCost(tuple(0.01 for _ in range(64))), max_batch=4, max_rows=16, clock=lambda: clock[0]
+    )
     ends: dict[str, str] = {}
     long_prompt = [random.Random(4).randrange(2, TINY_VOCAB) for _ in range(200)]  # 13+ passes of prefill
-    scheduler.submit(Submission(decoder.start(long_prompt, max_new_tokens=4), lambda s: None,
-                                lambda r: ends.__setitem__("long", r), timeout_s=5.0))
+    scheduler.submit(
+        Submission(
+            decoder.start(long_prompt, max_new_tokens=4),
+            lambda s: None,
+            lambda r: ends.__setitem__("long", r),
+            timeout_s=5.0,
+        )
+    )
     for _ in range(3):
         scheduler.step()
         clock[0] += 1.0
-    scheduler.submit(Submission(decoder.start([5, 6, 7], max_new_tokens=5), lambda s: None,
-                                lambda r: ends.__setitem__("short", r), timeout_s=5.0))
+    scheduler.submit(
+        Submission(
+            decoder.start([5, 6, 7], max_new_tokens=5),
+            lambda s: None,
+            lambda r: ends.__setitem__("short", r),
+            timeout_s=5.0,
+        )
+    )
     while not scheduler.idle:
         scheduler.step()
         clock[0] += 1.0
@@ -432,7 +524,9 @@ def test_prompt_rows_are_shared_max_min_fairly(needs, rows) -> None:
     given_rows = share_rows(needs, rows)
     assert sum(given_rows) == min(rows, sum(needs))
     assert all(0 <= g <= n for g, n in zip(given_rows, needs))
-    short = [g for g, n in zip(given_rows, needs) if g < n]  # prompts left wanting got at least as much as anyone else, less one
+    short = [
+        g for g, n in zip(given_rows, needs) if g < n
+    ]  # prompts left wanting got at least as much as anyone else, less one
     assert all(s >= max(given_rows) - 1 for s in short)
 
 
@@ -446,7 +540,9 @@ def test_prompt_chunks_beside_decoding_rows_stop_where_rows_stop_getting_cheaper
     scheduler = BatchScheduler(decoder.backend, knee, max_batch=4, max_rows=32)
     assert scheduler.busy_rows == 12
     out: list[int] = []
-    scheduler.submit(Submission(decoder.start([5, 6, 7], max_new_tokens=30), lambda s: out.extend(s.tokens), lambda r: None))
+    scheduler.submit(
+        Submission(decoder.start([5, 6, 7], max_new_tokens=30), lambda s: out.extend(s.tokens), lambda r: None)
+    )
     scheduler.step()  # its prefill: it decodes from now on
     long_prompt = [random.Random(5).randrange(2, TINY_VOCAB) for _ in range(100)]
     scheduler.submit(Submission(decoder.start(long_prompt, max_new_tokens=2), lambda s: None, lambda r: None))

@@ -19,10 +19,26 @@ runner = CliRunner()
 
 def test_bench_command_writes_tables_plots_and_checks_every_sample(tmp_path) -> None:
     out = tmp_path / "bench"
-    result = runner.invoke(app, [
-        "bench", "--dataset", "humaneval+spec-bench:translation", "--limit", "1", "-n", "12",
-        "--methods", "ar,anpd:n=4,k=5,pld,hf,hf-pld:tokens=5", "--out", str(out), "--threads", "2", "--repeats", "2",
-    ])
+    result = runner.invoke(
+        app,
+        [
+            "bench",
+            "--dataset",
+            "humaneval+spec-bench:translation",
+            "--limit",
+            "1",
+            "-n",
+            "12",
+            "--methods",
+            "ar,anpd:n=4,k=5,pld,hf,hf-pld:tokens=5",
+            "--out",
+            str(out),
+            "--threads",
+            "2",
+            "--repeats",
+            "2",
+        ],
+    )
     assert result.exit_code == 0, result.output
     for name in ("samples.jsonl", "summary.json", "results.md", "speedup_by_category.png", "accepted_lengths.png"):
         assert (out / name).stat().st_size > 0
@@ -30,7 +46,9 @@ def test_bench_command_writes_tables_plots_and_checks_every_sample(tmp_path) -> 
     assert "Lossless check: all 4 samples equal plain decoding" in table  # anpd and pld; hf and hf-pld are peers
     assert "HumanEval" in table and "Translation" in table and "`hf-pld:tokens=5`" in table  # defaults left out
     samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
-    assert all(len(s["wall_time_runs"]) == 2 and s["wall_time_s"] == statistics.median(s["wall_time_runs"]) for s in samples)
+    assert all(
+        len(s["wall_time_runs"]) == 2 and s["wall_time_s"] == statistics.median(s["wall_time_runs"]) for s in samples
+    )
     assert "–" in table.split("`anpd:n=4,k=5`")[1].split("\n")[0]  # the spread of the two repeats
     meta = json.loads((out / "summary.json").read_text())["meta"]
     assert meta["date"] and meta["version"] and meta["threads"] == 2 and "commit" in meta
@@ -38,13 +56,32 @@ def test_bench_command_writes_tables_plots_and_checks_every_sample(tmp_path) -> 
 
 def test_bench_runs_other_dtypes_and_quantizations_in_the_same_run(tmp_path) -> None:
     out = tmp_path / "bench"
-    result = runner.invoke(app, [
-        "bench", "--dataset", "humaneval", "--limit", "1", "-n", "12", "--out", str(out), "--threads", "2", "--no-plots",
-        "--dtype", "float32", "--methods", "ar,anpd,ar@bfloat16,anpd@bfloat16,hf@bfloat16,ar@int4,draft:model=smollm2-135m,k=3@int4",
-    ])
+    result = runner.invoke(
+        app,
+        [
+            "bench",
+            "--dataset",
+            "humaneval",
+            "--limit",
+            "1",
+            "-n",
+            "12",
+            "--out",
+            str(out),
+            "--threads",
+            "2",
+            "--no-plots",
+            "--dtype",
+            "float32",
+            "--methods",
+            "ar,anpd,ar@bfloat16,anpd@bfloat16,hf@bfloat16,ar@int4,draft:model=smollm2-135m,k=3@int4",
+        ],
+    )
     assert result.exit_code == 0, result.output
     table = (out / "results.md").read_text()
-    assert "Lossless check: all 3 samples equal plain decoding" in table  # each against its own model's ar; hf is a peer
+    assert (
+        "Lossless check: all 3 samples equal plain decoding" in table
+    )  # each against its own model's ar; hf is a peer
     samples = {s["method"]: s for s in map(json.loads, (out / "samples.jsonl").read_text().splitlines())}
     assert samples["ar@bfloat16"]["equal_to_plain"] is None and samples["hf@bfloat16"]["equal_to_plain"] is True
     assert "Against plain decoding on the same model, `ar@bfloat16`" in table
@@ -56,16 +93,38 @@ def test_bench_runs_other_dtypes_and_quantizations_in_the_same_run(tmp_path) -> 
 def test_sampled_bench_checks_every_sample_against_plain_sampling(tmp_path) -> None:
     """With a temperature, each lossless method's text equals plain sampling's with the prompt's seed."""
     out = tmp_path / "bench"
-    result = runner.invoke(app, [
-        "bench", "--dataset", "humaneval+spec-bench:summarization", "--limit", "1", "-n", "16", "--out", str(out),
-        "--threads", "2", "--no-plots", "--temperature", "0.8", "--top-p", "0.95", "--seed", "3",
-        "--methods", "ar,anpd,pld,suffix,anpd-tree,hf",
-    ])
+    result = runner.invoke(
+        app,
+        [
+            "bench",
+            "--dataset",
+            "humaneval+spec-bench:summarization",
+            "--limit",
+            "1",
+            "-n",
+            "16",
+            "--out",
+            str(out),
+            "--threads",
+            "2",
+            "--no-plots",
+            "--temperature",
+            "0.8",
+            "--top-p",
+            "0.95",
+            "--seed",
+            "3",
+            "--methods",
+            "ar,anpd,pld,suffix,anpd-tree,hf",
+        ],
+    )
     assert result.exit_code == 0, result.output
     table = (out / "results.md").read_text()
     assert "Lossless check: all 8 samples equal plain decoding" in table and "sampled: temperature 0.8" in table
     meta = json.loads((out / "summary.json").read_text())["meta"]
-    assert meta["decoding"].startswith("sampled") and "int4" in meta["weights"]  # the preset's own blocks, without flags
+    assert (
+        meta["decoding"].startswith("sampled") and "int4" in meta["weights"]
+    )  # the preset's own blocks, without flags
 
 
 def test_a_variant_that_is_the_runs_own_model_needs_no_loader(real_lm) -> None:
@@ -83,7 +142,9 @@ def test_a_variant_that_is_the_runs_own_model_needs_no_loader(real_lm) -> None:
 
 def test_sweep_command(tmp_path) -> None:
     out = tmp_path / "sweep"
-    result = runner.invoke(app, ["sweep", "--grid", "n=2,3 k=1,4", "--limit", "1", "-n", "8", "--out", str(out), "--quantize", "int4"])
+    result = runner.invoke(
+        app, ["sweep", "--grid", "n=2,3 k=1,4", "--limit", "1", "-n", "8", "--out", str(out), "--quantize", "int4"]
+    )
     assert result.exit_code == 0, result.output
     assert "(torch int4 row-exact" in (out / "sweep.md").read_text()
     assert (out / "sweep_heatmap.png").stat().st_size > 0 and (out / "sweep_lines.png").stat().st_size > 0
@@ -125,16 +186,40 @@ def test_trace_page_renders_in_headless_chromium(tmp_path) -> None:
     import matplotlib.image
 
     page = tmp_path / "trace.html"
-    result = runner.invoke(app, ["trace", "--method", "anpd", "-n", "40", "--out", str(page),
-                                 "def add(a, b):\n    return a + b\n\ndef add3(a, b, c):\n    return"])
+    result = runner.invoke(
+        app,
+        [
+            "trace",
+            "--method",
+            "anpd",
+            "-n",
+            "40",
+            "--out",
+            str(page),
+            "def add(a, b):\n    return a + b\n\ndef add3(a, b, c):\n    return",
+        ],
+    )
     assert result.exit_code == 0, result.output
     shot = tmp_path / "trace.png"
     subprocess.run(
-        [find_chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync",
-         f"--user-data-dir={tmp_path / 'profile'}", f"--screenshot={shot}", "--window-size=1000,700",
-         page.as_uri()],
-        check=True, capture_output=True, timeout=120,
+        [
+            find_chromium(),
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            f"--user-data-dir={tmp_path / 'profile'}",
+            f"--screenshot={shot}",
+            "--window-size=1000,700",
+            page.as_uri(),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=120,
     )
     pixels = matplotlib.image.imread(shot)[..., :3]  # [H, W, 3] floats in [0, 1]
     assert pixels.shape[0] >= 600 and pixels.shape[1] >= 900
@@ -150,13 +235,21 @@ def test_the_second_mt_bench_turn_runs_after_the_first_and_its_plain_answer(real
     from leapdecode.methods import parse_method
 
     first, second = load_dataset("spec-bench:multi-turn", limit=2)
-    samples = run_benchmark(real_lm, [parse_method("suffix"), parse_method("hybrid")], [first, second], 12, warmup_prompts=0)
+    samples = run_benchmark(
+        real_lm, [parse_method("suffix"), parse_method("hybrid")], [first, second], 12, warmup_prompts=0
+    )
     assert [s.prompt_id for s in samples] == ["81"] * 3 + ["81-turn2"] * 3
     assert all(s.equal_to_plain for s in samples if s.method != "ar")
     answer = wrap(real_lm, "ar").generate(encode_prompt(real_lm, first.text, chat=True), max_new_tokens=12).token_ids
-    ids = encode_turns(real_lm, second, lambda prompt_ids: wrap(real_lm, "ar").generate(prompt_ids, max_new_tokens=12).token_ids)
+    ids = encode_turns(
+        real_lm, second, lambda prompt_ids: wrap(real_lm, "ar").generate(prompt_ids, max_new_tokens=12).token_ids
+    )
     reply = real_lm.tokenizer.decode(answer, skip_special_tokens=True)
-    assert reply.strip() and reply.strip() in real_lm.tokenizer.decode(ids) and second.text in real_lm.tokenizer.decode(ids)
+    assert (
+        reply.strip()
+        and reply.strip() in real_lm.tokenizer.decode(ids)
+        and second.text in real_lm.tokenizer.decode(ids)
+    )
     assert samples[3].prompt_tokens == len(ids) > samples[0].prompt_tokens + len(answer)
 
 

@@ -7,9 +7,9 @@ import json
 import pytest
 
 from leapdecode.bench import report
-from leapdecode.bench.harness import parse_grid
 from leapdecode.bench.datasets import HUMANEVAL_TEMPLATE, load_dataset
 from leapdecode.bench.entries import parse_methods
+from leapdecode.bench.harness import parse_grid
 from leapdecode.bench.runner import Sample, first_difference
 from leapdecode.errors import InputError, MethodError
 from leapdecode.methods import METHODS, Anpd, Autoregressive, HfPromptLookup
@@ -17,19 +17,34 @@ from leapdecode.methods import METHODS, Anpd, Autoregressive, HfPromptLookup
 
 def sample(method, pid, cat, time, tokens=10, passes=10, drafted=0, accepted=0, equal=None, diff=None, lossless=True):
     return Sample(
-        method=method, prompt_id=pid, category=cat, prompt_tokens=5, new_tokens=tokens, wall_time_s=time,
-        forward_passes=passes, drafted_tokens=drafted, accepted_tokens=accepted, accepted_lengths=[],
-        tau=tokens / passes, alpha=accepted / drafted if drafted else 0.0, tokens_per_s=tokens / time,
-        lossless=lossless, equal_to_plain=equal, first_difference=diff,
+        method=method,
+        prompt_id=pid,
+        category=cat,
+        prompt_tokens=5,
+        new_tokens=tokens,
+        wall_time_s=time,
+        forward_passes=passes,
+        drafted_tokens=drafted,
+        accepted_tokens=accepted,
+        accepted_lengths=[],
+        tau=tokens / passes,
+        alpha=accepted / drafted if drafted else 0.0,
+        tokens_per_s=tokens / time,
+        lossless=lossless,
+        equal_to_plain=equal,
+        first_difference=diff,
     )
 
 
 @pytest.fixture
 def samples():
     return [
-        sample("ar", "a", "qa", 2.0), sample("anpd:n=5,k=7", "a", "qa", 1.0, passes=5, drafted=14, accepted=5, equal=True),
-        sample("ar", "b", "qa", 4.0), sample("anpd:n=5,k=7", "b", "qa", 1.0, passes=4, drafted=14, accepted=6, equal=True),
-        sample("ar", "c", "humaneval", 3.0), sample("anpd:n=5,k=7", "c", "humaneval", 3.0, passes=10, drafted=7, accepted=0, equal=False, diff=4),
+        sample("ar", "a", "qa", 2.0),
+        sample("anpd:n=5,k=7", "a", "qa", 1.0, passes=5, drafted=14, accepted=5, equal=True),
+        sample("ar", "b", "qa", 4.0),
+        sample("anpd:n=5,k=7", "b", "qa", 1.0, passes=4, drafted=14, accepted=6, equal=True),
+        sample("ar", "c", "humaneval", 3.0),
+        sample("anpd:n=5,k=7", "c", "humaneval", 3.0, passes=10, drafted=7, accepted=0, equal=False, diff=4),
     ]
 
 
@@ -97,7 +112,10 @@ def test_entries_name_a_backend_with_at() -> None:
 
     entries = parse_entries("llama-cpp,anpd:n=5,k=7,cost_aware=false,ar@torch,anpd:n=5,k=7@torch")
     assert [e.label for e in entries] == [
-        "llama-cpp", "anpd:n=5,k=7,cost_aware=False", "ar@torch", "anpd:n=5,k=7,cost_aware=True@torch",
+        "llama-cpp",
+        "anpd:n=5,k=7,cost_aware=False",
+        "ar@torch",
+        "anpd:n=5,k=7,cost_aware=True@torch",
     ]
     assert entries[3].method == Anpd(n=5, k=7) and entries[3].variant == Variant(backend="torch")
     with pytest.raises(MethodError, match="unknown backend or weights 'onnx'"):
@@ -113,22 +131,27 @@ def test_entries_name_a_dtype_or_quantization_with_at() -> None:
     assert [str(e.variant) for e in entries] == ["", "bfloat16", "bfloat16", "bfloat16", "int4", "torch+int4"]
     assert entries[5].variant == Variant(backend="torch", quantize="int4") and entries[5].method == Anpd(n=3)
     for bad, message in [
-        ("anpd@int4+int8", "two of one kind"), ("anpd@llama.cpp+int4", "GGUF's own types"),
-        ("anpd@bfloat16+int4", "compute in float32"), ("anpd@", "unknown backend or weights ''"),
+        ("anpd@int4+int8", "two of one kind"),
+        ("anpd@llama.cpp+int4", "GGUF's own types"),
+        ("anpd@bfloat16+int4", "compute in float32"),
+        ("anpd@", "unknown backend or weights ''"),
     ]:
         with pytest.raises(MethodError, match=message):
             parse_entries(bad)
 
 
-@pytest.mark.parametrize(("variant", "run", "loads"), [
-    ("", ("torch", "float32", "int4"), ("torch", "float32", "int4")),
-    ("bfloat16", ("torch", "float32", "int4"), ("torch", "bfloat16", "none")),  # its own dtype drops the run's int4
-    ("int4", ("torch", "bfloat16", "none"), ("torch", "float32", "int4")),  # int4 computes in float32
-    ("torch", ("llama.cpp", "float32", "int4"), ("torch", "float32", "int4")),  # the run's torch settings
-    ("torch+bfloat16", ("llama.cpp", "float32", "none"), ("torch", "bfloat16", "none")),
-    ("llama.cpp", ("torch", "bfloat16", "none"), ("llama.cpp", "", "none")),
-    ("int4", ("llama.cpp", "float32", "none"), ("torch", "float32", "int4")),  # only torch takes a quantization
-])
+@pytest.mark.parametrize(
+    ("variant", "run", "loads"),
+    [
+        ("", ("torch", "float32", "int4"), ("torch", "float32", "int4")),
+        ("bfloat16", ("torch", "float32", "int4"), ("torch", "bfloat16", "none")),  # its own dtype drops the run's int4
+        ("int4", ("torch", "bfloat16", "none"), ("torch", "float32", "int4")),  # int4 computes in float32
+        ("torch", ("llama.cpp", "float32", "int4"), ("torch", "float32", "int4")),  # the run's torch settings
+        ("torch+bfloat16", ("llama.cpp", "float32", "none"), ("torch", "bfloat16", "none")),
+        ("llama.cpp", ("torch", "bfloat16", "none"), ("llama.cpp", "", "none")),
+        ("int4", ("llama.cpp", "float32", "none"), ("torch", "float32", "int4")),  # only torch takes a quantization
+    ],
+)
 def test_a_variant_loads_with_the_runs_settings_where_it_names_none(variant, run, loads) -> None:
     from leapdecode.bench.entries import Variant
 
@@ -138,26 +161,32 @@ def test_a_variant_loads_with_the_runs_settings_where_it_names_none(variant, run
 
 def test_variants_get_a_table_against_their_own_plain_decoding(tmp_path) -> None:
     samples = [
-        sample("ar", "a", "qa", 8.0), sample("ar@bfloat16", "a", "qa", 4.0, equal=None),
+        sample("ar", "a", "qa", 8.0),
+        sample("ar@bfloat16", "a", "qa", 4.0, equal=None),
         sample("anpd@bfloat16", "a", "qa", 1.0, passes=4, drafted=8, accepted=6, equal=True),
         sample("anpd", "a", "qa", 2.0, passes=4, drafted=8, accepted=6, equal=True),
     ]
     assert report.variants_with_own_plain(samples) == ["bfloat16"]
     own = report.aggregate(report.on_variant(samples, "bfloat16"))
-    assert own[("anpd", "overall")].speedup == pytest.approx(4.0) and own[("ar", "overall")].speedup == pytest.approx(1.0)
+    assert own[("anpd", "overall")].speedup == pytest.approx(4.0) and own[("ar", "overall")].speedup == pytest.approx(
+        1.0
+    )
     assert report.aggregate(samples)[("anpd@bfloat16", "overall")].speedup == pytest.approx(8.0)  # against the run's ar
     paths = report.write_outputs(tmp_path, samples, {"model": "m", "prompts": 1}, {"anpd@bfloat16": 7, "anpd": 7})
     table = paths["table"].read_text()
     assert "Against plain decoding on the same model, `ar@bfloat16`" in table
     assert "| `anpd` | 4.00x (τ 2.50)" in table.split("`ar@bfloat16`:")[1]
     summary = json.loads(paths["summary"].read_text())
-    row = next(r for r in summary["against_own_plain"]["bfloat16"] if r["method"] == "anpd" and r["category"] == "overall")
+    row = next(
+        r for r in summary["against_own_plain"]["bfloat16"] if r["method"] == "anpd" and r["category"] == "overall"
+    )
     assert row["speedup"] == pytest.approx(4.0)
 
 
 def test_agreement_is_pooled_by_tokens_for_lossy_methods() -> None:
     samples = [
-        sample("ar", "a", "qa", 2.0), sample("ar", "b", "qa", 2.0),
+        sample("ar", "a", "qa", 2.0),
+        sample("ar", "b", "qa", 2.0),
         sample("calm:threshold=0.9", "a", "qa", 1.0, equal=False, diff=3, lossless=False),
         sample("calm:threshold=0.9", "b", "qa", 1.0, equal=False, diff=1, lossless=False),
     ]
@@ -202,7 +231,10 @@ def test_dataset_errors(tmp_path) -> None:
     good.write_text('{"prompt": "hello", "category": "x", "question_id": 7}\n\n{"turns": ["hi", "again"]}\n')
     prompts = load_dataset(str(good))
     assert [(p.id, p.category, p.text, p.earlier) for p in prompts] == [
-        ("7", "x", "hello", ()), ("3", "default", "hi", ()), ("3-turn2", "default", "again", ("hi",))]
+        ("7", "x", "hello", ()),
+        ("3", "default", "hi", ()),
+        ("3-turn2", "default", "again", ("hi",)),
+    ]
 
 
 def test_parse_grid() -> None:
@@ -218,7 +250,9 @@ def test_parse_grid() -> None:
 def test_readme_table_is_written_between_markers(tmp_path, samples) -> None:
     readme = tmp_path / "README.md"
     readme.write_text("intro\n<!-- results-table -->\nold\n<!-- results-table -->\nafter\n")
-    table = report.readme_table(samples, {"model": "m", "prompts": 3, "dataset": "d", "limit": 1, "max_new_tokens": 8, "machine": "x"})
+    table = report.readme_table(
+        samples, {"model": "m", "prompts": 3, "dataset": "d", "limit": 1, "max_new_tokens": 8, "machine": "x"}
+    )
     report.update_readme(readme, table)
     text = readme.read_text()
     assert "old" not in text and text.startswith("intro\n") and text.endswith("after\n")
@@ -232,28 +266,45 @@ def test_repeats_give_the_median_and_the_spread_of_the_speed_up() -> None:
 
     from leapdecode.bench.report import aggregate
 
-    plain = [replace(sample("ar", "p1", "qa", 2.0), wall_time_runs=[2.0, 2.2]), replace(sample("ar", "p2", "qa", 4.0), wall_time_runs=[4.0, 3.8])]
-    fast = [replace(sample("anpd", "p1", "qa", 1.0, equal=True), wall_time_runs=[1.0, 1.4]),
-            replace(sample("anpd", "p2", "qa", 2.0, equal=True), wall_time_runs=[2.0, 2.6])]
+    plain = [
+        replace(sample("ar", "p1", "qa", 2.0), wall_time_runs=[2.0, 2.2]),
+        replace(sample("ar", "p2", "qa", 4.0), wall_time_runs=[4.0, 3.8]),
+    ]
+    fast = [
+        replace(sample("anpd", "p1", "qa", 1.0, equal=True), wall_time_runs=[1.0, 1.4]),
+        replace(sample("anpd", "p2", "qa", 2.0, equal=True), wall_time_runs=[2.0, 2.6]),
+    ]
     agg = aggregate(plain + fast)[("anpd", "overall")]
     # repeat 0: 6.0 / 3.0 = 2.0; repeat 1: 6.0 / 4.0 = 1.5
     assert agg.speedup_range == (1.5, 2.0)
     assert aggregate(plain[:1] + fast[:1])[("anpd", "overall")].speedup_range == (2.2 / 1.4, 2.0)
-    assert aggregate([sample("ar", "p1", "qa", 2.0), sample("anpd", "p1", "qa", 1.0)])[("anpd", "overall")].speedup_range is None
+    assert (
+        aggregate([sample("ar", "p1", "qa", 2.0), sample("anpd", "p1", "qa", 1.0)])[("anpd", "overall")].speedup_range
+        is None
+    )
 
 
-@pytest.mark.parametrize(("label", "short"), [
-    ("anpd:n=5,k=7", "anpd"),  # every parameter its default
-    ("anpd:n=5,k=7,cost_aware=True", "anpd"),
-    ("anpd:n=4,k=7,cost_aware=False", "anpd:n=4,cost_aware=False"),  # only what differs, in field order
-    ("hybrid:k=8,nodes=8,depth=4,width=4,cost_aware=True,suffix_k=16,factor=1.0,min_match=1,min_prob=0.1,index_tokens=65536@int4", "hybrid@int4"),
-    ("draft:model=qwen2.5-coder-0.5b,k=5", "draft:model=qwen2.5-coder-0.5b"),  # a name has no default to drop
-    ("hf-pld:tokens=5,max_ngram=2@bfloat16", "hf-pld:tokens=5@bfloat16"),  # the variant stays
-    ("anpd@torch+int4", "anpd@torch+int4"),
-    ("ar", "ar"),
-    ("ar@llama.cpp", "llama.cpp plain"),  # llama.cpp computing the passes, not this engine's plain decoding on torch
-    ("gone:x=1", "gone:x=1"),  # a method that no longer parses keeps its recorded string
-])
+@pytest.mark.parametrize(
+    ("label", "short"),
+    [
+        ("anpd:n=5,k=7", "anpd"),  # every parameter its default
+        ("anpd:n=5,k=7,cost_aware=True", "anpd"),
+        ("anpd:n=4,k=7,cost_aware=False", "anpd:n=4,cost_aware=False"),  # only what differs, in field order
+        (
+            "hybrid:k=8,nodes=8,depth=4,width=4,cost_aware=True,suffix_k=16,factor=1.0,min_match=1,min_prob=0.1,index_tokens=65536@int4",
+            "hybrid@int4",
+        ),
+        ("draft:model=qwen2.5-coder-0.5b,k=5", "draft:model=qwen2.5-coder-0.5b"),  # a name has no default to drop
+        ("hf-pld:tokens=5,max_ngram=2@bfloat16", "hf-pld:tokens=5@bfloat16"),  # the variant stays
+        ("anpd@torch+int4", "anpd@torch+int4"),
+        ("ar", "ar"),
+        (
+            "ar@llama.cpp",
+            "llama.cpp plain",
+        ),  # llama.cpp computing the passes, not this engine's plain decoding on torch
+        ("gone:x=1", "gone:x=1"),  # a method that no longer parses keeps its recorded string
+    ],
+)
 def test_short_label_keeps_only_what_differs_from_the_defaults(label, short) -> None:
     from leapdecode.bench.labels import short_label
 
@@ -307,11 +358,16 @@ def test_peers_that_differ_are_listed_apart_and_do_not_fail_the_check() -> None:
     assert [s.method for s in report.peer_differences(samples)] == ["hf", "llama-cpp@llama.cpp"]
     broken = [*samples, sample("pld", "a", "qa", 1.0, equal=False, diff=5)]
     text = report.mismatch_report(broken)
-    assert "**Lossless check FAILED: 1 of 2 samples differ from plain decoding.**" in text and "| `pld` | a | qa | 5 |" in text
+    assert (
+        "**Lossless check FAILED: 1 of 2 samples differ from plain decoding.**" in text
+        and "| `pld` | a | qa | 5 |" in text
+    )
     assert "Peers that differ" in text and [s.method for s in report.lossless_failures(broken)] == ["pld"]
     assert any(s.lossless for s in report.mismatches(broken))
     table = report.markdown_table(broken)
-    assert "| 0/1 | – |" in next(line for line in table.splitlines() if line.startswith("| `hf` |"))  # a peer: not flagged
+    assert "| 0/1 | – |" in next(
+        line for line in table.splitlines() if line.startswith("| `hf` |")
+    )  # a peer: not flagged
     assert "**0/1**" in next(line for line in table.splitlines() if line.startswith("| `pld` |"))
 
 
@@ -329,8 +385,16 @@ def test_summary_records_when_where_and_from_what_a_run_came(tmp_path, samples) 
     commit = recorded["commit"]
     assert commit is None or len(commit.removesuffix("-dirty")) >= 4
     header = paths["table"].read_text().split("\n\n")[0]
-    assert recorded["date"] in header and f"leapdecode {recorded['version']}" in header and "(torch int4 row-exact)" in header
-    assert all(r["label"] == "anpd" for r in json.loads(paths["summary"].read_text())["results"] if r["method"] == "anpd:n=5,k=7")
+    assert (
+        recorded["date"] in header
+        and f"leapdecode {recorded['version']}" in header
+        and "(torch int4 row-exact)" in header
+    )
+    assert all(
+        r["label"] == "anpd"
+        for r in json.loads(paths["summary"].read_text())["results"]
+        if r["method"] == "anpd:n=5,k=7"
+    )
 
 
 def test_the_commit_is_marked_dirty_when_tracked_files_changed(tmp_path, monkeypatch) -> None:
@@ -338,8 +402,11 @@ def test_the_commit_is_marked_dirty_when_tracked_files_changed(tmp_path, monkeyp
 
     from leapdecode.bench import harness
 
-    answers = {"--show-toplevel": str(harness.Path(harness.leapdecode.__file__).resolve().parent.parent),
-               "--short": "abc1234", "--porcelain": " M leapdecode/x.py"}
+    answers = {
+        "--show-toplevel": str(harness.Path(harness.leapdecode.__file__).resolve().parent.parent),
+        "--short": "abc1234",
+        "--porcelain": " M leapdecode/x.py",
+    }
 
     def fake_run(args, **kwargs):
         out = next((v for k, v in answers.items() if k in args), "")
@@ -357,8 +424,17 @@ def _write_old_run(folder, samples) -> None:
     """A run as an older version wrote it: full method strings, no date, commit or version."""
     folder.mkdir()
     (folder / "samples.jsonl").write_text("".join(json.dumps(s.to_dict()) + "\n" for s in samples))
-    meta = {"model": "m", "weights": "torch float32", "dataset": "d", "limit": "1", "max_new_tokens": 8, "threads": 2,
-            "prompts": 2, "machine": "cpu, 2 cores, no GPU, torch 2, 2 threads", "backend": "torch"}
+    meta = {
+        "model": "m",
+        "weights": "torch float32",
+        "dataset": "d",
+        "limit": "1",
+        "max_new_tokens": 8,
+        "threads": 2,
+        "prompts": 2,
+        "machine": "cpu, 2 cores, no GPU, torch 2, 2 threads",
+        "backend": "torch",
+    }
     (folder / "summary.json").write_text(json.dumps({"meta": meta, "results": []}))
 
 
@@ -368,10 +444,12 @@ def test_report_re_renders_an_old_run_with_the_current_labels(tmp_path) -> None:
     from leapdecode.cli import app
 
     samples = [
-        sample("ar", "a", "qa", 2.0), sample("ar", "b", "humaneval", 4.0),
+        sample("ar", "a", "qa", 2.0),
+        sample("ar", "b", "humaneval", 4.0),
         sample("anpd:n=5,k=7,cost_aware=True", "a", "qa", 1.0, passes=5, drafted=14, accepted=5, equal=True),
         sample("anpd:n=5,k=7,cost_aware=True", "b", "humaneval", 2.0, passes=4, drafted=14, accepted=6, equal=True),
-        sample("hf", "a", "qa", 2.0, equal=False, diff=4), sample("hf", "b", "humaneval", 4.0, equal=True),
+        sample("hf", "a", "qa", 2.0, equal=False, diff=4),
+        sample("hf", "b", "humaneval", 4.0, equal=True),
     ]
     run = tmp_path / "run"
     _write_old_run(run, samples)
@@ -380,11 +458,18 @@ def test_report_re_renders_an_old_run_with_the_current_labels(tmp_path) -> None:
     assert result.exit_code == 0, result.output
     table = (again / "results.md").read_text()
     assert "| `anpd` |" in table and "cost_aware" not in table
-    assert "Lossless check: all 2 samples equal plain decoding" in table and "Peers that differ from plain decoding: 1 of 2" in table
+    assert (
+        "Lossless check: all 2 samples equal plain decoding" in table
+        and "Peers that differ from plain decoding: 1 of 2" in table
+    )
     meta = json.loads((again / "summary.json").read_text())["meta"]
     assert "date" not in meta and "commit" not in meta  # not invented
-    assert (again / "speedup_by_category.png").stat().st_size > 0 and (again / "accepted_lengths.png").stat().st_size > 0
-    assert [json.loads(line)["method"] for line in (again / "samples.jsonl").read_text().splitlines()] == [s.method for s in samples]
+    assert (again / "speedup_by_category.png").stat().st_size > 0 and (
+        again / "accepted_lengths.png"
+    ).stat().st_size > 0
+    assert [json.loads(line)["method"] for line in (again / "samples.jsonl").read_text().splitlines()] == [
+        s.method for s in samples
+    ]
     assert not (run / "results.md").exists()  # --out leaves the run's folder as it was
 
     result = CliRunner().invoke(app, ["report", str(run), "--date", "2025-05-06T07:08:09+00:00", "--commit", "0ba77a7"])

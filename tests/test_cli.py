@@ -36,7 +36,20 @@ def test_bad_method_and_bad_values_exit_2_with_a_message() -> None:
 
 
 def test_generate_samples_reproducibly_with_a_seed() -> None:
-    args = ["generate", "--method", "anpd-tree", "--temperature", "0.8", "--top-p", "0.9", "--seed", "7", "-n", "12", "def add(a, b):"]
+    args = [
+        "generate",
+        "--method",
+        "anpd-tree",
+        "--temperature",
+        "0.8",
+        "--top-p",
+        "0.9",
+        "--seed",
+        "7",
+        "-n",
+        "12",
+        "def add(a, b):",
+    ]
     first, second = runner.invoke(app, args), runner.invoke(app, args)
     assert first.exit_code == 0, first.output
     assert first.stdout == second.stdout and first.stdout.strip()  # stdout is the text alone
@@ -48,7 +61,22 @@ def test_generate_samples_reproducibly_with_a_seed() -> None:
 
 
 def test_forward_cost_command(tmp_path) -> None:
-    result = runner.invoke(app, ["forward-cost", "--tokens", "1,4", "--context", "20", "--repeats", "1", "--dtype", "float32", "--out", str(tmp_path)])
+    result = runner.invoke(
+        app,
+        [
+            "forward-cost",
+            "--tokens",
+            "1,4",
+            "--context",
+            "20",
+            "--repeats",
+            "1",
+            "--dtype",
+            "float32",
+            "--out",
+            str(tmp_path),
+        ],
+    )
     assert result.exit_code == 0, result.output
     table = (tmp_path / "forward_cost.md").read_text()
     assert "| 4 |" in table and "row-exact" in table and "nn.Linear" in table and "(torch float32 row-exact" in table

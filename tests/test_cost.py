@@ -99,13 +99,18 @@ def test_a_decoders_greedy_requests_share_what_cutting_learned() -> None:
     second.propose(10)
     assert second.estimate is first.estimate and second.kept_lengths == [0]
     # a sampled request starts afresh: its drafts, so its draws, depend on its prompt and seed only
-    for fresh in (factory(sampled, None), cost_aware_factory(lambda sampling, noise: FixedDrafter([5, 6]), cost)(greedy, None)):
+    for fresh in (
+        factory(sampled, None),
+        cost_aware_factory(lambda sampling, noise: FixedDrafter([5, 6]), cost)(greedy, None),
+    ):
         fresh.reset([3, 4])
         fresh.propose(10)
         assert fresh.estimate is not first.estimate and fresh.kept_lengths[-1] > 0
 
 
-@pytest.mark.parametrize("curve", [(1.0,) * 8, (0.047, 0.070, 0.093, 0.115, 0.155, 0.195, 0.236, 0.278)], ids=["flat", "steep"])
+@pytest.mark.parametrize(
+    "curve", [(1.0,) * 8, (0.047, 0.070, 0.093, 0.115, 0.155, 0.195, 0.236, 0.278)], ids=["flat", "steep"]
+)
 def test_cost_aware_anpd_equals_plain_greedy_on_tiny_models(tiny_model, curve) -> None:
     from leapdecode.drafters import AnpdDrafter
     from leapdecode.engine import StopCriteria, TorchBackend, decode

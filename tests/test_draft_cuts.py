@@ -21,9 +21,15 @@ from tests.helpers import GREEDY, prompts, tiny_lm
 
 # Methods whose drafts are long (trees of 8+ nodes, chains of 5+), without cost-aware cutting so
 # that the loop's cut is the only one; every other file-free lossless method runs as registered.
-LONG = {"hybrid": "hybrid:cost_aware=false", "recycle": "recycle:cost_aware=false", "anpd": "anpd:cost_aware=false",
-        "suffix": "suffix:cost_aware=false", "self-spec": "self-spec:skip=1,k=6", "layerskip": "layerskip:exit=1,k=6",
-        "arctic-suffix": pytest.param("arctic-suffix", marks=pytest.mark.peers)}  # the tiny models have two layers
+LONG = {
+    "hybrid": "hybrid:cost_aware=false",
+    "recycle": "recycle:cost_aware=false",
+    "anpd": "anpd:cost_aware=false",
+    "suffix": "suffix:cost_aware=false",
+    "self-spec": "self-spec:skip=1,k=6",
+    "layerskip": "layerskip:exit=1,k=6",
+    "arctic-suffix": pytest.param("arctic-suffix", marks=pytest.mark.peers),
+}  # the tiny models have two layers
 FILE_FREE = [LONG.get(m.name, m.name) for m in METHODS if m.lossless and not m.peer and not m.loads_files]
 EXTRA = ["hybrid", "jacobi:block=6", "lookahead:w=4,n=4"]  # cost-aware hybrid; longer Jacobi and Lookahead windows
 

@@ -20,8 +20,15 @@ from leapdecode.errors import MethodError, ModelLoadError
 from leapdecode.methods import DraftModel, parse_method
 from leapdecode.models import LoadedModel
 from leapdecode.verifiers import SamplingParams, verify_speculative
-from tests.helpers import GREEDY, TINY_VOCAB, make_tiny_model
-from tests.helpers import assert_follows_exact, exact_joint, prompts, sampled_tokens
+from tests.helpers import (
+    GREEDY,
+    TINY_VOCAB,
+    assert_follows_exact,
+    exact_joint,
+    make_tiny_model,
+    prompts,
+    sampled_tokens,
+)
 
 VARIANTS = [
     dict(k=4),
@@ -122,8 +129,12 @@ def test_draft_model_sampling_keeps_the_target_distribution(tiny_model, coupled:
     for i in range(draws):
         noise = PositionNoise(11_000 + i)
         verifier = functools.partial(verify_speculative, params=params, noise=noise)
-        drafter = DraftModelDrafter(TorchBackend(draft), k=3, sampling=params, noise=noise, coupled=coupled, cascade_n=3 if i % 2 else 0)
-        steps = list(decode(TorchBackend(tiny_model), prompt, drafter, StopCriteria(frozenset(), 3), verifier, GREEDY[1]))
+        drafter = DraftModelDrafter(
+            TorchBackend(draft), k=3, sampling=params, noise=noise, coupled=coupled, cascade_n=3 if i % 2 else 0
+        )
+        steps = list(
+            decode(TorchBackend(tiny_model), prompt, drafter, StopCriteria(frozenset(), 3), verifier, GREEDY[1])
+        )
         key = tuple(t for s in steps for t in s.tokens)
         counts[key] = counts.get(key, 0) + 1
         accepted += sum(s.num_accepted for s in steps)
@@ -141,7 +152,12 @@ def test_coupled_draft_model_sampling_equals_plain_sampling(tiny_model) -> None:
         for seed in range(40 * i, 40 * i + 2):  # the drafter shares the request's noise: one per seed
             expected = sample_reference(tiny_model, prompt, 20, params, PositionNoise(seed))
             drafter = DraftModelDrafter(
-                TorchBackend(draft), k=4, sampling=params, noise=PositionNoise(seed), coupled=True, cascade_n=3 * (i % 2),
+                TorchBackend(draft),
+                k=4,
+                sampling=params,
+                noise=PositionNoise(seed),
+                coupled=True,
+                cascade_n=3 * (i % 2),
             )
             assert sampled_tokens(tiny_model, prompt, params, drafter, seed, 20) == expected
 
@@ -172,8 +188,15 @@ def test_draft_method_parameters_are_validated() -> None:
         "draft:model=qwen2.5-coder-0.5b,k=5,schedule=constant,threshold=0.0,cascade=True,coupled=True,precision=int4,vocab=32768,"
         "cost_aware=True"
     )
-    for bad in ("draft:k=0", "draft:schedule=sometimes", "draft:threshold=1.5", "draft:cascade=maybe", "draft:precision=fp8",
-                "draft:vocab=100", "draft:vocab=-1"):
+    for bad in (
+        "draft:k=0",
+        "draft:schedule=sometimes",
+        "draft:threshold=1.5",
+        "draft:cascade=maybe",
+        "draft:precision=fp8",
+        "draft:vocab=100",
+        "draft:vocab=-1",
+    ):
         with pytest.raises(MethodError):
             parse_method(bad)
     with pytest.raises(MethodError, match="needs model=NAME"):
@@ -199,7 +222,7 @@ def test_real_qwen_pair_greedy_equals_plain_decoding() -> None:
 
     target = load_model("qwen2.5-coder-1.5b", log=lambda msg: None)
     draft = load_model("qwen2.5-coder-0.5b", log=lambda msg: None)
-    prompts_ = ["def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n", "Write a haiku about the sea."]
+    prompts_ = ['def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n', "Write a haiku about the sea."]
     decoders = {m: wrap(target, m, draft_model=draft) for m in ("draft:k=5", "draft:k=5,cascade=true")}
     # the draft's own cheapest path: int4 rounded from its float weights, a 32,768-token draft
     # vocabulary, the cost cut (with a slow cost curve, it may draft or not at any step)
@@ -243,9 +266,14 @@ def test_a_draft_vocabulary_scores_its_rows_as_the_whole_head_does_and_nothing_e
         assert torch.isneginf(got[:, outside]).all()
 
 
-@pytest.mark.parametrize("make_draft", [lambda m: m, lambda m: make_tiny_model("llama", seed=1), int4_copy],
-                         ids=["itself", "random", "itself-int4"])
-@pytest.mark.parametrize("options", [dict(k=4), dict(k=6, cascade_n=3), dict(k=5, threshold=0.3)], ids=["k4", "cascade", "threshold"])
+@pytest.mark.parametrize(
+    "make_draft",
+    [lambda m: m, lambda m: make_tiny_model("llama", seed=1), int4_copy],
+    ids=["itself", "random", "itself-int4"],
+)
+@pytest.mark.parametrize(
+    "options", [dict(k=4), dict(k=6, cascade_n=3), dict(k=5, threshold=0.3)], ids=["k4", "cascade", "threshold"]
+)
 def test_an_int4_or_vocabulary_cut_draft_model_decodes_as_plain_greedy(tiny_model, make_draft, options) -> None:
     from leapdecode.engine.draft_head import DraftHeadBackend
 
@@ -271,7 +299,9 @@ def test_a_vocabulary_cut_draft_model_samples_as_plain_sampling(tiny_model) -> N
         params = SamplingParams(0.8, top_k=8) if i % 2 else SamplingParams(1.0, top_p=0.9)
         for seed in range(2):
             expected = sample_reference(tiny_model, prompt, 16, params, PositionNoise(seed))
-            drafter = DraftModelDrafter(DraftHeadBackend(draft, HALF), k=4, sampling=params, noise=PositionNoise(seed), coupled=True)
+            drafter = DraftModelDrafter(
+                DraftHeadBackend(draft, HALF), k=4, sampling=params, noise=PositionNoise(seed), coupled=True
+            )
             assert sampled_tokens(tiny_model, prompt, params, drafter, seed, 16) == expected
     prompt = list(range(2, TINY_VOCAB)) + [7, 8, 9]
     params = SamplingParams(temperature=1.5, top_k=3)
@@ -282,7 +312,9 @@ def test_a_vocabulary_cut_draft_model_samples_as_plain_sampling(tiny_model) -> N
         noise = PositionNoise(21_000 + i)
         verifier = functools.partial(verify_speculative, params=params, noise=noise)
         drafter = DraftModelDrafter(DraftHeadBackend(draft, HALF), k=3, sampling=params, noise=noise, coupled=False)
-        steps = list(decode(TorchBackend(tiny_model), prompt, drafter, StopCriteria(frozenset(), 3), verifier, GREEDY[1]))
+        steps = list(
+            decode(TorchBackend(tiny_model), prompt, drafter, StopCriteria(frozenset(), 3), verifier, GREEDY[1])
+        )
         key = tuple(t for s in steps for t in s.tokens)
         counts[key] = counts.get(key, 0) + 1
     assert_follows_exact(counts, exact, draws)
@@ -325,11 +357,18 @@ def test_the_cost_cut_drafts_while_tokens_pay_and_never_changes_the_output(tiny_
     flat = (0.030,) * 8
     for prompt in prompts(3, seed=12):
         expected = greedy_reference(tiny_model, prompt, 40)
-        free, steps = cost_run(tiny_model, tiny_model, prompt, (1e-6, flat), k=4)  # drafting costs nothing: k every step
+        free, steps = cost_run(
+            tiny_model, tiny_model, prompt, (1e-6, flat), k=4
+        )  # drafting costs nothing: k every step
         assert free == expected and all(len(s.drafted) == 4 for s in steps[1:-2])
-        dear, steps = cost_run(tiny_model, tiny_model, prompt, (1.0, flat), k=4)  # a draft pass dearer than many target passes
+        dear, steps = cost_run(
+            tiny_model, tiny_model, prompt, (1.0, flat), k=4
+        )  # a draft pass dearer than many target passes
         assert dear == expected
-        assert all(len(s.drafted) <= 1 for s in steps) and sum(len(s.drafted) > 0 for s in steps) <= len(steps) // PROBE_EVERY + 1
+        assert (
+            all(len(s.drafted) <= 1 for s in steps)
+            and sum(len(s.drafted) > 0 for s in steps) <= len(steps) // PROBE_EVERY + 1
+        )
         # a draft pass a third of the target's, a draft that is mostly wrong: lengths vary, the output does not
         mixed, steps = cost_run(tiny_model, random_draft, prompt, (0.010, (0.030, 0.031, 0.032, 0.034, 0.036)), k=5)
         assert mixed == expected

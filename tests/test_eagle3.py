@@ -26,8 +26,15 @@ LAYERS = 4
 
 
 def tiny_config(draft_vocab: int = TINY_VOCAB, **overrides) -> Eagle3Config:
-    base = dict(hidden_size=64, intermediate_size=96, num_attention_heads=4, num_key_value_heads=2, vocab_size=TINY_VOCAB,
-                draft_vocab_size=draft_vocab, aux_layers=default_aux_layers(LAYERS))
+    base = dict(
+        hidden_size=64,
+        intermediate_size=96,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=TINY_VOCAB,
+        draft_vocab_size=draft_vocab,
+        aux_layers=default_aux_layers(LAYERS),
+    )
     return Eagle3Config(**{**base, **overrides})
 
 
@@ -51,7 +58,11 @@ def run(model, prompt, drafter, n):
     return [t for s in steps for t in s.tokens], steps
 
 
-@pytest.mark.parametrize("shape", [dict(depth=5), dict(depth=1), dict(depth=4, width=3, nodes=10), dict(depth=6, width=2, nodes=24)], ids=["chain5", "chain1", "tree10", "tree24"])
+@pytest.mark.parametrize(
+    "shape",
+    [dict(depth=5), dict(depth=1), dict(depth=4, width=3, nodes=10), dict(depth=6, width=2, nodes=24)],
+    ids=["chain5", "chain1", "tree10", "tree24"],
+)
 @pytest.mark.parametrize("draft_vocab", [TINY_VOCAB, 40], ids=["full-vocab", "draft-vocab"])
 def test_random_head_is_lossless(target, shape, draft_vocab) -> None:
     drafted = 0
@@ -77,7 +88,14 @@ def test_sampled_eagle3_equals_plain_sampling(target) -> None:
     head = make_head(target, seed=2)
     for params in (SamplingParams(temperature=0.8), SamplingParams(temperature=1.0, top_k=10, top_p=0.9)):
         for shape in (dict(depth=4), dict(depth=3, width=3, nodes=9)):
-            drafted = assert_sampled_like_plain(target, [5, 6, 7, 5, 6, 7, 5, 6], params, lambda: Eagle3Drafter(head, **shape), seeds=range(3), length=25)
+            drafted = assert_sampled_like_plain(
+                target,
+                [5, 6, 7, 5, 6, 7, 5, 6],
+                params,
+                lambda shape=shape: Eagle3Drafter(head, **shape),
+                seeds=range(3),
+                length=25,
+            )
             assert drafted > 0
 
 
@@ -170,7 +188,9 @@ def test_loader_errors_name_what_differs(tmp_path) -> None:
     (tmp_path / "wide" / "config.json").write_text(json.dumps({**config, "target_hidden_size": 128}))
     with pytest.raises(ModelLoadError, match="width 128, the target's hidden size is 64"):
         load_eagle3(tmp_path / "wide", model)
-    (tmp_path / "deep" / "config.json").write_text(json.dumps({**config, "eagle_aux_hidden_state_layer_ids": [2, 3, 9], "eagle_config": {}}))
+    (tmp_path / "deep" / "config.json").write_text(
+        json.dumps({**config, "eagle_aux_hidden_state_layer_ids": [2, 3, 9], "eagle_config": {}})
+    )
     with pytest.raises(ModelLoadError, match=r"reads layers \[2, 3, 9\], the target has 4"):
         load_eagle3(tmp_path / "deep", model)
     (tmp_path / "empty").mkdir()
@@ -185,10 +205,15 @@ def test_loader_errors_name_what_differs(tmp_path) -> None:
     from safetensors.torch import load_file, save_file
 
     state = load_file(str(tmp_path / "ok" / "model.safetensors"))
-    for name, change in (("absolute", lambda d: d + torch.arange(len(d)) + 1), ("clash", lambda d: torch.cat([torch.ones(1, dtype=d.dtype), torch.zeros(len(d) - 1, dtype=d.dtype)]))):
+    for name, change in (
+        ("absolute", lambda d: d + torch.arange(len(d)) + 1),
+        ("clash", lambda d: torch.cat([torch.ones(1, dtype=d.dtype), torch.zeros(len(d) - 1, dtype=d.dtype)])),
+    ):
         (tmp_path / name).mkdir()
         (tmp_path / name / "config.json").write_text(json.dumps(config))
-        save_file({**state, "d2t": change(torch.full_like(state["d2t"], 1))}, str(tmp_path / name / "model.safetensors"))
+        save_file(
+            {**state, "d2t": change(torch.full_like(state["d2t"], 1))}, str(tmp_path / name / "model.safetensors")
+        )
         with pytest.raises(ModelLoadError, match="d2t does not map"):
             load_eagle3(tmp_path / name, model)
     (tmp_path / "narrow").mkdir()
@@ -235,22 +260,36 @@ def test_random_heads_are_lossless_on_the_real_model(real_lm, tmp_path) -> None:
 
     model = real_lm.model
     text = model.config.get_text_config()
-    config = Eagle3Config(hidden_size=text.hidden_size, intermediate_size=256, num_attention_heads=text.num_attention_heads,
-                          num_key_value_heads=text.num_key_value_heads, vocab_size=text.vocab_size, draft_vocab_size=2048,
-                          aux_layers=default_aux_layers(text.num_hidden_layers), rope_theta=100000.0)
+    config = Eagle3Config(
+        hidden_size=text.hidden_size,
+        intermediate_size=256,
+        num_attention_heads=text.num_attention_heads,
+        num_key_value_heads=text.num_key_value_heads,
+        vocab_size=text.vocab_size,
+        draft_vocab_size=2048,
+        aux_layers=default_aux_layers(text.num_hidden_layers),
+        rope_theta=100000.0,
+    )
     head = random_head(config, model.get_input_embeddings(), seed=1, scale=0.05)
     with torch.no_grad():
         head.d2t.copy_(torch.arange(2048) * 20 - torch.arange(2048))  # every 20th token
         head.t2d.zero_()
         head.t2d[torch.arange(2048) * 20] = True
     save_eagle3(head, tmp_path / "eagle3")
-    save_medusa(random_medusa(MedusaConfig(text.hidden_size, text.vocab_size, num_heads=3), seed=2, scale=0.05), tmp_path / "medusa")
+    save_medusa(
+        random_medusa(MedusaConfig(text.hidden_size, text.vocab_size, num_heads=3), seed=2, scale=0.05),
+        tmp_path / "medusa",
+    )
     from leapdecode import wrap
 
     chats = ["Write a haiku about rain.", "List three uses of a paperclip."]
-    for spec in (f"eagle3:head={tmp_path / 'eagle3'},depth=4", f"eagle3:head={tmp_path / 'eagle3'},depth=4,width=3,nodes=10",
-                 f"eagle3:head={tmp_path / 'eagle3'},suffix=true", f"medusa:head={tmp_path / 'medusa'},depth=3",
-                 f"medusa:head={tmp_path / 'medusa'},depth=3,width=3,nodes=8"):
+    for spec in (
+        f"eagle3:head={tmp_path / 'eagle3'},depth=4",
+        f"eagle3:head={tmp_path / 'eagle3'},depth=4,width=3,nodes=10",
+        f"eagle3:head={tmp_path / 'eagle3'},suffix=true",
+        f"medusa:head={tmp_path / 'medusa'},depth=3",
+        f"medusa:head={tmp_path / 'medusa'},depth=3,width=3,nodes=8",
+    ):
         assert drafted_matching_plain(real_lm, wrap(real_lm, spec + ",cost_aware=false"), chats, 40) > 0
 
 
@@ -272,7 +311,9 @@ def test_training_time_test_scores_what_drafting_drafts(commit) -> None:
     drafter.update(prefix[1:], 0)
     chain = drafter.propose(5).tokens
     ids = torch.tensor(prefix + chain[:-1])
-    padded = torch.cat([states, torch.zeros(len(ids) - len(states), states.shape[1])])  # later states: never read by entry `commit`
+    padded = torch.cat(
+        [states, torch.zeros(len(ids) - len(states), states.shape[1])]
+    )  # later states: never read by entry `commit`
     with torch.inference_mode():
         logits = ttt_logits(head, padded, ids, 5)
     predicted = [int(head.to_target(step[commit].argmax())) for step in logits]

@@ -6,7 +6,6 @@ Tiny random models (6 layers) for many prompts and every acceptance pattern; the
 
 from __future__ import annotations
 
-
 import pytest
 import torch
 
@@ -17,8 +16,8 @@ from leapdecode.early_exit.calibrate import block_influence, format_layer_set, p
 from leapdecode.early_exit.calm import CalmBackend, layer_confidences, pick_threshold, simulate_thresholds
 from leapdecode.early_exit.runner import LayerRunner
 from leapdecode.engine import StopCriteria, decode
-from leapdecode.engine.sampling import SamplingParams
 from leapdecode.engine.reference import agreement, full_model_predictions, greedy_reference
+from leapdecode.engine.sampling import SamplingParams
 from leapdecode.errors import MethodError
 from leapdecode.methods import parse_method
 from leapdecode.models import LoadedModel
@@ -48,6 +47,7 @@ def run(backend, prompt, drafter, max_new_tokens=30):
 
 # --- the layer runner ---------------------------------------------------------------------
 
+
 @torch.inference_mode()
 def test_runner_over_all_layers_equals_the_models_forward(deep_model) -> None:
     runner = LayerRunner(deep_model)
@@ -61,7 +61,9 @@ def test_runner_over_all_layers_equals_the_models_forward(deep_model) -> None:
     cache = runner.new_cache()
     pieces, start, rows = [ids[:4], ids[4:5], ids[5:]], 0, []
     for piece in pieces:
-        rows.append(runner.head(runner.run(cache, runner.embed(piece), range(LAYERS), runner.positions(start, len(piece)))))
+        rows.append(
+            runner.head(runner.run(cache, runner.embed(piece), range(LAYERS), runner.positions(start, len(piece))))
+        )
         start += len(piece)
     torch.testing.assert_close(torch.cat(rows), expected, atol=1e-4, rtol=1e-4)
     assert all(runner.cached(cache, i) == len(ids) for i in range(LAYERS))
@@ -106,8 +108,12 @@ def test_unsupported_architecture_is_refused() -> None:
 
 # --- lossless self-drafting ---------------------------------------------------------------
 
-@pytest.mark.parametrize("draft_layers", [(0, 1, 2), (0,), (0, 2, 4), (1, 2, 3, 4, 5), (0, 1, 2, 3, 5)],
-                         ids=["exit3", "exit1", "skip-odd", "skip-first", "skip-4"])
+
+@pytest.mark.parametrize(
+    "draft_layers",
+    [(0, 1, 2), (0,), (0, 2, 4), (1, 2, 3, 4, 5), (0, 1, 2, 3, 5)],
+    ids=["exit3", "exit1", "skip-odd", "skip-first", "skip-4"],
+)
 @pytest.mark.parametrize("threshold", [0.0, 0.6])
 def test_self_drafting_equals_plain_greedy(deep_model, draft_layers, threshold) -> None:
     backend = SelfDraftBackend(deep_model, draft_layers)
@@ -169,7 +175,9 @@ def test_methods_build_backends_and_refuse_bad_layers(deep_model) -> None:
             parse_method(bad)
 
 
-def test_self_spec_without_a_calibration_skips_the_middle_layers_and_says_what_to_run(deep_model, tmp_path, monkeypatch, caplog) -> None:
+def test_self_spec_without_a_calibration_skips_the_middle_layers_and_says_what_to_run(
+    deep_model, tmp_path, monkeypatch, caplog
+) -> None:
     monkeypatch.setattr("leapdecode.models.default_cache_dir", lambda: tmp_path)
     method = parse_method("self-spec")
     with caplog.at_level("INFO", logger="leapdecode"):
@@ -192,6 +200,7 @@ def test_block_influence_ranks_do_nothing_layers_first() -> None:
 
 
 # --- CALM ---------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("measure", ["softmax", "state"])
 def test_calm_threshold_one_is_plain_decoding(deep_model, measure) -> None:
@@ -298,7 +307,9 @@ def test_calibrate_commands_on_the_real_model(real_lm, tmp_path, monkeypatch) ->
     monkeypatch.setattr("leapdecode.models.default_cache_dir", lambda: tmp_path)
     runner = CliRunner()
     out = tmp_path / "calibration.json"
-    result = runner.invoke(app, ["calibrate", "layer-skip", "-n", "4", "--fractions", "0.1", "--dtype", "float32", "--out", str(out)])
+    result = runner.invoke(
+        app, ["calibrate", "layer-skip", "-n", "4", "--fractions", "0.1", "--dtype", "float32", "--out", str(out)]
+    )
     assert result.exit_code == 0, result.output
     saved = json.loads(out.read_text())
     assert saved["num_layers"] == 30 and len(saved["trials"]) == 1 and saved["skip"]
@@ -306,8 +317,13 @@ def test_calibrate_commands_on_the_real_model(real_lm, tmp_path, monkeypatch) ->
     assert saved["fingerprint"] == real_lm.fingerprint
     fast = wrap(real_lm, "self-spec")
     assert fast.backend.draft_layers == tuple(i for i in range(30) if i not in parse_layer_set(saved["skip"]))
-    assert fast.generate(REAL_PROMPTS[0], max_new_tokens=12).token_ids == wrap(real_lm, "ar").generate(REAL_PROMPTS[0], max_new_tokens=12).token_ids
-    result = runner.invoke(app, ["calibrate", "calm", "-n", "4", "--first", "20", "--every", "4", "--epsilon", "0.1", "--dtype", "float32"])
+    assert (
+        fast.generate(REAL_PROMPTS[0], max_new_tokens=12).token_ids
+        == wrap(real_lm, "ar").generate(REAL_PROMPTS[0], max_new_tokens=12).token_ids
+    )
+    result = runner.invoke(
+        app, ["calibrate", "calm", "-n", "4", "--first", "20", "--every", "4", "--epsilon", "0.1", "--dtype", "float32"]
+    )
     assert result.exit_code == 0, result.output
     assert "calm:threshold=" in result.stdout
     bad = runner.invoke(app, ["calibrate", "calm", "--measure", "entropy"])

@@ -43,9 +43,16 @@ def _eagle3(tmp: Path, target: LoadedModel) -> tuple[str, LoadedModel | None]:
     from leapdecode.heads.eagle3_format import save_eagle3
 
     text = target.model.config.get_text_config()
-    config = Eagle3Config(hidden_size=text.hidden_size, intermediate_size=128, num_attention_heads=text.num_attention_heads,
-                          num_key_value_heads=text.num_key_value_heads, vocab_size=TINY_VOCAB, draft_vocab_size=TINY_VOCAB,
-                          aux_layers=default_aux_layers(text.num_hidden_layers), rope_theta=10000.0)
+    config = Eagle3Config(
+        hidden_size=text.hidden_size,
+        intermediate_size=128,
+        num_attention_heads=text.num_attention_heads,
+        num_key_value_heads=text.num_key_value_heads,
+        vocab_size=TINY_VOCAB,
+        draft_vocab_size=TINY_VOCAB,
+        aux_layers=default_aux_layers(text.num_hidden_layers),
+        rope_theta=10000.0,
+    )
     save_eagle3(random_head(config, target.model.get_input_embeddings(), seed=1, scale=0.05), tmp / "eagle3")
     return f"eagle3:head={tmp / 'eagle3'},depth=3,cost_aware=false", None
 
@@ -55,7 +62,9 @@ def _medusa(tmp: Path, target: LoadedModel) -> tuple[str, LoadedModel | None]:
     from leapdecode.heads.medusa_format import save_medusa
 
     text = target.model.config.get_text_config()
-    save_medusa(random_medusa(MedusaConfig(text.hidden_size, TINY_VOCAB, num_heads=3), seed=2, scale=0.05), tmp / "medusa")
+    save_medusa(
+        random_medusa(MedusaConfig(text.hidden_size, TINY_VOCAB, num_heads=3), seed=2, scale=0.05), tmp / "medusa"
+    )
     return f"medusa:head={tmp / 'medusa'},depth=3,cost_aware=false", None
 
 

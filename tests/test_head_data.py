@@ -36,8 +36,16 @@ def _chat(ident: str, *turns: tuple[str, str]) -> dict[str, Any]:
 
 ROWS = [
     _chat("ok_0", ("human", "Hi there"), ("gpt", "Hello! ünïcödé ✓ 漢字")),
-    _chat("roles", ("system", "Be brief."), ("human", "a"), ("chatgpt", "b"), ("user", "c"), ("bing", "d"),
-          ("human", "e"), ("bard", "f")),
+    _chat(
+        "roles",
+        ("system", "Be brief."),
+        ("human", "a"),
+        ("chatgpt", "b"),
+        ("user", "c"),
+        ("bing", "d"),
+        ("human", "e"),
+        ("bard", "f"),
+    ),
     _chat("trail", ("human", "q1"), ("gpt", "a1"), ("human", "unanswered")),
     _chat("ok_1", ("gpt", "answer to the part before"), ("human", "q2"), ("gpt", "a2")),
     _chat("unknown", ("human", "q"), ("robot", "a")),
@@ -51,8 +59,15 @@ ROWS = [
 ]
 KEPT = {
     "ok_0": (("user", "Hi there"), ("assistant", "Hello! ünïcödé ✓ 漢字")),
-    "roles": (("system", "Be brief."), ("user", "a"), ("assistant", "b"), ("user", "c"), ("assistant", "d"),
-              ("user", "e"), ("assistant", "f")),
+    "roles": (
+        ("system", "Be brief."),
+        ("user", "a"),
+        ("assistant", "b"),
+        ("user", "c"),
+        ("assistant", "d"),
+        ("user", "e"),
+        ("assistant", "f"),
+    ),
     "trail": (("user", "q1"), ("assistant", "a1")),
     "ok_1": (("user", "q2"), ("assistant", "a2")),
 }
@@ -83,7 +98,7 @@ def test_whole_array_and_bad_input(tmp_path: Path) -> None:
     assert list(sharegpt_conversations(io.BytesIO(b"  [ ]"))) == []
     with pytest.raises(InputError, match="not a JSON array"):
         list(sharegpt_conversations(io.BytesIO(b'{"id": 1}')))
-    bad = whole[:-1] + b", {\"id\": @@@, \"conversations\": []}, " + json.dumps(ROWS[0]).encode() + b"]"
+    bad = whole[:-1] + b', {"id": @@@, "conversations": []}, ' + json.dumps(ROWS[0]).encode() + b"]"
     with pytest.raises(InputError, match="element 5 is not valid JSON"):
         list(sharegpt_conversations(io.BytesIO(bad)))
 
@@ -102,15 +117,24 @@ def _write_jsonl(path: Path, rows: list[Any]) -> Path:
 
 
 def test_jsonl_three_forms(tmp_path: Path) -> None:
-    path = _write_jsonl(tmp_path / "chat.jsonl", [
-        _chat("sg", ("human", "q"), ("gpt", "a")),
-        "",
-        {"id": 5, "messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "q"},
-                               {"role": "assistant", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]},
-        {"prompt": "p", "response": "r"},
-        {"prompt": "p", "completion": "c"},
-        {"messages": [{"role": "assistant", "content": "a"}]},  # well formed, but no question: dropped
-    ])
+    path = _write_jsonl(
+        tmp_path / "chat.jsonl",
+        [
+            _chat("sg", ("human", "q"), ("gpt", "a")),
+            "",
+            {
+                "id": 5,
+                "messages": [
+                    {"role": "system", "content": "s"},
+                    {"role": "user", "content": "q"},
+                    {"role": "assistant", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+                ],
+            },
+            {"prompt": "p", "response": "r"},
+            {"prompt": "p", "completion": "c"},
+            {"messages": [{"role": "assistant", "content": "a"}]},  # well formed, but no question: dropped
+        ],
+    )
     convs = list(jsonl_conversations(path))
     assert [c.messages for c in convs] == [
         (("user", "q"), ("assistant", "a")),
@@ -124,14 +148,17 @@ def test_jsonl_three_forms(tmp_path: Path) -> None:
     assert [c.id for c in again] == [c.id for c in convs]  # ids made from the text are stable
 
 
-@pytest.mark.parametrize(("line", "message"), [
-    ("{not json", "not valid JSON"),
-    ("[1, 2]", "expected a JSON object"),
-    ('{"text": "x"}', "needs 'conversations', 'messages', or 'prompt'"),
-    ('{"messages": [{"role": "pirate", "content": "x"}]}', "unknown role 'pirate'"),
-    ('{"messages": "x"}', "must be a list of objects"),
-    ('{"prompt": "x"}', "'response' or 'completion'"),
-])
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ("{not json", "not valid JSON"),
+        ("[1, 2]", "expected a JSON object"),
+        ('{"text": "x"}', "needs 'conversations', 'messages', or 'prompt'"),
+        ('{"messages": [{"role": "pirate", "content": "x"}]}', "unknown role 'pirate'"),
+        ('{"messages": "x"}', "must be a list of objects"),
+        ('{"prompt": "x"}', "'response' or 'completion'"),
+    ],
+)
 def test_jsonl_bad_line_names_file_and_line(tmp_path: Path, line: str, message: str) -> None:
     path = _write_jsonl(tmp_path / "bad.jsonl", [{"prompt": "p", "response": "r"}, line])
     with pytest.raises(InputError, match=re.escape(f"{path}:2: ") + ".*" + re.escape(message)):
@@ -202,8 +229,11 @@ def test_conversations_holding_a_benchmark_prompt_are_dropped(bench: BenchmarkFi
 
 
 def _split_file(tmp_path: Path, turns: list[str]) -> Path:
-    rows: list[Any] = [_chat(f"c{i:06d}_{part}", ("human", f"question {i} {FILLER}"), ("gpt", f"answer {i} part {part}"))
-                       for i in range(300) for part in range(2)]
+    rows: list[Any] = [
+        _chat(f"c{i:06d}_{part}", ("human", f"question {i} {FILLER}"), ("gpt", f"answer {i} part {part}"))
+        for i in range(300)
+        for part in range(2)
+    ]
     rows.insert(10, _chat("bench", ("human", turns[3]), ("gpt", "an answer")))
     rows.insert(20, _chat("broken", ("human", "q"), ("gpt", "")))
     return _write_jsonl(tmp_path / "split.jsonl", rows)
@@ -218,9 +248,15 @@ def test_training_split_is_fixed_disjoint_and_reported(tmp_path: Path, bench: Be
     assert 20 <= len(held) <= 120
     train_ids, held_ids = {c.id for c in train}, {c.id for c in held}
     assert not train_ids & held_ids and "bench" not in train_ids | held_ids
-    assert {i.split("_")[0] for i in train_ids}.isdisjoint({i.split("_")[0] for i in held_ids})  # a chat's parts stay together
+    assert {i.split("_")[0] for i in train_ids}.isdisjoint(
+        {i.split("_")[0] for i in held_ids}
+    )  # a chat's parts stay together
     assert all(held_out_key(c) < 0.1 for c in held)
-    assert [chat_id(Conversation(i, ())) for i in ("QWJhYvA_12", "conv_1", "QWJhYvA")] == ["QWJhYvA", "conv_1", "QWJhYvA"]
+    assert [chat_id(Conversation(i, ())) for i in ("QWJhYvA_12", "conv_1", "QWJhYvA")] == [
+        "QWJhYvA",
+        "conv_1",
+        "QWJhYvA",
+    ]
     again, held_again, _ = training_conversations(path, held_out=0.1, benchmark=bench)
     assert again == train and held_again == held
     small, held_small, small_report = training_conversations(path, held_out=0.1, limit=50, benchmark=bench)
@@ -232,7 +268,9 @@ def test_training_split_is_fixed_disjoint_and_reported(tmp_path: Path, bench: Be
     other, held_other, _ = training_conversations(path, held_out=0.1, seed=1, benchmark=bench)
     assert held_other != held
     eight, held_eight, eight_report = training_conversations(path, held_out_count=8, limit=100, benchmark=bench)
-    lowest = sorted({c.id.split("_")[0] for c in train + held}, key=lambda chat: held_out_key(Conversation(chat, ())))[:8]
+    lowest = sorted({c.id.split("_")[0] for c in train + held}, key=lambda chat: held_out_key(Conversation(chat, ())))[
+        :8
+    ]
     assert [c.id for c in held_eight] == sorted((f"{chat}_0" for chat in lowest), key=lambda i: int(i[1:-2]))
     assert held_eight == training_conversations(path, held_out_count=8, benchmark=bench)[1]
     assert (eight_report.held_out, eight_report.set_aside, len(eight)) == (8, 8, 100)
@@ -246,7 +284,9 @@ def test_training_split_is_fixed_disjoint_and_reported(tmp_path: Path, bench: Be
 def _naive_overlap(text: str, long_grams: set[tuple[str, ...]], short: list[str]) -> bool:
     words = re.findall(r"\w+", text.lower())
     joined = f" {' '.join(words)} "
-    return any(tuple(words[i : i + 12]) in long_grams for i in range(len(words) - 11)) or any(s in joined for s in short)
+    return any(tuple(words[i : i + 12]) in long_grams for i in range(len(words) - 11)) or any(
+        s in joined for s in short
+    )
 
 
 def test_packaged_sharegpt_first_conversations(bench: BenchmarkFilter) -> None:
@@ -287,13 +327,18 @@ class CharTokenizer:
             self.chat_template = None
 
     def apply_chat_template(
-        self, messages: list[dict[str, str]], tokenize: bool = False, add_generation_prompt: bool = False,
+        self,
+        messages: list[dict[str, str]],
+        tokenize: bool = False,
+        add_generation_prompt: bool = False,
     ) -> str:
         assert not tokenize
         text = "".join(f"<r>{m['role']}\n{m['content']}<e>\n" for m in messages)
         return text + ("<r>assistant\n" if add_generation_prompt else "")
 
-    def __call__(self, text: str, add_special_tokens: bool = True, return_offsets_mapping: bool = False) -> dict[str, list[Any]]:
+    def __call__(
+        self, text: str, add_special_tokens: bool = True, return_offsets_mapping: bool = False
+    ) -> dict[str, list[Any]]:
         ids, offsets, i = [1] if add_special_tokens else [], [(0, 0)] if add_special_tokens else [], 0
         while i < len(text):
             step = 3 if text.startswith("<e>", i) else 1
@@ -311,8 +356,16 @@ def _masked_runs(tokenizer: Any, ids: list[int], mask: list[bool]) -> list[str]:
     return [tokenizer.decode([t for t, _ in run]) for run in runs]
 
 
-CONV = Conversation("t", (("system", "Be kind."), ("user", "What is 2+2?"), ("assistant", "It is 4."),
-                          ("user", "And 3+3? It is"), ("assistant", " Six, of course.\n")))
+CONV = Conversation(
+    "t",
+    (
+        ("system", "Be kind."),
+        ("user", "What is 2+2?"),
+        ("assistant", "It is 4."),
+        ("user", "And 3+3? It is"),
+        ("assistant", " Six, of course.\n"),
+    ),
+)
 ANSWERS = ["It is 4.", " Six, of course.\n"]
 
 
@@ -321,7 +374,9 @@ def test_loss_mask_covers_the_answers_through_the_template(fast: bool) -> None:
     tok = CharTokenizer(fast=fast)
     example = tokenize_conversation(tok, CONV, 10_000)
     assert example is not None and len(example.input_ids) == len(example.loss_mask)
-    assert tok.decode(example.input_ids) == tok.apply_chat_template([{"role": r, "content": t} for r, t in CONV.messages])
+    assert tok.decode(example.input_ids) == tok.apply_chat_template(
+        [{"role": r, "content": t} for r, t in CONV.messages]
+    )
     assert _masked_runs(tok, example.input_ids, example.loss_mask) == [a + "<e>" for a in ANSWERS]
     assert example == tokenize_conversation(CharTokenizer(fast=not fast), CONV, 10_000)
 
@@ -331,7 +386,8 @@ def test_plain_format_and_truncation() -> None:
     example = tokenize_conversation(tok, CONV, 10_000)
     assert example is not None and example.input_ids[0] == 1
     assert tok.decode(example.input_ids) == (
-        "System: Be kind.\nUser: What is 2+2?\nAssistant: It is 4.\nUser: And 3+3? It is\nAssistant:  Six, of course.\n\n"
+        "System: Be kind.\nUser: What is 2+2?\nAssistant: It is 4.\nUser: And 3+3? It is\nAssistant:  Six, of "
+        "course.\n\n"
     )
     assert _masked_runs(tok, example.input_ids, example.loss_mask) == [f" {a}\n" for a in ANSWERS]
     head = len("System: Be kind.\nUser: What is 2+2?\nAssistant:")
@@ -354,7 +410,10 @@ def test_loss_mask_with_smollm2_tokenizer() -> None:
     example = tokenize_conversation(tok, CONV, 4096)
     assert example is not None
     messages = [{"role": r, "content": t} for r, t in CONV.messages]
-    assert example.input_ids == tok(tok.apply_chat_template(messages, tokenize=False), add_special_tokens=False)["input_ids"]
+    assert (
+        example.input_ids
+        == tok(tok.apply_chat_template(messages, tokenize=False), add_special_tokens=False)["input_ids"]
+    )
     assert _masked_runs(tok, example.input_ids, example.loss_mask) == [a + "<|im_end|>" for a in ANSWERS]
     # The first masked token follows the prompt exactly as the engine encodes it for generation.
     first_prompt = tok.apply_chat_template(messages[:2], tokenize=False, add_generation_prompt=True)

@@ -40,16 +40,31 @@ def tau(model, trainer, held: list[list[int]]) -> float:
     return tokens / passes
 
 
-@pytest.mark.parametrize("cls, draft_vocab", [(Eagle3Trainer, 0), (MedusaTrainer, 0), (MedusaTrainer, 80)],
-                         ids=["eagle3", "medusa", "medusa-shared-lm-head"])
+@pytest.mark.parametrize(
+    "cls, draft_vocab",
+    [(Eagle3Trainer, 0), (MedusaTrainer, 0), (MedusaTrainer, 80)],
+    ids=["eagle3", "medusa", "medusa-shared-lm-head"],
+)
 def test_short_training_run_lowers_loss_and_raises_held_out_acceptance(cls, draft_vocab, tmp_path) -> None:
     model = bigram_model()
     lm = tiny_lm(model)
     method = "eagle3" if cls is Eagle3Trainer else "medusa"
-    settings = TrainSettings(method=method, steps=200, lr=3e-3, warmup=10, ttt_steps=3, max_tokens=64, medusa_heads=3, draft_vocab=draft_vocab)
+    settings = TrainSettings(
+        method=method,
+        steps=200,
+        lr=3e-3,
+        warmup=10,
+        ttt_steps=3,
+        max_tokens=64,
+        medusa_heads=3,
+        draft_vocab=draft_vocab,
+    )
     sequences = [p + greedy_reference(model, p, 40) for p in prompts(60, seed=11, repetitive_every=1000)]
-    vocab = (DraftVocabulary.most_frequent(sequences, draft_vocab, TINY_VOCAB) if draft_vocab
-             else DraftVocabulary(tuple(range(TINY_VOCAB)), TINY_VOCAB))
+    vocab = (
+        DraftVocabulary.most_frequent(sequences, draft_vocab, TINY_VOCAB)
+        if draft_vocab
+        else DraftVocabulary(tuple(range(TINY_VOCAB)), TINY_VOCAB)
+    )
     trainer = cls(lm, settings, vocab)
     held = prompts(6, seed=99, repetitive_every=1000)
     before = tau(model, trainer, held)
@@ -100,12 +115,30 @@ def test_train_drafter_command_end_to_end(real_lm, tmp_path) -> None:
     from leapdecode import wrap
     from leapdecode.training.train import train_drafter
 
-    rows = [{"messages": [{"role": "user", "content": f"Name {i + 2} colours of the rainbow, one per line."},
-                          {"role": "assistant", "content": "\n".join(["Red", "Orange", "Yellow", "Green", "Blue", "Indigo", "Violet"][: i + 2])}]}
-            for i in range(6)]
+    rows = [
+        {
+            "messages": [
+                {"role": "user", "content": f"Name {i + 2} colours of the rainbow, one per line."},
+                {
+                    "role": "assistant",
+                    "content": "\n".join(["Red", "Orange", "Yellow", "Green", "Blue", "Indigo", "Violet"][: i + 2]),
+                },
+            ]
+        }
+        for i in range(6)
+    ]
     data = tmp_path / "chats.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    settings = TrainSettings(data=str(data), steps=4, eval_every=4, checkpoint_every=2, max_tokens=96, held_out=2, eval_tokens=12, draft_vocab=512)
+    settings = TrainSettings(
+        data=str(data),
+        steps=4,
+        eval_every=4,
+        checkpoint_every=2,
+        max_tokens=96,
+        held_out=2,
+        eval_tokens=12,
+        draft_vocab=512,
+    )
     out = tmp_path / "run"
     head = train_drafter(real_lm, settings, out, progress=False)
     progress = json.loads((out / "progress.json").read_text())

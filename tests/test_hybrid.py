@@ -18,7 +18,7 @@ from leapdecode.engine import StopCriteria, TorchBackend, compile_tree, decode
 from leapdecode.engine.cost import ForwardCost
 from leapdecode.methods import parse_method
 from leapdecode.verifiers import SamplingParams, verify_greedy, verify_tree_greedy
-from tests.helpers import drafted_matching_plain, sample_sequences, assert_follows_exact, exact_joint, prompts
+from tests.helpers import assert_follows_exact, drafted_matching_plain, exact_joint, prompts, sample_sequences
 
 STEEP = ForwardCost((0.047, 0.070, 0.093, 0.115, 0.155, 0.195, 0.236, 0.278))
 FLAT = ForwardCost((1.0,) * 8)
@@ -103,7 +103,10 @@ def test_the_hybrid_tree_holds_the_suffix_chain_and_the_recycled_branches() -> N
 
 
 def run(model, prompt, drafter, n):
-    verifiers = (functools.partial(verify_greedy, candidates=drafter.candidates), functools.partial(verify_tree_greedy, candidates=drafter.candidates))
+    verifiers = (
+        functools.partial(verify_greedy, candidates=drafter.candidates),
+        functools.partial(verify_tree_greedy, candidates=drafter.candidates),
+    )
     steps = list(decode(TorchBackend(model), prompt, drafter, StopCriteria(frozenset(), n), *verifiers))
     return [t for s in steps for t in s.tokens], sum(s.num_accepted for s in steps)
 
@@ -129,7 +132,9 @@ def test_sampling_with_hybrid_drafts_keeps_the_distribution(tiny_model) -> None:
     exact = exact_joint(tiny_model, prompt, params, 3)
     index, table = SuffixIndex(), RecycleTable(4)  # warmed by the draws before
     draws = 600
-    counts = sample_sequences(tiny_model, prompt, params, lambda: CostAwareDrafter(hybrid(index, table), STEEP), draws=draws, seed=8)
+    counts = sample_sequences(
+        tiny_model, prompt, params, lambda: CostAwareDrafter(hybrid(index, table), STEEP), draws=draws, seed=8
+    )
     assert_follows_exact(counts, exact, draws)
 
 
@@ -137,7 +142,12 @@ def test_hybrid_method_on_the_real_model_is_plain_decoding(real_lm) -> None:
     for bad in ("hybrid:suffix_k=0", "hybrid:factor=0", "hybrid:width=9"):
         with pytest.raises(Exception, match="hybrid"):
             parse_method(bad)
-    prompts = ["Repeat this sentence twice: the quick brown fox jumps over the lazy dog.", "Write a short poem about the sea."]
-    drafted = sum(drafted_matching_plain(real_lm, wrap(real_lm, method), prompts, 32)
-                  for method in ("hybrid:shared=true", "hybrid:cost_aware=false"))
+    prompts = [
+        "Repeat this sentence twice: the quick brown fox jumps over the lazy dog.",
+        "Write a short poem about the sea.",
+    ]
+    drafted = sum(
+        drafted_matching_plain(real_lm, wrap(real_lm, method), prompts, 32)
+        for method in ("hybrid:shared=true", "hybrid:cost_aware=false")
+    )
     assert drafted > 0

@@ -13,8 +13,7 @@ from leapdecode.drafters import AnpdDrafter
 from leapdecode.engine import StopCriteria, TorchBackend, decode
 from leapdecode.engine.reference import greedy_reference
 from leapdecode.models import SmallBatchLinear, use_small_batch_linear
-from tests.helpers import GREEDY, make_tiny_model
-from tests.helpers import prompts
+from tests.helpers import GREEDY, make_tiny_model, prompts
 
 
 @pytest.mark.parametrize("bias", [True, False])
@@ -50,5 +49,7 @@ def test_engine_on_a_swapped_model_is_lossless() -> None:
     use_small_batch_linear(swapped)
     for prompt in prompts(6, seed=9):
         expected = greedy_reference(original, prompt, 30)
-        steps = list(decode(TorchBackend(swapped), prompt, AnpdDrafter(n=3, k=6), StopCriteria(frozenset(), 30), *GREEDY))
+        steps = list(
+            decode(TorchBackend(swapped), prompt, AnpdDrafter(n=3, k=6), StopCriteria(frozenset(), 30), *GREEDY)
+        )
         assert [t for s in steps for t in s.tokens] == expected

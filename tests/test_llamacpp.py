@@ -65,10 +65,19 @@ def test_plain_decoding_equals_llama_cpp_pythons_own(cpp_lm, references) -> None
         assert references[prompt] == own_greedy(cpp_lm, encode(cpp_lm, prompt), 24)
 
 
-@pytest.mark.parametrize("method", [
-    "anpd:n=5,k=7", "anpd:n=3,k=3,cost_aware=true", "pld", "pld:k=4,cost_aware=true", "jacobi", "anpd-tree", "trie",
-    "lookahead",
-])
+@pytest.mark.parametrize(
+    "method",
+    [
+        "anpd:n=5,k=7",
+        "anpd:n=3,k=3,cost_aware=true",
+        "pld",
+        "pld:k=4,cost_aware=true",
+        "jacobi",
+        "anpd-tree",
+        "trie",
+        "lookahead",
+    ],
+)
 def test_every_drafter_equals_plain_greedy_on_llama_cpp(cpp_lm, references, method) -> None:
     decoder = wrap(cpp_lm, method)
     for prompt in PROMPTS:
@@ -168,13 +177,17 @@ def test_server_on_the_llama_cpp_backend(cpp_lm, references) -> None:
 
     from leapdecode.server.app import ServerConfig, create_app
 
-    app = create_app(cpp_lm, ServerConfig(model_name="smollm2-cpp", default_method="anpd:cost_aware=true", max_queue=2, timeout_s=60))
+    app = create_app(
+        cpp_lm, ServerConfig(model_name="smollm2-cpp", default_method="anpd:cost_aware=true", max_queue=2, timeout_s=60)
+    )
     with TestClient(app) as client:
         body = {"model": "smollm2-cpp", "prompt": PROMPTS[0], "max_tokens": 24, "temperature": 0}
         resp = client.post("/v1/completions", json=body)
         assert resp.status_code == 200, resp.text
         assert resp.json()["usage"]["completion_tokens"] == len(references[PROMPTS[0]])
-        assert resp.json()["choices"][0]["text"] == cpp_lm.tokenizer.decode(references[PROMPTS[0]], skip_special_tokens=True)
+        assert resp.json()["choices"][0]["text"] == cpp_lm.tokenizer.decode(
+            references[PROMPTS[0]], skip_special_tokens=True
+        )
 
 
 def test_a_long_draft_scores_bit_for_bit_as_single_tokens(cpp_lm) -> None:

@@ -24,17 +24,29 @@ def run(model, prompt, drafter, max_new_tokens, eos=frozenset()):
 
 def hf_greedy(model, prompt, max_new_tokens):
     ids = torch.tensor([prompt])
-    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=None, pad_token_id=0, min_new_tokens=max_new_tokens)
+    out = model.generate(
+        ids,
+        attention_mask=torch.ones_like(ids),
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        eos_token_id=None,
+        pad_token_id=0,
+        min_new_tokens=max_new_tokens,
+    )
     return out[0, len(prompt) :].tolist()
 
 
-@pytest.mark.parametrize("make_drafter", [
-    lambda: NoDrafter(),
-    lambda: AnpdDrafter(n=5, k=7),
-    lambda: AnpdDrafter(n=2, k=1),
-    lambda: AnpdDrafter(n=3, k=12),
-    lambda: PromptLookupDrafter(k=10, max_ngram=3),
-], ids=["ar", "anpd-5-7", "anpd-2-1", "anpd-3-12", "pld"])
+@pytest.mark.parametrize(
+    "make_drafter",
+    [
+        lambda: NoDrafter(),
+        lambda: AnpdDrafter(n=5, k=7),
+        lambda: AnpdDrafter(n=2, k=1),
+        lambda: AnpdDrafter(n=3, k=12),
+        lambda: PromptLookupDrafter(k=10, max_ngram=3),
+    ],
+    ids=["ar", "anpd-5-7", "anpd-2-1", "anpd-3-12", "pld"],
+)
 def test_engine_equals_reference_and_hf(tiny_model, make_drafter) -> None:
     accepted = 0
     for prompt in prompts(12):
@@ -50,7 +62,9 @@ def test_engine_equals_reference_and_hf(tiny_model, make_drafter) -> None:
         assert run(tiny_model, prompt, make_drafter(), 24)[0] == hf_greedy(tiny_model, prompt, 24)
 
 
-@pytest.mark.parametrize("wrong_every", [0, 1, 2, 3], ids=["all-right", "all-wrong", "every-2nd-wrong", "every-3rd-wrong"])
+@pytest.mark.parametrize(
+    "wrong_every", [0, 1, 2, 3], ids=["all-right", "all-wrong", "every-2nd-wrong", "every-3rd-wrong"]
+)
 def test_scripted_drafts_right_wrong_and_partly_right(tiny_model, wrong_every) -> None:
     for seed, prompt in enumerate(prompts(8, seed=2)):
         expected = greedy_reference(tiny_model, prompt, 48)
@@ -73,6 +87,7 @@ def test_all_right_drafts_cut_the_number_of_passes(tiny_model) -> None:
     class Always(ScriptedDrafter):
         def propose(self, max_tokens):
             from leapdecode.drafters import Draft
+
             return Draft([self.reference[self.emitted + i] for i in range(min(self.k, max_tokens))])
 
     got, steps = run(tiny_model, prompt, Always(expected, k=9, vocab=TINY_VOCAB), 60)

@@ -57,7 +57,8 @@ DRAFTERS = {
     "tree": lambda heads: MedusaDrafter(heads, LAYERS, tree=True, nodes=16, width=4),
     "tree-narrow": lambda heads: MedusaDrafter(heads, LAYERS, tree=True, nodes=5, depth=3, width=2),
     "cost-aware-tree": lambda heads: CostAwareDrafter(
-        MedusaDrafter(heads, LAYERS, tree=True, nodes=12, width=3), ForwardCost(tuple(1.0 + 0.001 * i for i in range(32))),
+        MedusaDrafter(heads, LAYERS, tree=True, nodes=12, width=3),
+        ForwardCost(tuple(1.0 + 0.001 * i for i in range(32))),
     ),
 }
 
@@ -149,7 +150,9 @@ def test_sampled_output_equals_plain_sampling(tree: bool) -> None:
     drafted = 0
     for i, prompt in enumerate(prompts(2, seed=7)):
         params = SamplingParams(0.8, top_k=8) if i % 2 else SamplingParams(1.0, top_p=0.9)
-        make = functools.partial(lambda seed: MedusaDrafter(random_medusa(CONFIG, seed), LAYERS, tree=tree, nodes=8, width=3), i)
+        make = functools.partial(
+            lambda seed: MedusaDrafter(random_medusa(CONFIG, seed), LAYERS, tree=tree, nodes=8, width=3), i
+        )
         drafted += assert_sampled_like_plain(model, prompt, params, make, range(3 * i, 3 * i + 3), 20)
     assert drafted > 0
 
@@ -165,11 +168,18 @@ def target():
 @pytest.mark.parametrize("format", ["medusa", "vllm"])
 @pytest.mark.parametrize("safetensors", [True, False], ids=["safetensors", "torch-file"])
 @pytest.mark.parametrize("layers", [0, 1, 2])
-def test_each_format_round_trips_to_the_same_logits(target, tmp_path, format: str, safetensors: bool, layers: int) -> None:
+def test_each_format_round_trips_to_the_same_logits(
+    target, tmp_path, format: str, safetensors: bool, layers: int
+) -> None:
     heads = random_medusa(MedusaConfig(64, TINY_VOCAB, 3, layers), 5)
     file = save_medusa(heads, tmp_path, format=format, base_model="tiny", safetensors=safetensors)
-    assert file.name == {"medusa": ("medusa_lm_head.safetensors", "medusa_lm_head.pt"),
-                         "vllm": ("model.safetensors", "pytorch_model.bin")}[format][0 if safetensors else 1]
+    assert (
+        file.name
+        == {
+            "medusa": ("medusa_lm_head.safetensors", "medusa_lm_head.pt"),
+            "vllm": ("model.safetensors", "pytorch_model.bin"),
+        }[format][0 if safetensors else 1]
+    )
     loaded = load_medusa(tmp_path, target)
     assert loaded.config == heads.config and torch.equal(logits(loaded), logits(heads))
 
@@ -185,7 +195,11 @@ def test_saved_key_names_are_the_formats_own(target, tmp_path) -> None:
         f"blocks.{i}.layers.{j}.{p}" for i in range(2) for j in range(2) for p in ("weight", "bias")
     } | {"lm_heads.0.weight", "lm_heads.1.weight"}
     medusa = json.loads((tmp_path / "m" / "config.json").read_text())
-    assert (medusa["medusa_num_heads"], medusa["medusa_num_layers"], medusa["base_model_name_or_path"]) == (2, 2, "org/base")
+    assert (medusa["medusa_num_heads"], medusa["medusa_num_layers"], medusa["base_model_name_or_path"]) == (
+        2,
+        2,
+        "org/base",
+    )
     vllm = json.loads((tmp_path / "v" / "config.json").read_text())
     assert vllm["architectures"] == ["MedusaModel"] and vllm["model_type"] == "medusa"
     assert (vllm["num_heads"], vllm["num_hidden_layers"], vllm["medusa_fc_bias"]) == (2, 2, True)
@@ -212,8 +226,9 @@ def test_reads_a_file_written_by_medusas_own_module(target, tmp_path) -> None:
         for p in reference.parameters():
             p.copy_(torch.randn(p.shape, generator=generator) * 0.3)
     torch.save(reference.state_dict(), tmp_path / "medusa_lm_head.pt")
-    (tmp_path / "config.json").write_text(json.dumps(
-        {"medusa_num_heads": 3, "medusa_num_layers": 1, "base_model_name_or_path": "lmsys/vicuna-7b-v1.3"}))
+    (tmp_path / "config.json").write_text(
+        json.dumps({"medusa_num_heads": 3, "medusa_num_layers": 1, "base_model_name_or_path": "lmsys/vicuna-7b-v1.3"})
+    )
     with torch.inference_mode():
         expected = torch.stack([head(X) for head in reference])  # [3, n, vocab]
     assert torch.equal(logits(load_medusa(tmp_path, target)), expected)
@@ -225,11 +240,23 @@ def test_reads_vllms_layout_without_biases_and_with_one_lm_head(target, tmp_path
     g = torch.Generator().manual_seed(4)
     w = [torch.randn(64, 64, generator=g) * 0.3 for _ in range(2)]
     lm = torch.randn(TINY_VOCAB, 64, generator=g) * 0.3
-    save_file({"blocks.0.layers.0.weight": w[0], "blocks.1.layers.0.weight": w[1], "lm_heads.0.weight": lm},
-              str(tmp_path / "model.safetensors"))
-    (tmp_path / "config.json").write_text(json.dumps({
-        "architectures": ["MedusaModel"], "model_type": "medusa", "hidden_size": 64, "vocab_size": TINY_VOCAB,
-        "num_heads": 2, "num_hidden_layers": 1, "original_lm_head": True}))
+    save_file(
+        {"blocks.0.layers.0.weight": w[0], "blocks.1.layers.0.weight": w[1], "lm_heads.0.weight": lm},
+        str(tmp_path / "model.safetensors"),
+    )
+    (tmp_path / "config.json").write_text(
+        json.dumps(
+            {
+                "architectures": ["MedusaModel"],
+                "model_type": "medusa",
+                "hidden_size": 64,
+                "vocab_size": TINY_VOCAB,
+                "num_heads": 2,
+                "num_hidden_layers": 1,
+                "original_lm_head": True,
+            }
+        )
+    )
     with torch.inference_mode():
         expected = torch.stack([(X + torch.nn.functional.silu(X @ wi.T)) @ lm.T for wi in w])  # [2, n, vocab]
     loaded = load_medusa(tmp_path, target)
@@ -274,7 +301,9 @@ def test_a_quantized_shared_head_scores_as_the_float_one_and_stays_lossless(tiny
     assert heads.quantize_shared_head()
     after = logits(heads)
     assert not torch.equal(after, before) and torch.allclose(after, before, atol=0.05 * before.abs().max().item())
-    assert heads.state_dict().keys() == state.keys() and all(torch.equal(heads.state_dict()[k], v) for k, v in state.items())
+    assert heads.state_dict().keys() == state.keys() and all(
+        torch.equal(heads.state_dict()[k], v) for k, v in state.items()
+    )
     assert random_medusa(CONFIG, 7).quantize_shared_head() is False  # own LM heads: nothing shared
     heads.shared_lm_head = heads.shared_lm_head.clone()  # a new head: the copy of the old one no longer scores
     assert torch.equal(logits(heads), before)
@@ -286,7 +315,9 @@ def test_a_quantized_shared_head_scores_as_the_float_one_and_stays_lossless(tiny
         heads.shared_lm_head.mul_(0.5)
     assert heads.quantize_shared_head()
     prompt = prompts(1, 9)[0]
-    assert run(tiny_model, prompt, MedusaDrafter(heads, LAYERS, tree=True, nodes=12, width=3))[0] == plain(tiny_model, prompt)
+    assert run(tiny_model, prompt, MedusaDrafter(heads, LAYERS, tree=True, nodes=12, width=3))[0] == plain(
+        tiny_model, prompt
+    )
 
 
 @pytest.mark.parametrize("shared", [True, False], ids=["shared-lm-head", "own-lm-heads"])

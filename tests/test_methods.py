@@ -6,8 +6,8 @@ import dataclasses
 
 import pytest
 
-from leapdecode.methods import Anpd, Autoregressive, HfAssisted, HfPromptLookup, PromptLookup, parse_method
 from leapdecode.errors import MethodError
+from leapdecode.methods import Anpd, Autoregressive, HfAssisted, HfPromptLookup, PromptLookup, parse_method
 
 
 def test_parse_defaults_and_parameters() -> None:

@@ -59,8 +59,13 @@ def test_unknown_preset_and_missing_package(tmp_path) -> None:
     with pytest.raises(ModelLoadError, match="unknown preset"):
         presets.get_preset("gpt-17")
     fake = presets.Preset(
-        name="fake", description="", packages=("leapdecode-no-such-package==1.0",),
-        parts=("x/y.gguf",), sha256="0" * 64, size=1, hub_id="",
+        name="fake",
+        description="",
+        packages=("leapdecode-no-such-package==1.0",),
+        parts=("x/y.gguf",),
+        sha256="0" * 64,
+        size=1,
+        hub_id="",
     )
     with pytest.raises(ModelLoadError, match="leapdecode models pull fake"):
         presets.assemble(fake, tmp_path, log=lambda m: None)
@@ -69,8 +74,13 @@ def test_unknown_preset_and_missing_package(tmp_path) -> None:
 def test_checksum_mismatch_is_reported_and_nothing_is_marked_verified(tmp_path, real_lm) -> None:
     real = presets.get_preset("smollm2-135m")
     tampered = presets.Preset(
-        name="tampered", description="", packages=real.packages, parts=real.parts,
-        sha256="f" * 64, size=real.size, hub_id="",
+        name="tampered",
+        description="",
+        packages=real.packages,
+        parts=real.parts,
+        sha256="f" * 64,
+        size=real.size,
+        hub_id="",
     )
     with pytest.raises(ModelLoadError, match="checksum mismatch"):
         presets.assemble(tampered, tmp_path, log=lambda m: None)
@@ -91,8 +101,13 @@ def test_split_parts_are_concatenated_in_order_and_verified(tmp_path) -> None:
         located = [root / p for p in part_names]
     data = b"".join(p.read_bytes() for p in located)
     preset = presets.Preset(
-        name="two-part", description="", packages=("leapdecode", "leapdecode"), parts=part_names,
-        sha256=hashlib.sha256(data).hexdigest(), size=len(data), hub_id="",
+        name="two-part",
+        description="",
+        packages=("leapdecode", "leapdecode"),
+        parts=part_names,
+        sha256=hashlib.sha256(data).hexdigest(),
+        size=len(data),
+        hub_id="",
     )
     # _part_paths resolves through package metadata; point it at the source files instead.
     original = presets._part_paths

@@ -9,8 +9,6 @@ n-gram pool is filled from the trajectories and really used. Sampling keeps the 
 
 from __future__ import annotations
 
-import functools
-
 import pytest
 import torch
 
@@ -20,9 +18,15 @@ from leapdecode.drafters.tree_builder import merge_paths
 from leapdecode.engine import StopCriteria, TorchBackend, compile_tree, decode
 from leapdecode.engine.reference import greedy_reference
 from leapdecode.methods import parse_method
-from leapdecode.verifiers import SamplingParams, verify_speculative, verify_tree_speculative
-from tests.helpers import assert_follows_exact, assert_sampled_like_plain, exact_joint, prompts, sample_sequences
-from tests.helpers import GREEDY
+from leapdecode.verifiers import SamplingParams
+from tests.helpers import (
+    GREEDY,
+    assert_follows_exact,
+    assert_sampled_like_plain,
+    exact_joint,
+    prompts,
+    sample_sequences,
+)
 
 DRAFTERS = {
     "jacobi-sliding-repeat": lambda: JacobiDrafter(block=6, mode="sliding", init="repeat"),
@@ -127,7 +131,14 @@ def test_ngram_module_counts_added_ngrams() -> None:
 def test_method_strings_and_bad_parameters() -> None:
     assert str(parse_method("jacobi")) == "jacobi:block=3,mode=sliding,init=repeat"
     assert str(parse_method("lookahead:w=7,anpd=true")) == "lookahead:w=7,n=3,g=2,anpd=True"
-    for bad in ("jacobi:mode=wild", "jacobi:block=0", "jacobi:init=zeros", "lookahead:w=1", "lookahead:n=9", "lookahead:g=-1"):
+    for bad in (
+        "jacobi:mode=wild",
+        "jacobi:block=0",
+        "jacobi:init=zeros",
+        "lookahead:w=1",
+        "lookahead:n=9",
+        "lookahead:g=-1",
+    ):
         with pytest.raises(Exception) as info:
             parse_method(bad)
         assert "MethodError" in type(info.value).__name__
@@ -142,4 +153,6 @@ def test_sampling_with_parallel_drafts_keeps_the_distribution(tiny_model, name) 
     counts = sample_sequences(tiny_model, prompt, params, DRAFTERS[name], draws=draws, length=3, seed=11)
     assert_follows_exact(counts, exact, draws)
     # and each seeded run is plain sampling's, token for token
-    assert_sampled_like_plain(tiny_model, prompt, SamplingParams(0.9, top_p=0.9), DRAFTERS[name], seeds=range(3), length=16)
+    assert_sampled_like_plain(
+        tiny_model, prompt, SamplingParams(0.9, top_p=0.9), DRAFTERS[name], seeds=range(3), length=16
+    )

@@ -32,17 +32,25 @@ def what(source: Source, hardware: Hardware, dtype: object = "auto", quantize: s
     ("source", "hardware", "expected"),
     [
         # a GGUF runs its own blocks on any CPU: the model as shipped
-        (GGUF_Q4, AVX2, ("float32", "int4")), (GGUF_Q4, ZEN4, ("float32", "int4")),
+        (GGUF_Q4, AVX2, ("float32", "int4")),
+        (GGUF_Q4, ZEN4, ("float32", "int4")),
         # ... and de-quantized where the kernels do not run, in float32 (exact de-quantization)
         (GGUF_Q4, GPU, ("float32", "none")),
         # a checkpoint runs its own dtype where it is native, else float32
-        (BF16, ZEN4, ("bfloat16", "none")), (BF16, AVX2, ("float32", "none")), (BF16, GPU, ("bfloat16", "none")),
+        (BF16, ZEN4, ("bfloat16", "none")),
+        (BF16, AVX2, ("float32", "none")),
+        (BF16, GPU, ("bfloat16", "none")),
         (BF16, OLD_GPU, ("float32", "none")),
-        (FP16, ZEN4, ("float32", "none")), (FP16, GPU, ("float16", "none")),
-        (FP32, ZEN4, ("float32", "none")), (FP32, GPU, ("float32", "none")), (UNSAID, ZEN4, ("float32", "none")),
+        (FP16, ZEN4, ("float32", "none")),
+        (FP16, GPU, ("float16", "none")),
+        (FP32, ZEN4, ("float32", "none")),
+        (FP32, GPU, ("float32", "none")),
+        (UNSAID, ZEN4, ("float32", "none")),
     ],
 )
-def test_defaults_follow_the_source_and_the_hardware(source: Source, hardware: Hardware, expected: tuple[str, str]) -> None:
+def test_defaults_follow_the_source_and_the_hardware(
+    source: Source, hardware: Hardware, expected: tuple[str, str]
+) -> None:
     assert what(source, hardware) == expected
     assert what(source, hardware, "AUTO", None) == expected  # None and case are the same choice
 
@@ -74,7 +82,9 @@ def test_choices_override() -> None:
         (ZEN4, "auto", "int8", "llama.cpp", "llama.cpp backend runs the GGUF's own quantization"),
     ],
 )
-def test_impossible_choices_are_clear_errors(hardware: Hardware, dtype: str, quantize: str, backend: str, message: str) -> None:
+def test_impossible_choices_are_clear_errors(
+    hardware: Hardware, dtype: str, quantize: str, backend: str, message: str
+) -> None:
     with pytest.raises(ModelLoadError, match=message):
         resolve_precision(GGUF_Q4, hardware, dtype, quantize, backend)
 

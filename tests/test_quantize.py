@@ -61,15 +61,24 @@ def reference(layer: QuantizedLinear, x: torch.Tensor) -> torch.Tensor:
 
 
 @settings(max_examples=60, deadline=None)
-@given(rows=st.integers(1, 40), groups=st.integers(1, 20), n=st.integers(1, 40), bits=st.sampled_from([4, 8]),
-       super_blocks=st.booleans(), bias=st.booleans(), seed=st.integers(0, 2**16), spread=st.sampled_from([0.01, 1.0, 30.0]))
+@given(
+    rows=st.integers(1, 40),
+    groups=st.integers(1, 20),
+    n=st.integers(1, 40),
+    bits=st.sampled_from([4, 8]),
+    super_blocks=st.booleans(),
+    bias=st.booleans(),
+    seed=st.integers(0, 2**16),
+    spread=st.sampled_from([0.01, 1.0, 30.0]),
+)
 # past 6 rows the two-block (512-bit) kernel runs: odd and even block counts, each bit width
 @example(rows=40, groups=9, n=40, bits=4, super_blocks=True, bias=True, seed=1, spread=1.0)
 @example(rows=17, groups=3, n=16, bits=4, super_blocks=False, bias=False, seed=2, spread=30.0)
 @example(rows=33, groups=9, n=24, bits=8, super_blocks=True, bias=True, seed=3, spread=1.0)
 @example(rows=20, groups=2, n=40, bits=8, super_blocks=False, bias=True, seed=4, spread=0.01)
-def test_kernel_matches_a_float_reference_rows_are_independent_and_paths_agree(kernel, rows, groups, n, bits, super_blocks, bias, seed,
-                                                                               spread) -> None:
+def test_kernel_matches_a_float_reference_rows_are_independent_and_paths_agree(
+    kernel, rows, groups, n, bits, super_blocks, bias, seed, spread
+) -> None:
     g = torch.Generator().manual_seed(seed)
     k = groups * GROUP
     linear = torch.nn.Linear(k, n, bias=bias)
@@ -100,7 +109,13 @@ def check_against_reference_and_paths(kernel, layer: QuantizedLinear, x: torch.T
 
 
 @settings(max_examples=30, deadline=None)
-@given(rows=st.integers(1, 40), groups=st.integers(1, 20), n=st.integers(1, 40), bias=st.booleans(), seed=st.integers(0, 2**16))
+@given(
+    rows=st.integers(1, 40),
+    groups=st.integers(1, 20),
+    n=st.integers(1, 40),
+    bias=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
 @example(rows=40, groups=9, n=40, bias=True, seed=5)
 @example(rows=19, groups=1, n=16, bias=False, seed=6)
 def test_six_bit_layers_match_a_float_reference_round_trip_and_paths_agree(kernel, rows, groups, n, bias, seed) -> None:
@@ -115,14 +130,21 @@ def test_six_bit_layers_match_a_float_reference_round_trip_and_paths_agree(kerne
     layer = QuantizedLinear.from_groups(q, factors, None, 6, torch.randn(n, generator=g) if bias else None)
     assert layer.super_blocks and layer.packed.shape == packed_shape(6, n, groups * GROUP, True)
     back, again = unpack_super(layer.packed, 6, n, groups)
-    assert torch.equal(back, q) and torch.equal(again.d, factors.d) and torch.equal(again.sc, sc) and again.per_group == 2
+    assert (
+        torch.equal(back, q) and torch.equal(again.d, factors.d) and torch.equal(again.sc, sc) and again.per_group == 2
+    )
     x = torch.randn(rows, groups * GROUP, generator=g) * 3
     x[-1, -GROUP:] = 127.0  # activations at their largest: the integer sums at their largest
     check_against_reference_and_paths(kernel, layer, x)
 
 
 @settings(max_examples=40, deadline=None)
-@given(rows=st.integers(1, 18), groups=st.integers(1, 40), seed=st.integers(0, 2**16), spread=st.sampled_from([1e-3, 1.0, 100.0]))
+@given(
+    rows=st.integers(1, 18),
+    groups=st.integers(1, 40),
+    seed=st.integers(0, 2**16),
+    spread=st.sampled_from([1e-3, 1.0, 100.0]),
+)
 def test_activation_rounding_is_the_reference_on_both_paths(kernel, rows, groups, seed, spread) -> None:
     """The kernel's activation quantizer (vectorised, and split between threads for many groups)
     rounds every value exactly as the torch reference does: half-way cases to even, zero groups."""
@@ -151,7 +173,9 @@ def test_quantized_weights_are_within_half_a_step_and_pack_round_trips(bits) -> 
 def test_super_block_rounding_is_within_half_a_step_of_its_own_scales(bits) -> None:
     """The factors first, then the weights against the scales as the kernel computes them: every
     weight within half a step, and no group's range cut off (minimums rounded down, scales up)."""
-    w = torch.randn(48, 20 * GROUP, generator=torch.Generator().manual_seed(81)) * torch.logspace(-3, 1, 48).unsqueeze(1)
+    w = torch.randn(48, 20 * GROUP, generator=torch.Generator().manual_seed(81)) * torch.logspace(-3, 1, 48).unsqueeze(
+        1
+    )
     w[:, :GROUP] += 5.0  # a group far from zero: its minimum is positive
     qweight, factors = quantize_weight_super(w, bits)
     scales, mins = factors.scales(), factors.mins()
@@ -239,7 +263,15 @@ def test_greedy_drafting_on_quantized_tiny_models_equals_plain_decoding(arch, mo
         plain = run(prompt, NoDrafter(), 32)  # (an uncached recompute may differ: long prefills take SDPA's block)
         assert run(prompt, AnpdDrafter(n=3, k=7), 32) == plain
         for wrong_every in (0, 1, 2):  # drafts all right, all wrong, partly right
-            steps = list(decode(backend, prompt, ScriptedDrafter(plain, 8, TINY_VOCAB, wrong_every, seed), StopCriteria(frozenset(), 32), *GREEDY))
+            steps = list(
+                decode(
+                    backend,
+                    prompt,
+                    ScriptedDrafter(plain, 8, TINY_VOCAB, wrong_every, seed),
+                    StopCriteria(frozenset(), 32),
+                    *GREEDY,
+                )
+            )
             assert [t for s in steps for t in s.tokens] == plain
             accepted += sum(s.num_accepted for s in steps)
     assert accepted > 0
@@ -295,7 +327,9 @@ def test_q4_k_blocks_of_the_real_file_are_its_values() -> None:
     from leapdecode.models.presets import locate
 
     reader = GGUFReader(str(locate("qwen2.5-coder-1.5b", default_cache_dir(), download=True)))
-    tensor = next(t for t in reader.tensors if t.tensor_type.name == "Q4_K" and len(t.shape) == 2 and t.shape[1] <= 2048)
+    tensor = next(
+        t for t in reader.tensors if t.tensor_type.name == "Q4_K" and len(t.shape) == 2 and t.shape[1] <= 2048
+    )
     cols, rows = (int(n) for n in tensor.shape)
     blocks = read_blocks(tensor.data, "Q4_K", rows, cols)
     want = torch.from_numpy(dequantize(tensor.data, tensor.tensor_type).reshape(rows, cols))
@@ -316,7 +350,9 @@ def test_q6_k_blocks_of_the_real_file_are_its_values_bit_for_bit(kernel) -> None
     from leapdecode.models.presets import locate
 
     reader = GGUFReader(str(locate("qwen2.5-coder-1.5b", default_cache_dir(), download=True)))
-    tensor = next(t for t in reader.tensors if t.tensor_type.name == "Q6_K" and len(t.shape) == 2 and t.shape[1] <= 2048)
+    tensor = next(
+        t for t in reader.tensors if t.tensor_type.name == "Q6_K" and len(t.shape) == 2 and t.shape[1] <= 2048
+    )
     cols, rows = (int(n) for n in tensor.shape)
     blocks = read_blocks(tensor.data, "Q6_K", rows, cols)
     want = torch.from_numpy(dequantize(tensor.data, tensor.tensor_type).reshape(rows, cols))

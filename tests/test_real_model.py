@@ -18,10 +18,10 @@ CHAT_PROMPTS = [
     "and the meeting on Wednesday will be in room 4 if the projector in room 4 is repaired.",
 ]
 CODE_PROMPTS = [
-    "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
-    "def is_palindrome(s: str) -> bool:\n    \"\"\"Return True if s reads the same backwards.\"\"\"\n",
+    'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n',
+    'def is_palindrome(s: str) -> bool:\n    """Return True if s reads the same backwards."""\n',
     "class Stack:\n    def __init__(self):\n        self.items = []\n\n    def push(self, item):\n",
-    "import json\n\ndef load_config(path):\n    \"\"\"Load a JSON config file and return it as a dict.\"\"\"\n",
+    'import json\n\ndef load_config(path):\n    """Load a JSON config file and return it as a dict."""\n',
     "def bubble_sort(items):\n    items = list(items)\n    for i in range(len(items)):\n",
 ]
 MAX_NEW = 48
@@ -30,8 +30,12 @@ MAX_NEW = 48
 def hf_generate(lm, prompt_ids, max_new_tokens):
     ids = torch.tensor([prompt_ids])
     out = lm.model.generate(
-        ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False,
-        eos_token_id=sorted(lm.eos_token_ids), pad_token_id=lm.tokenizer.pad_token_id,
+        ids,
+        attention_mask=torch.ones_like(ids),
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        eos_token_id=sorted(lm.eos_token_ids),
+        pad_token_id=lm.tokenizer.pad_token_id,
     )
     return out[0, len(prompt_ids) :].tolist()
 
@@ -52,7 +56,10 @@ def test_plain_decoding_equals_hugging_face_generate(real_lm, plain_outputs) -> 
         assert result.token_ids == hf_generate(real_lm, result.prompt_ids, MAX_NEW)
 
 
-@pytest.mark.parametrize("method", ["anpd", "anpd:n=3,k=4", "pld", "anpd-tree", "trie", "anpd-tree:nodes=40,depth=10,width=4", "jacobi", "lookahead"])
+@pytest.mark.parametrize(
+    "method",
+    ["anpd", "anpd:n=3,k=4", "pld", "anpd-tree", "trie", "anpd-tree:nodes=40,depth=10,width=4", "jacobi", "lookahead"],
+)
 def test_methods_equal_plain_greedy_token_for_token(real_lm, plain_outputs, method) -> None:
     decoder = wrap(real_lm, method)
     accepted = 0

@@ -15,7 +15,7 @@ from leapdecode.drafters.recycle import RecycleDrafter, RecycleTable
 from leapdecode.engine import StopCriteria, TorchBackend, compile_tree, decode
 from leapdecode.methods import parse_method
 from leapdecode.verifiers import SamplingParams, verify_greedy, verify_tree_greedy
-from tests.helpers import drafted_matching_plain, sample_sequences, assert_follows_exact, exact_joint, prompts
+from tests.helpers import assert_follows_exact, drafted_matching_plain, exact_joint, prompts, sample_sequences
 
 
 def test_the_drafted_tree_follows_the_table_wide_at_the_root() -> None:
@@ -62,7 +62,10 @@ def test_verifiers_return_every_rows_top_k() -> None:
 
 
 def run(model, prompt, drafter, n, candidates=0):
-    verifiers = (functools.partial(verify_greedy, candidates=candidates), functools.partial(verify_tree_greedy, candidates=candidates))
+    verifiers = (
+        functools.partial(verify_greedy, candidates=candidates),
+        functools.partial(verify_tree_greedy, candidates=candidates),
+    )
     steps = list(decode(TorchBackend(model), prompt, drafter, StopCriteria(frozenset(), n), *verifiers))
     return [t for s in steps for t in s.tokens], sum(s.num_accepted for s in steps)
 
@@ -87,7 +90,9 @@ def test_sampling_with_recycled_drafts_keeps_the_distribution(tiny_model) -> Non
     exact = exact_joint(tiny_model, prompt, params, 3)
     table = RecycleTable(4)  # warmed by the draws before: drafts get right as it learns
     draws = 600
-    counts = sample_sequences(tiny_model, prompt, params, lambda: RecycleDrafter(4, 6, 3, 2, table), draws=draws, seed=5)
+    counts = sample_sequences(
+        tiny_model, prompt, params, lambda: RecycleDrafter(4, 6, 3, 2, table), draws=draws, seed=5
+    )
     assert_follows_exact(counts, exact, draws)
 
 

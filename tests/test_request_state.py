@@ -87,10 +87,9 @@ class CountTransfers(torch.overrides.TorchFunctionMode):
 def test_every_verifier_makes_one_host_transfer() -> None:
     import functools
 
+    from leapdecode.engine.noise import PositionNoise
     from leapdecode.engine.sampling import SamplingParams
     from leapdecode.verifiers import verify_greedy, verify_speculative, verify_tree_greedy, verify_tree_speculative
-
-    from leapdecode.engine.noise import PositionNoise
 
     g = PositionNoise(0)
     logits = torch.randn(5, 50)  # [D+1, vocab]
@@ -99,13 +98,21 @@ def test_every_verifier_makes_one_host_transfer() -> None:
     calls = {
         "greedy": lambda: verify_greedy([3, 4, 5, 6], logits),
         "speculative": lambda: verify_speculative([3, 4, 5, 6], logits, None, params, g, position=3),
-        "speculative with q": lambda: verify_speculative([3, 4, 5, 6], logits, torch.softmax(torch.randn(4, 50), -1), params, g, position=3),
-        "speculative, logprobs": lambda: verify_speculative([3, 4, 5, 6], logits, None, params, g, position=3, logprobs=2),
+        "speculative with q": lambda: verify_speculative(
+            [3, 4, 5, 6], logits, torch.softmax(torch.randn(4, 50), -1), params, g, position=3
+        ),
+        "speculative, logprobs": lambda: verify_speculative(
+            [3, 4, 5, 6], logits, None, params, g, position=3, logprobs=2
+        ),
         "tree greedy": lambda: verify_tree_greedy([3, 4, 5, 6], tree, logits),
         "greedy, candidates and logprobs": lambda: verify_greedy([3, 4, 5, 6], logits, logprobs=2, candidates=4),
         "tree greedy, candidates": lambda: verify_tree_greedy([3, 4, 5, 6], tree, logits, candidates=4),
-        "tree speculative": functools.partial(verify_tree_speculative, [3, 4, 5, 6], tree, logits, params, g, position=3),
-        "tree speculative, logprobs": functools.partial(verify_tree_speculative, [3, 4, 5, 6], tree, logits, params, g, position=3, logprobs=2),
+        "tree speculative": functools.partial(
+            verify_tree_speculative, [3, 4, 5, 6], tree, logits, params, g, position=3
+        ),
+        "tree speculative, logprobs": functools.partial(
+            verify_tree_speculative, [3, 4, 5, 6], tree, logits, params, g, position=3, logprobs=2
+        ),
     }
     for name, call in calls.items():
         with CountTransfers() as counter:

@@ -25,26 +25,44 @@ def kernel():
 
 
 @settings(max_examples=60, deadline=None)
-@given(rows=st.one_of(st.integers(1, 16), st.integers(30, 80)), k=st.integers(1, 80), n=st.integers(1, 40), bias=st.booleans(),
-       portable=st.booleans(), seed=st.integers(0, 2**16))
-@example(rows=65, k=77, n=9, bias=True, portable=False, seed=0)  # prefill rows: tiles of 3 rows x 4 outputs, a k tail, leftovers
-def test_kernel_matches_a_float_reference_and_rows_are_bitwise_independent(kernel, rows, k, n, bias, portable, seed) -> None:
+@given(
+    rows=st.one_of(st.integers(1, 16), st.integers(30, 80)),
+    k=st.integers(1, 80),
+    n=st.integers(1, 40),
+    bias=st.booleans(),
+    portable=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+@example(
+    rows=65, k=77, n=9, bias=True, portable=False, seed=0
+)  # prefill rows: tiles of 3 rows x 4 outputs, a k tail, leftovers
+def test_kernel_matches_a_float_reference_and_rows_are_bitwise_independent(
+    kernel, rows, k, n, bias, portable, seed
+) -> None:
     g = torch.Generator().manual_seed(seed)
     x, w = torch.randn(rows, k, generator=g), torch.randn(n, k, generator=g)
     b = torch.randn(n, generator=g) if bias else torch.empty(0)
     got = kernel.row_exact_linear(x, w, b, portable)  # [rows, n]
     want = x.double() @ w.double().T + (b.double() if bias else 0)
-    assert torch.allclose(got.double(), want, atol=1e-4 * (k ** 0.5), rtol=1e-5)
+    assert torch.allclose(got.double(), want, atol=1e-4 * (k**0.5), rtol=1e-5)
     for i in range(rows):
         assert torch.equal(got[i], kernel.row_exact_linear(x[i : i + 1], w, b, portable)[0])
 
 
 @settings(max_examples=80, deadline=None)
-@given(rows=st.integers(1, 16), k=st.one_of(st.integers(1, 100), st.integers(640, 1400)), n=st.integers(1, 40), bias=st.booleans(),
-       portable=st.booleans(), seed=st.integers(0, 2**16))
+@given(
+    rows=st.integers(1, 16),
+    k=st.one_of(st.integers(1, 100), st.integers(640, 1400)),
+    n=st.integers(1, 40),
+    bias=st.booleans(),
+    portable=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
 @example(rows=16, k=1400, n=7, bias=True, portable=False, seed=0)  # activations past 20 KB: outputs in threes
 @example(rows=9, k=1399, n=5, bias=False, portable=False, seed=1)
-def test_bf16_kernel_matches_a_float_reference_and_rows_are_bitwise_independent(kernel, rows, k, n, bias, portable, seed) -> None:
+def test_bf16_kernel_matches_a_float_reference_and_rows_are_bitwise_independent(
+    kernel, rows, k, n, bias, portable, seed
+) -> None:
     # k past 32 and not a multiple of it (the masked tail), rows past 8 (a second row block), n not
     # a multiple of 3 (outputs one by one after the groups), rows x k past the kernel's 20 KB (the
     # grouped path, against one-row calls on the other); `portable` forces the scalar path
@@ -54,7 +72,7 @@ def test_bf16_kernel_matches_a_float_reference_and_rows_are_bitwise_independent(
     got = kernel.row_exact_linear(x, w, b, portable)  # [rows, n] bfloat16
     assert got.dtype == torch.bfloat16 and got.shape == (rows, n)
     want = x.double() @ w.double().T + (b.double() if bias else 0)  # bf16 products are exact; one rounding at the end
-    assert torch.allclose(got.double(), want, rtol=2 ** -8, atol=1e-5 * k)
+    assert torch.allclose(got.double(), want, rtol=2**-8, atol=1e-5 * k)
     for i in range(rows):
         assert torch.equal(got[i], kernel.row_exact_linear(x[i : i + 1], w, b, portable)[0])
 
@@ -64,9 +82,15 @@ def test_long_inputs_attend_by_blocks_of_rows_with_the_same_bits(kernel, monkeyp
     """A prefill scored whole past `PASS_ROWS` rows goes through the kernel by blocks of rows
     (bounded scratch space), each row as it is alone."""
     g = torch.Generator().manual_seed(3)
-    query, key, value = torch.randn(1, 4, 40, 16, generator=g), torch.randn(1, 2, 45, 16, generator=g), torch.randn(1, 2, 45, 16, generator=g)
+    query, key, value = (
+        torch.randn(1, 4, 40, 16, generator=g),
+        torch.randn(1, 2, 45, 16, generator=g),
+        torch.randn(1, 2, 45, 16, generator=g),
+    )
     module = torch.nn.Module()
-    mask = (torch.arange(45)[None, :] <= 5 + torch.arange(40)[:, None])[None, None] if masked else None  # [1, 1, 40, 45]
+    mask = (
+        (torch.arange(45)[None, :] <= 5 + torch.arange(40)[:, None])[None, None] if masked else None
+    )  # [1, 1, 40, 45]
     whole, _ = row_exact.row_exact_attention(module, query, key, value, mask, scaling=0.25)
     monkeypatch.setattr(row_exact, "PASS_ROWS", 7)
     blocks, _ = row_exact.row_exact_attention(module, query, key, value, mask, scaling=0.25)
@@ -86,10 +110,19 @@ def test_linear_kernel_refuses_mixed_or_other_dtypes_and_shapes(kernel) -> None:
 
 
 @settings(max_examples=60, deadline=None)
-@given(rows=st.integers(1, 16), past=st.integers(0, 80), kv_heads=st.integers(1, 3), group=st.integers(1, 3),
-       dim=st.sampled_from([8, 12, 32, 64, 96, 128]), mask=st.sampled_from(["chain", "tree", "any"]),
-       dtype=st.sampled_from([torch.float32, torch.bfloat16]), seed=st.integers(0, 2**16))
-def test_attention_kernel_matches_sdpa_and_rows_are_bitwise_independent(kernel, rows, past, kv_heads, group, dim, mask, dtype, seed) -> None:
+@given(
+    rows=st.integers(1, 16),
+    past=st.integers(0, 80),
+    kv_heads=st.integers(1, 3),
+    group=st.integers(1, 3),
+    dim=st.sampled_from([8, 12, 32, 64, 96, 128]),
+    mask=st.sampled_from(["chain", "tree", "any"]),
+    dtype=st.sampled_from([torch.float32, torch.bfloat16]),
+    seed=st.integers(0, 2**16),
+)
+def test_attention_kernel_matches_sdpa_and_rows_are_bitwise_independent(
+    kernel, rows, past, kv_heads, group, dim, mask, dtype, seed
+) -> None:
     """Chains (causal, no mask), trees (the whole cached prefix and some of the block) and any
     visible set: each row over exactly its keys, from strided views of a longer cache (in chunks of
     32 keys; rows that share their keys go through together), bitwise the same alone or with the
@@ -110,23 +143,30 @@ def test_attention_kernel_matches_sdpa_and_rows_are_bitwise_independent(kernel, 
     else:
         visible = torch.arange(total)[None, :] <= past + torch.arange(rows)[:, None]  # [rows, total]
     scale = dim**-0.5
-    got = kernel.row_exact_attention(query, key, value, visible if masked else None, scale, False)  # [1, rows, heads, dim]
-    want = torch.nn.functional.scaled_dot_product_attention(query.double(), key.double(), value.double(), attn_mask=visible,
-                                                            scale=scale, enable_gqa=True).transpose(1, 2)
+    got = kernel.row_exact_attention(
+        query, key, value, visible if masked else None, scale, False
+    )  # [1, rows, heads, dim]
+    want = torch.nn.functional.scaled_dot_product_attention(
+        query.double(), key.double(), value.double(), attn_mask=visible, scale=scale, enable_gqa=True
+    ).transpose(1, 2)
     assert got.dtype == dtype and torch.allclose(got.double(), want, atol=1e-5 if dtype == torch.float32 else 1e-2)
     assert torch.equal(kernel.row_exact_attention(query, key, value, visible if masked else None, scale, True), got)
     threads = torch.get_num_threads()
     try:
         for n in (1, 3):  # other splits of the heads between tasks
             torch.set_num_threads(n)
-            assert torch.equal(kernel.row_exact_attention(query, key, value, visible if masked else None, scale, False), got)
+            assert torch.equal(
+                kernel.row_exact_attention(query, key, value, visible if masked else None, scale, False), got
+            )
     finally:
         torch.set_num_threads(threads)
     for i in range(rows):
         if masked:
             one = kernel.row_exact_attention(query[:, :, i : i + 1], key, value, visible[i : i + 1], scale, False)
         else:
-            one = kernel.row_exact_attention(query[:, :, i : i + 1], key[:, :, : past + i + 1], value[:, :, : past + i + 1], None, scale, False)
+            one = kernel.row_exact_attention(
+                query[:, :, i : i + 1], key[:, :, : past + i + 1], value[:, :, : past + i + 1], None, scale, False
+            )
         assert torch.equal(one[0, 0], got[0, i])
 
 
@@ -141,7 +181,9 @@ def test_attention_kernel_refuses_shapes_that_do_not_fit(kernel) -> None:
 
 
 @settings(max_examples=40, deadline=None)
-@given(rows=st.integers(1, 16), dim=st.integers(1, 300), eps=st.sampled_from([1e-6, 1e-5, 0.1]), seed=st.integers(0, 2**16))
+@given(
+    rows=st.integers(1, 16), dim=st.integers(1, 300), eps=st.sampled_from([1e-6, 1e-5, 0.1]), seed=st.integers(0, 2**16)
+)
 def test_rms_norm_kernel_matches_float64_and_rows_are_independent(kernel, rows, dim, eps, seed) -> None:
     gen = torch.Generator().manual_seed(seed)
     x = torch.randn(1, rows, dim, generator=gen) * 5  # [1, rows, dim]
@@ -173,8 +215,15 @@ def test_rms_norms_are_swapped_by_behaviour_and_others_left_alone(kernel) -> Non
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2, max_position_embeddings=128)
+    config = LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+    )
     model = LlamaForCausalLM(config).eval()
     for module in model.modules():
         if "RMSNorm" in type(module).__name__:
@@ -209,7 +258,11 @@ def test_fallback_without_a_kernel_is_exact_too(monkeypatch) -> None:
         assert torch.equal(slow[0, i], exact(x[:, i : i + 1])[0, 0])
 
 
-@pytest.fixture(scope="module", params=[("float32", "none"), ("float32", "int4"), ("bfloat16", "none")], ids=["float32", "int4", "bfloat16"])
+@pytest.fixture(
+    scope="module",
+    params=[("float32", "none"), ("float32", "int4"), ("bfloat16", "none")],
+    ids=["float32", "int4", "bfloat16"],
+)
 def exact_lm(kernel, request):
     """The real model, row-exact: float32 weights, group-quantized int4 ones, and bfloat16 ones."""
     dtype, quantize = request.param
@@ -219,8 +272,12 @@ def exact_lm(kernel, request):
 def layer_outputs(model, run) -> list[torch.Tensor]:
     """Every decoder layer's output during `run()` ([rows, hidden] each), through forward hooks."""
     seen: list[torch.Tensor] = []
-    hooks = [layer.register_forward_hook(lambda _m, _i, out: seen.append((out[0] if isinstance(out, tuple) else out)[0].clone()))
-             for layer in model.model.layers]
+    hooks = [
+        layer.register_forward_hook(
+            lambda _m, _i, out: seen.append((out[0] if isinstance(out, tuple) else out)[0].clone())
+        )
+        for layer in model.model.layers
+    ]
     try:
         run()
     finally:
@@ -242,7 +299,9 @@ def test_every_row_of_every_layer_is_bitwise_a_one_token_pass(exact_lm, rows) ->
         backend.rollback(seq, context)
         singles, single_layers = [], []
         for t in tokens:
-            single_layers.append(layer_outputs(exact_lm.model, lambda t=t: singles.append(backend.forward(seq, [t]).logits[0])))
+            single_layers.append(
+                layer_outputs(exact_lm.model, lambda t=t: singles.append(backend.forward(seq, [t]).logits[0]))
+            )
     assert torch.equal(out["logits"], torch.stack(singles))
     for layer in range(num_layers):
         assert torch.equal(batched_layers[layer], torch.cat([single_layers[i][layer] for i in range(rows)])), layer
@@ -255,7 +314,9 @@ def test_a_tree_pass_scores_each_node_as_its_path_decoded_alone(exact_lm) -> Non
     tokens = [ids[60], ids[61] + 1, ids[61], ids[62], ids[5], ids[62]]
     with torch.inference_mode():
         seq, _ = backend.prefill(ids[:60])
-        tree_logits = backend.forward(seq, [ids[59] + 0, *tokens], tree=compile_tree(parents)).logits  # root = pending token
+        tree_logits = backend.forward(
+            seq, [ids[59] + 0, *tokens], tree=compile_tree(parents)
+        ).logits  # root = pending token
         for node in range(1, len(tokens) + 1):
             path, at = [], node
             while at:
@@ -270,7 +331,10 @@ def test_a_tree_pass_scores_each_node_as_its_path_decoded_alone(exact_lm) -> Non
 
 @pytest.mark.parametrize("method", ["anpd:cost_aware=false", "anpd-tree", "lookahead"])
 def test_greedy_drafting_on_the_row_exact_model_is_plain_decoding(exact_lm, method) -> None:
-    for prompt in ["def add(a, b):\n    return a + b\n\ndef sub(a, b):", "The capital of France is Paris. The capital of"]:
+    for prompt in [
+        "def add(a, b):\n    return a + b\n\ndef sub(a, b):",
+        "The capital of France is Paris. The capital of",
+    ]:
         plain = wrap(exact_lm, "ar").generate(prompt, max_new_tokens=32)
         fast = wrap(exact_lm, method).generate(prompt, max_new_tokens=32)
         assert fast.token_ids == plain.token_ids
@@ -317,7 +381,9 @@ def test_bf16_models_are_row_exact_by_default_where_the_cpu_has_avx512_bf16(kern
         for module in {id(m): m for m in layers}.values():  # the real shapes (the LM head is the embedding)
             x = torch.randn(16, module.in_features, generator=g).bfloat16()  # [rows, in]
             got = module(x)  # [rows, out]
-            assert torch.allclose(got.float(), torch.nn.functional.linear(x, module.weight, module.bias).float(), rtol=2e-2, atol=2e-2)
+            assert torch.allclose(
+                got.float(), torch.nn.functional.linear(x, module.weight, module.bias).float(), rtol=2e-2, atol=2e-2
+            )
             for rows in (1, 3, 8):
                 assert torch.equal(got[:rows], torch.cat([module(x[i : i + 1]) for i in range(rows)]))
     monkeypatch.setattr(row_exact, "bf16_linear_available", lambda: False)  # a CPU without AVX512-BF16
@@ -330,12 +396,18 @@ def test_the_real_model_packs_sequences_bitwise_in_float32_bfloat16_and_int4(exa
     backend = TorchBackend(exact_lm.model, exact_tokens=exact_lm.exact_tokens)
     assert backend.batchable is None
     ids = exact_lm.tokenizer("def fibonacci(n):\n    if n < 2:\n        return n\n" * 8)["input_ids"]
-    plans = [(ids[:40], ids[40:48], None), (ids[10:90], ids[90:96], compile_tree((-1, 0, 0, 1, -1))), (ids[5:20], ids[20:21], None)]
+    plans = [
+        (ids[:40], ids[40:48], None),
+        (ids[10:90], ids[90:96], compile_tree((-1, 0, 0, 1, -1))),
+        (ids[5:20], ids[20:21], None),
+    ]
     alone = [backend.prefill(context)[0] for context, _, _ in plans]
     packed = [backend.prefill(context)[0] for context, _, _ in plans]
     prompt = ids[30:130]
     fresh = backend.new_sequence()
-    items = [BatchItem(seq, tokens, tree) for seq, (_, tokens, tree) in zip(packed, plans)] + [BatchItem(fresh, prompt, last_only=True)]
+    items = [BatchItem(seq, tokens, tree) for seq, (_, tokens, tree) in zip(packed, plans)] + [
+        BatchItem(fresh, prompt, last_only=True)
+    ]
     scores = forward_batch(backend, items)
     for i, (seq, (_, tokens, tree)) in enumerate(zip(alone, plans)):
         assert torch.equal(scores[i].logits, backend.forward(seq, tokens, tree=tree).logits), i
@@ -343,7 +415,13 @@ def test_the_real_model_packs_sequences_bitwise_in_float32_bfloat16_and_int4(exa
     # the same prompt in chunks of 37 beside the others' next tokens (chunked prefill)
     chunked = backend.new_sequence()
     for start in range(0, len(prompt), 37):
-        items = [BatchItem(chunked, prompt[start : start + 37], last_only=True), *(BatchItem(seq, [ids[1]]) for seq in packed)]
+        items = [
+            BatchItem(chunked, prompt[start : start + 37], last_only=True),
+            *(BatchItem(seq, [ids[1]]) for seq in packed),
+        ]
         got = forward_batch(backend, items)[0]
     assert torch.equal(got.logits, scores[-1].logits)
-    assert all(torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values) for a, b in zip(chunked.cache.layers, fresh.cache.layers))
+    assert all(
+        torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
+        for a, b in zip(chunked.cache.layers, fresh.cache.layers)
+    )

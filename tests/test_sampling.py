@@ -19,19 +19,34 @@ from leapdecode.engine.reference import greedy_reference, sample_reference
 from leapdecode.errors import InputError
 from leapdecode.verifiers import SamplingParams, logits_to_probs, verify_speculative
 from tests.helpers import (
-    TINY_VOCAB, ScriptedDrafter, assert_follows_exact, assert_sampled_like_plain, exact_joint, prompts, sample_sequences, tv,
+    TINY_VOCAB,
+    ScriptedDrafter,
+    assert_follows_exact,
+    assert_sampled_like_plain,
+    exact_joint,
+    prompts,
+    sample_sequences,
+    tv,
     tv_bound,
 )
 
 PLAIN = SamplingParams(temperature=1.0)
-SETTINGS = [SamplingParams(1.0), SamplingParams(0.7, top_k=5), SamplingParams(1.3, top_p=0.9), SamplingParams(0.9, 8, 0.8)]
+SETTINGS = [
+    SamplingParams(1.0),
+    SamplingParams(0.7, top_k=5),
+    SamplingParams(1.3, top_p=0.9),
+    SamplingParams(0.9, 8, 0.8),
+]
 
 
 # --- per-position noise ---------------------------------------------------------------------
 
+
 def test_noise_depends_on_seed_position_and_stream_only() -> None:
     a, b = PositionNoise(11), PositionNoise(11)
-    assert [a.uniform(t) for t in range(50)] == [b.uniform(t) for t in reversed(range(50))][::-1]  # order of calls is irrelevant
+    assert [a.uniform(t) for t in range(50)] == [b.uniform(t) for t in reversed(range(50))][
+        ::-1
+    ]  # order of calls is irrelevant
     assert a.uniform(3) != PositionNoise(12).uniform(3)
     assert a.uniform(3) != a.uniform(3, Stream.ACCEPT) != a.uniform(3, Stream.RESIDUAL)
     assert a.derived(Stream.DRAFT).uniform(3) not in (a.uniform(3), a.uniform(3, Stream.DRAFT))
@@ -79,7 +94,10 @@ def test_choose_gives_each_token_its_probability() -> None:
 
 # --- the verifiers' rules on synthetic p and q ----------------------------------------------
 
-def first_token_distribution(p: torch.Tensor, q: torch.Tensor | None, draws: int, seed: int, *, coupled: bool = False, fixed: int = 0) -> torch.Tensor:
+
+def first_token_distribution(
+    p: torch.Tensor, q: torch.Tensor | None, draws: int, seed: int, *, coupled: bool = False, fixed: int = 0
+) -> torch.Tensor:
     """Draft x from q (the min(1, p/q) rule: the draft's own stream; coupled: the target's
     uniform), or the fixed token when q is None; verify; histogram the first emitted token."""
     logits = p.log().expand(2, -1)  # [2, vocab]: the drafted position and the bonus position
@@ -151,8 +169,16 @@ def test_logits_to_probs_matches_hugging_face_warpers() -> None:
         torch.testing.assert_close(got, expected)
 
 
-@pytest.mark.parametrize("kwargs", [dict(temperature=-1.0), dict(temperature=0.5, top_k=-2), dict(temperature=0.5, top_p=0.0),
-                                    dict(temperature=0.5, top_p=1.5), dict(temperature=0.5, seed="x")])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(temperature=-1.0),
+        dict(temperature=0.5, top_k=-2),
+        dict(temperature=0.5, top_p=0.0),
+        dict(temperature=0.5, top_p=1.5),
+        dict(temperature=0.5, seed="x"),
+    ],
+)
 def test_bad_sampling_parameters(kwargs) -> None:
     with pytest.raises(InputError):
         SamplingParams(**kwargs)
@@ -160,12 +186,15 @@ def test_bad_sampling_parameters(kwargs) -> None:
 
 # --- end to end on tiny models ---------------------------------------------------------------
 
+
 def _drafters(greedy: list[int]) -> dict[str, object]:
     """Every kind of draft: none, n-gram chains and trees, and scripted ones that are all right,
     all wrong and partly right (random lengths)."""
     counter = iter(range(10**6))
     return {
-        "none": NoDrafter, "anpd": lambda: AnpdDrafter(n=3, k=4), "pld": lambda: PromptLookupDrafter(k=5),
+        "none": NoDrafter,
+        "anpd": lambda: AnpdDrafter(n=3, k=4),
+        "pld": lambda: PromptLookupDrafter(k=5),
         "anpd-tree": lambda: AnpdTreeDrafter(n=3, nodes=8, depth=4, width=3),
         "right": lambda: ScriptedDrafter(greedy, k=5, vocab=TINY_VOCAB, seed=next(counter)),
         "wrong": lambda: ScriptedDrafter(greedy, k=5, vocab=TINY_VOCAB, wrong_every=1, seed=next(counter)),
@@ -179,7 +208,9 @@ def test_sampled_text_equals_plain_sampling_token_for_token(tiny_model, kind: st
     for i, prompt in enumerate(prompts(4, seed=21)):
         greedy = greedy_reference(tiny_model, prompt, 24)
         params = SETTINGS[i % len(SETTINGS)]
-        drafted += assert_sampled_like_plain(tiny_model, prompt, params, _drafters(greedy)[kind], seeds=range(i * 10, i * 10 + 3), length=24)
+        drafted += assert_sampled_like_plain(
+            tiny_model, prompt, params, _drafters(greedy)[kind], seeds=range(i * 10, i * 10 + 3), length=24
+        )
     if kind != "none":
         assert drafted > 0
 
@@ -202,7 +233,8 @@ def test_sampled_text_does_not_depend_on_how_drafts_are_cut(tiny_model) -> None:
     params = SamplingParams(0.8, top_p=0.95)
     drafted = set()
     for run in range(4):
-        def make() -> CostAwareDrafter:
+
+        def make(run: int = run) -> CostAwareDrafter:
             inner = ScriptedDrafter(greedy, k=8, vocab=TINY_VOCAB, wrong_every=4, seed=run)
             return CostAwareDrafter(inner, _JitteryCost(run), AcceptanceEstimate())
 
@@ -236,6 +268,7 @@ def test_sample_reference_has_the_same_distribution_as_the_engine(tiny_model) ->
 
 # --- the API and the real model --------------------------------------------------------------
 
+
 def test_seeded_sampling_is_reproducible_and_method_independent(real_lm) -> None:
     from leapdecode import wrap
 
@@ -250,7 +283,10 @@ def test_seeded_sampling_is_reproducible_and_method_independent(real_lm) -> None
     assert wrap(real_lm, "anpd").generate(prompt, seed=321, **kwargs).token_ids != plain.token_ids
     g1, g2 = torch.Generator().manual_seed(5), torch.Generator().manual_seed(5)
     decoder = wrap(real_lm, "anpd")
-    assert decoder.generate("Hi", generator=g1, **kwargs).token_ids == decoder.generate("Hi", generator=g2, **kwargs).token_ids
+    assert (
+        decoder.generate("Hi", generator=g1, **kwargs).token_ids
+        == decoder.generate("Hi", generator=g2, **kwargs).token_ids
+    )
 
 
 def test_greedy_requests_leave_the_global_generator_alone(tiny_model) -> None:
@@ -262,4 +298,3 @@ def test_greedy_requests_leave_the_global_generator_alone(tiny_model) -> None:
     before = torch.get_rng_state()
     decoder.generate([5, 6, 7, 5, 6], max_new_tokens=8)
     assert torch.equal(before, torch.get_rng_state())
-

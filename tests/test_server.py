@@ -7,11 +7,10 @@ import socket
 import subprocess
 import sys
 import threading
-from concurrent.futures import ThreadPoolExecutor
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
-import psutil
 import pytest
 from openai import OpenAI
 
@@ -30,8 +29,12 @@ def free_port() -> int:
 def start_server(*options: str):
     """`leapdecode serve` on a free loopback port with `options`, once /health answers: (url, process)."""
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "leapdecode", "serve", "--model", MODEL, "--port", str(port), *options],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "leapdecode", "serve", "--model", MODEL, "--port", str(port), *options],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     url = f"http://127.0.0.1:{port}"
     deadline = time.time() + 180
     while time.time() < deadline:
@@ -47,8 +50,20 @@ def start_server(*options: str):
 
 @pytest.fixture(scope="module")
 def server():
-    url, proc = start_server("--dtype", "float32", "--max-queue", "4", "--timeout", "60", "--max-batch", "4",
-                             "--body-timeout", "3", "--max-connections", "48")
+    url, proc = start_server(
+        "--dtype",
+        "float32",
+        "--max-queue",
+        "4",
+        "--timeout",
+        "60",
+        "--max-batch",
+        "4",
+        "--body-timeout",
+        "3",
+        "--max-connections",
+        "48",
+    )
     yield url, proc
     proc.terminate()
     proc.wait(timeout=30)
@@ -60,7 +75,9 @@ def client(server):
 
 
 def still_serving(url: str) -> None:
-    resp = httpx.post(url + "/v1/completions", json={"model": MODEL, "prompt": "Hi", "max_tokens": 2, "temperature": 0}, timeout=60)
+    resp = httpx.post(
+        url + "/v1/completions", json={"model": MODEL, "prompt": "Hi", "max_tokens": 2, "temperature": 0}, timeout=60
+    )
     assert resp.status_code == 200 and resp.json()["usage"]["completion_tokens"] >= 1
 
 
@@ -89,15 +106,21 @@ def test_logprobs_are_the_library_ones_in_both_apis_streamed_or_not(client, real
     assert got.token_logprobs == pytest.approx(want, abs=1e-4)
     assert "".join(got.tokens) == resp.choices[0].text == expected.text
     assert got.text_offset == [sum(len(t) for t in got.tokens[:i]) for i in range(len(got.tokens))]
-    assert all(len(top) <= 2 and max(top.values()) == pytest.approx(lp, abs=1e-4) for top, lp in zip(got.top_logprobs, want))
+    assert all(
+        len(top) <= 2 and max(top.values()) == pytest.approx(lp, abs=1e-4) for top, lp in zip(got.top_logprobs, want)
+    )
 
     messages = [{"role": "user", "content": "Name three colours."}]
     chat = wrap(real_lm, "anpd").generate(messages, max_new_tokens=12, logprobs=3)
-    whole = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=12, temperature=0, logprobs=True, top_logprobs=3)
+    whole = client.chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=12, temperature=0, logprobs=True, top_logprobs=3
+    )
     content = whole.choices[0].logprobs.content
     assert [c.logprob for c in content] == pytest.approx([r.logprob for r in chat.logprobs], abs=1e-4)
     assert all(len(c.top_logprobs) == 3 and c.bytes == list(c.token.encode()) for c in content)
-    streamed = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=12, temperature=0, logprobs=True, stream=True)
+    streamed = client.chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=12, temperature=0, logprobs=True, stream=True
+    )
     pieces = [c for chunk in streamed for choice in chunk.choices if choice.logprobs for c in choice.logprobs.content]
     assert [c.logprob for c in pieces] == pytest.approx([c.logprob for c in content], abs=1e-6)
     assert all(c.top_logprobs == [] for c in pieces)
@@ -111,8 +134,16 @@ def test_chat_streaming_and_not_agree_with_the_library(client, real_lm) -> None:
     resp = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=40, temperature=0)
     assert resp.choices[0].message.content == expected.text
     assert resp.choices[0].finish_reason == ("stop" if expected.finish_reason == "stop" else "length")
-    chunks = list(client.chat.completions.create(
-        model=MODEL, messages=messages, max_tokens=40, temperature=0, stream=True, stream_options={"include_usage": True}))
+    chunks = list(
+        client.chat.completions.create(
+            model=MODEL,
+            messages=messages,
+            max_tokens=40,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == expected.text
     assert chunks[0].choices[0].delta.role == "assistant"
@@ -124,15 +155,23 @@ def test_stop_strings_over_the_api(client, real_lm) -> None:
     expected = wrap(real_lm, "anpd").generate(prompt, max_new_tokens=40, stop=["return"])
     resp = client.completions.create(model=MODEL, prompt=prompt, max_tokens=40, temperature=0, stop=["return"])
     assert resp.choices[0].text == expected.text and resp.choices[0].finish_reason == "stop"
-    streamed = "".join(c.choices[0].text for c in client.completions.create(
-        model=MODEL, prompt=prompt, max_tokens=40, temperature=0, stop=["return"], stream=True))
+    streamed = "".join(
+        c.choices[0].text
+        for c in client.completions.create(
+            model=MODEL, prompt=prompt, max_tokens=40, temperature=0, stop=["return"], stream=True
+        )
+    )
     assert streamed == expected.text and "return" not in streamed
 
 
 def test_per_request_method_and_seeded_sampling(client) -> None:
     messages = [{"role": "user", "content": "Write a limerick about a cat."}]
-    a = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=16, temperature=0, extra_body={"leapdecode": {"method": "pld:k=4"}})
-    b = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=16, temperature=0, extra_body={"leapdecode": {"method": "ar"}})
+    a = client.chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=16, temperature=0, extra_body={"leapdecode": {"method": "pld:k=4"}}
+    )
+    b = client.chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=16, temperature=0, extra_body={"leapdecode": {"method": "ar"}}
+    )
     assert a.model_extra["leapdecode"]["method"] == "pld:k=4,max_ngram=3,min_ngram=1"
     assert b.model_extra["leapdecode"]["method"] == "ar"
     assert a.choices[0].message.content == b.choices[0].message.content
@@ -142,7 +181,12 @@ def test_per_request_method_and_seeded_sampling(client) -> None:
     # a seed gives the same text whatever the method drafted: plain sampling's
     for method in ("ar", "suffix", "anpd-tree"):
         s3 = client.chat.completions.create(
-            model=MODEL, messages=messages, max_tokens=16, temperature=0.9, seed=7, extra_body={"leapdecode": {"method": method}},
+            model=MODEL,
+            messages=messages,
+            max_tokens=16,
+            temperature=0.9,
+            seed=7,
+            extra_body={"leapdecode": {"method": method}},
         )
         assert s3.choices[0].message.content == s1.choices[0].message.content, method
 
@@ -165,31 +209,136 @@ def test_per_request_method_and_seeded_sampling(client) -> None:
         ("/v1/chat/completions", {"model": MODEL, "messages": []}, 400, "messages"),
         ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": ""}]}, 400, "empty"),
         ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "wizard", "content": "hi"}]}, 400, "role"),
-        ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "leapdecode": {"method": "warp"}}, 400, "unknown method"),
-        ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "leapdecode": {"method": "draft:model=/etc"}}, 400, "when the server starts"),
-        ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "leapdecode": {"method": "rest:datastore=/etc"}}, 400, "when the server starts"),
-        ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "stop": ["a", "b", "c", "d", "e"]}, 400, "stop"),
+        (
+            "/v1/chat/completions",
+            {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "leapdecode": {"method": "warp"}},
+            400,
+            "unknown method",
+        ),
+        (
+            "/v1/chat/completions",
+            {
+                "model": MODEL,
+                "messages": [{"role": "user", "content": "hi"}],
+                "leapdecode": {"method": "draft:model=/etc"},
+            },
+            400,
+            "when the server starts",
+        ),
+        (
+            "/v1/chat/completions",
+            {
+                "model": MODEL,
+                "messages": [{"role": "user", "content": "hi"}],
+                "leapdecode": {"method": "rest:datastore=/etc"},
+            },
+            400,
+            "when the server starts",
+        ),
+        (
+            "/v1/chat/completions",
+            {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "stop": ["a", "b", "c", "d", "e"]},
+            400,
+            "stop",
+        ),
         # the hardening issue's requests, exactly
         ("/v1/completions", {"model": MODEL, "prompt": "Hi \ud800 there", "max_tokens": 4}, 400, "invalid Unicode"),
         ("/v1/completions", {"model": "\ud800", "prompt": "hi", "max_tokens": 4}, 400, "invalid Unicode"),
-        ("/v1/completions", {"model": MODEL, "prompt": "hi", "max_tokens": 4, "seed": 18446744073709551616}, 400, "seed"),
-        ("/v1/completions", {"model": MODEL, "prompt": "hi", "max_tokens": 4, "stream": True, "seed": 18446744073709551616}, 400, "seed"),
-        ("/v1/completions", {"model": MODEL, "prompt": "Hi \ud800", "max_tokens": 4, "stream": True}, 400, "invalid Unicode"),
+        (
+            "/v1/completions",
+            {"model": MODEL, "prompt": "hi", "max_tokens": 4, "seed": 18446744073709551616},
+            400,
+            "seed",
+        ),
+        (
+            "/v1/completions",
+            {"model": MODEL, "prompt": "hi", "max_tokens": 4, "stream": True, "seed": 18446744073709551616},
+            400,
+            "seed",
+        ),
+        (
+            "/v1/completions",
+            {"model": MODEL, "prompt": "Hi \ud800", "max_tokens": 4, "stream": True},
+            400,
+            "invalid Unicode",
+        ),
         ("/v1/completions", {"model": MODEL, "prompt": "hi", "temperature": "0"}, 400, "temperature"),
         ("/v1/completions", {"model": MODEL, "prompt": "hi", "echo": True}, 400, "echo"),
         ("/v1/completions", {"model": MODEL, "prompt": "hi", "logprobs": 21}, 400, "logprobs"),
         ("/v1/completions", {"model": MODEL, "prompt": "hi", "logprobs": True}, 400, "logprobs"),
-        ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "top_logprobs": 3}, 400, "top_logprobs requires"),
-        ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "logprobs": True, "top_logprobs": -1}, 400, "top_logprobs"),
-        ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "logit_bias": {"5": 10}}, 400, "logit_bias"),
-        ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function"}]}, 400, "tools"),
-        ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "json_object"}}, 400, "response_format"),
-        ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "frequency_penalty": 0.5}, 400, "frequency_penalty"),
-        ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "leapdecode": {"method": "pld:k=1000000000"}}, 400, "k must be"),
-        ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "leapdecode": {"method": "calm"}}, 400, "not allowed"),
+        (
+            "/v1/chat/completions",
+            {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "top_logprobs": 3},
+            400,
+            "top_logprobs requires",
+        ),
+        (
+            "/v1/chat/completions",
+            {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "logprobs": True, "top_logprobs": -1},
+            400,
+            "top_logprobs",
+        ),
+        (
+            "/v1/chat/completions",
+            {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "logit_bias": {"5": 10}},
+            400,
+            "logit_bias",
+        ),
+        (
+            "/v1/chat/completions",
+            {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function"}]},
+            400,
+            "tools",
+        ),
+        (
+            "/v1/chat/completions",
+            {
+                "model": MODEL,
+                "messages": [{"role": "user", "content": "hi"}],
+                "response_format": {"type": "json_object"},
+            },
+            400,
+            "response_format",
+        ),
+        (
+            "/v1/chat/completions",
+            {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "frequency_penalty": 0.5},
+            400,
+            "frequency_penalty",
+        ),
+        (
+            "/v1/chat/completions",
+            {
+                "model": MODEL,
+                "messages": [{"role": "user", "content": "hi"}],
+                "leapdecode": {"method": "pld:k=1000000000"},
+            },
+            400,
+            "k must be",
+        ),
+        (
+            "/v1/chat/completions",
+            {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "leapdecode": {"method": "calm"}},
+            400,
+            "not allowed",
+        ),
         # parses, but building its decoder for this model fails: refused without holding a slot
-        ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "leapdecode": {"method": "layerskip:exit=99"}}, 400, "exit must be below"),
-        ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "word " * 9000}]}, 400, "too long"),
+        (
+            "/v1/chat/completions",
+            {
+                "model": MODEL,
+                "messages": [{"role": "user", "content": "hi"}],
+                "leapdecode": {"method": "layerskip:exit=99"},
+            },
+            400,
+            "exit must be below",
+        ),
+        (
+            "/v1/chat/completions",
+            {"model": MODEL, "messages": [{"role": "user", "content": "word " * 9000}]},
+            400,
+            "too long",
+        ),
     ],
 )
 def test_bad_input_gets_an_openai_style_4xx_and_the_server_keeps_serving(server, path, body, status, fragment) -> None:
@@ -209,9 +358,19 @@ def test_cost_aware_per_request_uses_the_curve_measured_at_start(server) -> None
     """`pld:k=48,cost_aware=true` once measured forward cost on the event loop, per raw string."""
     url = server[0]
     for method in ("pld:k=48,cost_aware=true", "PLD : k=48 , cost_aware=true "):
-        body = {"model": MODEL, "prompt": "def f(x):", "max_tokens": 24, "temperature": 0, "leapdecode": {"method": method}}
+        body = {
+            "model": MODEL,
+            "prompt": "def f(x):",
+            "max_tokens": 24,
+            "temperature": 0,
+            "leapdecode": {"method": method},
+        }
         answers: list[httpx.Response] = []
-        request = threading.Thread(target=lambda: answers.append(httpx.post(url + "/v1/completions", json=body, timeout=60)))
+        request = threading.Thread(
+            target=lambda answers=answers, body=body: answers.append(
+                httpx.post(url + "/v1/completions", json=body, timeout=60)
+            )
+        )
         request.start()
         assert httpx.get(url + "/health", timeout=2.0).status_code == 200  # while the request is handled
         request.join()
@@ -219,7 +378,9 @@ def test_cost_aware_per_request_uses_the_curve_measured_at_start(server) -> None
         assert answers[0].json()["leapdecode"]["method"] == "pld:k=48,max_ngram=3,min_ngram=1,cost_aware=True"
 
 
-@pytest.mark.parametrize("method, path, status", [("GET", "/nope", 404), ("GET", "/v1/completions", 405), ("GET", "/v1/models/gpt-9", 404)])
+@pytest.mark.parametrize(
+    "method, path, status", [("GET", "/nope", 404), ("GET", "/v1/completions", 405), ("GET", "/v1/models/gpt-9", 404)]
+)
 def test_unknown_routes_get_openai_error_bodies(server, method, path, status) -> None:
     resp = httpx.request(method, server[0] + path, timeout=10)
     assert resp.status_code == status and set(resp.json()["error"]) == {"message", "type", "param", "code"}
@@ -240,7 +401,13 @@ def test_an_abandoned_non_streaming_request_stops_decoding(server) -> None:
     """A client that gives up on a long non-streaming request frees its slot at once, not when
     its generation would have ended (minutes here)."""
     url = server[0]
-    body = {"model": MODEL, "prompt": "Count from one to one thousand:", "max_tokens": 3000, "temperature": 0, "leapdecode": {"method": "ar"}}
+    body = {
+        "model": MODEL,
+        "prompt": "Count from one to one thousand:",
+        "max_tokens": 3000,
+        "temperature": 0,
+        "leapdecode": {"method": "ar"},
+    }
     outcome: list[BaseException] = []
 
     def abandon() -> None:
@@ -302,15 +469,31 @@ def test_n_choices_each_equal_their_own_request_streamed_or_not(client, real_lm)
     expected = wrap(real_lm, "anpd").generate(prompt, max_new_tokens=16)
     resp = client.completions.create(model=MODEL, prompt=prompt, max_tokens=16, temperature=0, n=3)
     assert [c.index for c in resp.choices] == [0, 1, 2] and all(c.text == expected.text for c in resp.choices)
-    assert resp.usage.prompt_tokens == len(expected.prompt_ids) and resp.usage.completion_tokens == 3 * len(expected.token_ids)
+    assert resp.usage.prompt_tokens == len(expected.prompt_ids) and resp.usage.completion_tokens == 3 * len(
+        expected.token_ids
+    )
     # sampled: choice i is the n=1 request with seed + i
     messages = [{"role": "user", "content": "Write a limerick about a cat."}]
-    alone = [client.chat.completions.create(model=MODEL, messages=messages, max_tokens=16, temperature=0.9, seed=seed)
-             .choices[0].message.content for seed in (7, 8)]
+    alone = [
+        client.chat.completions.create(model=MODEL, messages=messages, max_tokens=16, temperature=0.9, seed=seed)
+        .choices[0]
+        .message.content
+        for seed in (7, 8)
+    ]
     both = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=16, temperature=0.9, seed=7, n=2)
     assert [c.message.content for c in both.choices] == alone and alone[0] != alone[1]
-    chunks = list(client.chat.completions.create(model=MODEL, messages=messages, max_tokens=16, temperature=0.9, seed=7, n=2,
-                                                 stream=True, stream_options={"include_usage": True}))
+    chunks = list(
+        client.chat.completions.create(
+            model=MODEL,
+            messages=messages,
+            max_tokens=16,
+            temperature=0.9,
+            seed=7,
+            n=2,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     texts, finished = ["", ""], [0, 0]
     for chunk in chunks:
         for choice in chunk.choices:
@@ -319,8 +502,14 @@ def test_n_choices_each_equal_their_own_request_streamed_or_not(client, real_lm)
     assert texts == alone and finished == [1, 1]
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == both.usage.completion_tokens
     # a method that cannot share passes runs its choices one after another
-    layerskip = client.completions.create(model=MODEL, prompt=prompt, max_tokens=12, temperature=0, n=2,
-                                          extra_body={"leapdecode": {"method": "layerskip:exit=12"}})
+    layerskip = client.completions.create(
+        model=MODEL,
+        prompt=prompt,
+        max_tokens=12,
+        temperature=0,
+        n=2,
+        extra_body={"leapdecode": {"method": "layerskip:exit=12"}},
+    )
     want = wrap(real_lm, "layerskip:exit=12").generate(prompt, max_new_tokens=12).text
     assert [c.text for c in layerskip.choices] == [want, want]
 
@@ -337,10 +526,18 @@ def metric_values(url: str, name: str) -> dict[str, float]:
 
 def test_metrics_are_prometheus_text(server) -> None:
     text = httpx.get(server[0] + "/metrics").text
-    for name in ("leapdecode_requests_total", "leapdecode_generated_tokens_total", "leapdecode_mean_accepted_tokens_per_pass",
-                 "leapdecode_draft_hit_ratio", "leapdecode_queue_depth", "leapdecode_request_latency_seconds_bucket",
-                 "leapdecode_batch_sequences_bucket", "leapdecode_pass_rows_bucket", "leapdecode_pass_seconds_bucket",
-                 "leapdecode_queue_time_seconds_bucket"):
+    for name in (
+        "leapdecode_requests_total",
+        "leapdecode_generated_tokens_total",
+        "leapdecode_mean_accepted_tokens_per_pass",
+        "leapdecode_draft_hit_ratio",
+        "leapdecode_queue_depth",
+        "leapdecode_request_latency_seconds_bucket",
+        "leapdecode_batch_sequences_bucket",
+        "leapdecode_pass_rows_bucket",
+        "leapdecode_pass_seconds_bucket",
+        "leapdecode_queue_time_seconds_bucket",
+    ):
         assert name in text
 
 
@@ -360,12 +557,16 @@ def test_bounded_load_with_disconnects(server) -> None:
     reports = []
     for _ in range(2):
         before = chat_counts(url)
-        report = run_load(url, MODEL, clients=8, requests=5, disconnect_every=3, max_tokens=8, pid=proc.pid, settle_s=15)
+        report = run_load(
+            url, MODEL, clients=8, requests=5, disconnect_every=3, max_tokens=8, pid=proc.pid, settle_s=15
+        )
         after = chat_counts(url)
         counted = {k: after.get(k, 0) - before.get(k, 0) for k in after}
         # /metrics counts each request once: every 429 the clients saw, and one 200 or 499 for each other request
         assert counted.get("429", 0) == report.rejected
-        assert counted.get("200", 0) + counted.get("499", 0) == report.completed + report.disconnected + report.abandoned, counted
+        assert (
+            counted.get("200", 0) + counted.get("499", 0) == report.completed + report.disconnected + report.abandoned
+        ), counted
         reports.append(report)
         memory.append(report.rss_after_mb * 2**20)
         assert report.unexpected == [], report.unexpected
@@ -376,7 +577,9 @@ def test_bounded_load_with_disconnects(server) -> None:
     print(json.dumps({"rounds": [r.summary() for r in reports]}, indent=2))
     # each kind of ending happened (over both rounds: a round whose few abandoning clients all met
     # a full queue, and got 429, abandons nothing; about one round in fifty does)
-    assert all(sum(getattr(r, kind) for r in reports) > 0 for kind in ("completed", "disconnected", "abandoned")), reports
+    assert all(sum(getattr(r, kind) for r in reports) > 0 for kind in ("completed", "disconnected", "abandoned")), (
+        reports
+    )
     assert memory[1] - memory[0] < 64 * 2**20  # no growth across rounds beyond noise
     still_serving(url)
 
@@ -387,8 +590,10 @@ def test_half_sent_bodies_time_out_and_open_connections_are_bounded(server) -> N
     closed; the server serves on."""
     url = server[0]
     port = int(url.rsplit(":", 1)[1])
-    head = (f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
-            "Content-Length: 100\r\n\r\n{\"model\"").encode()
+    head = (
+        f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
+        'Content-Length: 100\r\n\r\n{"model"'
+    ).encode()
     sockets = []
     for _ in range(60):
         s = socket.create_connection(("127.0.0.1", port), timeout=15)

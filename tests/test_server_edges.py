@@ -21,8 +21,14 @@ BODY = {"model": MODEL, "prompt": "hi", "max_tokens": 2, "temperature": 0}
 def app_client(real_lm):
     from leapdecode.server.app import ServerConfig, create_app
 
-    config = ServerConfig(model_name=MODEL, default_method="ar", max_queue=6, max_batch=2, max_body_bytes=4096,
-                          allowed_hosts=("127.0.0.1:8000", "localhost", "[::1]:8000"))
+    config = ServerConfig(
+        model_name=MODEL,
+        default_method="ar",
+        max_queue=6,
+        max_batch=2,
+        max_body_bytes=4096,
+        allowed_hosts=("127.0.0.1:8000", "localhost", "[::1]:8000"),
+    )
     with TestClient(create_app(real_lm, config), base_url="http://localhost") as client:
         yield client
 
@@ -33,7 +39,7 @@ def series(client: TestClient, name: str) -> dict[str, float]:
     for line in client.get("/metrics").text.splitlines():
         if line.startswith(name + "{") or line.startswith(name + " "):
             key, value = line.rsplit(" ", 1)
-            out[key[len(name):]] = float(value)
+            out[key[len(name) :]] = float(value)
     return out
 
 
@@ -50,13 +56,27 @@ def test_metrics_labels_are_route_templates_whatever_the_path(app_client) -> Non
     assert all("\\x00" not in key and "x" * 100 not in key for key in labels)
 
 
-@pytest.mark.parametrize("host, allowed", [
-    ("127.0.0.1:8000", True), ("127.0.0.1:8001", False), ("127.0.0.1", False),  # a configured port must match
-    ("localhost", True), ("LOCALHOST", True), ("localhost:1234", True),  # no configured port: any port; case-insensitive
-    ("[::1]:8000", True), ("[::1]:8001", False),
-    ("127.0.0.1:8000:9", False), ("[127.0.0.1:8000]", False), ("localhost:", False), ("localhost:99999", False),
-    ("evil.example", False), ("", False), ("local host", False), ("localhost:8000@evil", False),
-])
+@pytest.mark.parametrize(
+    "host, allowed",
+    [
+        ("127.0.0.1:8000", True),
+        ("127.0.0.1:8001", False),
+        ("127.0.0.1", False),  # a configured port must match
+        ("localhost", True),
+        ("LOCALHOST", True),
+        ("localhost:1234", True),  # no configured port: any port; case-insensitive
+        ("[::1]:8000", True),
+        ("[::1]:8001", False),
+        ("127.0.0.1:8000:9", False),
+        ("[127.0.0.1:8000]", False),
+        ("localhost:", False),
+        ("localhost:99999", False),
+        ("evil.example", False),
+        ("", False),
+        ("local host", False),
+        ("localhost:8000@evil", False),
+    ],
+)
 def test_host_checking_compares_host_and_port_as_configured(app_client, host, allowed) -> None:
     resp = app_client.get("/health", headers={"Host": host})
     assert (resp.status_code == 200) == allowed, (host, resp.text)
@@ -113,8 +133,10 @@ def test_queue_depth_counts_what_waits_for_the_batch_not_what_runs(app_client) -
     """Five long generations on a batch of two: two decode, three wait."""
     body = {"model": MODEL, "prompt": "Count from one to one thousand:", "max_tokens": 400, "temperature": 0}
     statuses: list[int] = []
-    threads = [threading.Thread(target=lambda: statuses.append(app_client.post("/v1/completions", json=body).status_code))
-               for _ in range(5)]
+    threads = [
+        threading.Thread(target=lambda: statuses.append(app_client.post("/v1/completions", json=body).status_code))
+        for _ in range(5)
+    ]
     for t in threads:
         t.start()
     seen = set()

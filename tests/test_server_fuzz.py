@@ -37,7 +37,9 @@ def reaching_decoding(body: Any) -> Any:
 def app(real_lm):
     from leapdecode.server.app import ServerConfig, create_app
 
-    return create_app(real_lm, ServerConfig(model_name=MODEL, default_method="anpd", max_queue=4, max_batch=2, timeout_s=60))
+    return create_app(
+        real_lm, ServerConfig(model_name=MODEL, default_method="anpd", max_queue=4, max_batch=2, timeout_s=60)
+    )
 
 
 @pytest.mark.parametrize("mode", list(EXAMPLES), ids=str)
@@ -48,9 +50,14 @@ def test_no_generated_request_gets_a_server_error(app, mode) -> None:
         operation = result.ok()
 
         @given(case=operation.as_strategy(generation_mode=mode))
-        @settings(max_examples=EXAMPLES[mode], deadline=None, derandomize=True, database=None,
-                  suppress_health_check=list(HealthCheck))
-        def call(case) -> None:
+        @settings(
+            max_examples=EXAMPLES[mode],
+            deadline=None,
+            derandomize=True,
+            database=None,
+            suppress_health_check=list(HealthCheck),
+        )
+        def call(case, operation=operation) -> None:
             if mode is GenerationMode.POSITIVE:
                 case.body = reaching_decoding(case.body)
             response = case.call()

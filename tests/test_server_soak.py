@@ -18,16 +18,27 @@ from leapdecode import wrap
 from tests.test_server import MODEL, start_server
 
 METHODS = ["ar", "anpd", "pld", "suffix", "recycle", "hybrid", "jacobi", "lookahead", "anpd-tree", "trie"]
-LONG = "Here is a long document about rivers. " + " ".join(f"River {i} flows into the sea past town {i}." for i in range(150))
-PROMPTS = ["Name three colours.", "Write a haiku about rain.", "What is 12 times 7?", "Say hello in French.",
-           "List two prime numbers.", "Describe a cat in one sentence.", LONG + " Which river is number 42?"]
+LONG = "Here is a long document about rivers. " + " ".join(
+    f"River {i} flows into the sea past town {i}." for i in range(150)
+)
+PROMPTS = [
+    "Name three colours.",
+    "Write a haiku about rain.",
+    "What is 12 times 7?",
+    "Say hello in French.",
+    "List two prime numbers.",
+    "Describe a cat in one sentence.",
+    LONG + " Which river is number 42?",
+]
 CLIENTS, WARM_UP, PER_CLIENT, MAX_TOKENS = 8, 5, 20, 12
 RSS_GROWTH_MB = 96  # over the soak's second half
 
 
 @pytest.fixture(scope="module")
 def soak_server():
-    url, proc = start_server("--dtype", "float32", "--max-queue", "16", "--max-batch", "4", "--timeout", "60", "--method", "anpd")
+    url, proc = start_server(
+        "--dtype", "float32", "--max-queue", "16", "--max-batch", "4", "--timeout", "60", "--method", "anpd"
+    )
     yield url, proc
     proc.terminate()
     proc.wait(timeout=30)
@@ -36,8 +47,14 @@ def soak_server():
 def one(client: httpx.Client, index: int, may_leave: bool = True) -> tuple[str, int, list[str]]:
     """Request `index` of the mix: (status, prompt index, the choices' texts when it completed)."""
     p = index % len(PROMPTS)
-    body = {"model": MODEL, "messages": [{"role": "user", "content": PROMPTS[p]}], "max_tokens": MAX_TOKENS,
-            "temperature": 0, "n": 2 if index % 5 == 0 else 1, "leapdecode": {"method": METHODS[index % len(METHODS)]}}
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": PROMPTS[p]}],
+        "max_tokens": MAX_TOKENS,
+        "temperature": 0,
+        "n": 2 if index % 5 == 0 else 1,
+        "leapdecode": {"method": METHODS[index % len(METHODS)]},
+    }
     leaves = may_leave and index % 9 == 0
     if index % 2 == 0:
         texts = [""] * body["n"]
@@ -72,7 +89,9 @@ def gauges(url: str) -> dict[str, float]:
 
 def test_a_soak_of_mixed_requests_ends_clean(soak_server, real_lm) -> None:
     url, proc = soak_server
-    expected = [wrap(real_lm, "ar").generate([{"role": "user", "content": p}], max_new_tokens=MAX_TOKENS).text for p in PROMPTS]
+    expected = [
+        wrap(real_lm, "ar").generate([{"role": "user", "content": p}], max_new_tokens=MAX_TOKENS).text for p in PROMPTS
+    ]
     results: list[tuple[str, int, list[str]]] = []
     rss: list[float] = []
     lock = threading.Lock()

@@ -4,7 +4,6 @@ sampling keeps the target distribution."""
 
 from __future__ import annotations
 
-
 import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
@@ -15,7 +14,15 @@ from leapdecode.drafters.suffix import SuffixAutomaton, SuffixDrafter, SuffixInd
 from leapdecode.engine import StopCriteria, TorchBackend, decode
 from leapdecode.methods import parse_method
 from leapdecode.verifiers import SamplingParams
-from tests.helpers import drafted_matching_plain, sample_sequences, GREEDY, assert_follows_exact, exact_joint, prompts, tiny_lm
+from tests.helpers import (
+    GREEDY,
+    assert_follows_exact,
+    drafted_matching_plain,
+    exact_joint,
+    prompts,
+    sample_sequences,
+    tiny_lm,
+)
 
 streams = st.lists(st.integers(0, 3), min_size=1, max_size=60)
 
@@ -65,7 +72,9 @@ def test_matching_another_stream_finds_its_longest_suffix_in_the_index(text: lis
 
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.integers(0, 3), min_size=2, max_size=60), st.booleans(), st.sampled_from([0.0, 0.05, 0.3]))
-def test_a_draft_ranks_what_followed_the_match_by_how_often_it_did(tokens: list[int], tree: bool, min_prob: float) -> None:
+def test_a_draft_ranks_what_followed_the_match_by_how_often_it_did(
+    tokens: list[int], tree: bool, min_prob: float
+) -> None:
     automaton = SuffixAutomaton()
     automaton.extend(tokens)
     state, length = automaton.repeat()
@@ -84,11 +93,17 @@ def test_a_draft_ranks_what_followed_the_match_by_how_often_it_did(tokens: list[
             assert abs(draft.ratios[i] - seen / total) < 1e-9
         else:  # past the stream's end: the open occurrence copies its own continuation
             # it reached the string that occurs only at the end after `period` tokens: the copy repeats
-            period = next(d for d in range(1, len(path)) if (match + path[:d]) == tokens[n - length - d :] and occurrences(tokens, match + path[:d]) == 1)
+            period = next(
+                d
+                for d in range(1, len(path))
+                if (match + path[:d]) == tokens[n - length - d :] and occurrences(tokens, match + path[:d]) == 1
+            )
             assert path[-1] == path[-1 - period] and draft.ratios[i] == 1.0
         assert abs(draft.probs[i] - before * draft.ratios[i]) < 1e-9 and draft.probs[i] >= min_prob
         assert i == 0 or draft.probs[i] <= draft.probs[i - 1] + 1e-12  # best first
-    assert len({(p, t) for p, t in zip(draft.parents, draft.tokens, strict=True)}) == len(draft.tokens)  # siblings differ
+    assert len({(p, t) for p, t in zip(draft.parents, draft.tokens, strict=True)}) == len(
+        draft.tokens
+    )  # siblings differ
     if len(draft.tokens) < 12 and tree:  # nothing above min_prob was left out
         for parent, path in [(-1, []), *enumerate(paths)]:
             total = occurrences(tokens, match + path) - (parent < 0)
@@ -167,7 +182,10 @@ def test_outputs_reach_later_requests_only_through_a_shared_index(tiny_model) ->
         second = decoder.generate(prompt, max_new_tokens=32)
         assert second.token_ids == first.token_ids
         if shared:  # the second request copies the first's output: nearly every pass accepts drafts
-            assert second.stats.forward_passes < first.stats.forward_passes and second.stats.accepted_tokens > first.stats.accepted_tokens
+            assert (
+                second.stats.forward_passes < first.stats.forward_passes
+                and second.stats.accepted_tokens > first.stats.accepted_tokens
+            )
         else:
             assert second.stats.forward_passes == first.stats.forward_passes
 
@@ -179,8 +197,10 @@ def test_greedy_suffix_drafting_on_tiny_models_is_plain_decoding(tiny_model, fac
     for prompt in prompts(12, seed=4):
         plain = run(tiny_model, prompt, NoDrafter(), 40)[0]
         for drafter in (
-            SuffixDrafter(16, factor, 0.0, min_match), SuffixDrafter(16, factor, 0.0, min_match, index),
-            SuffixDrafter(16, factor, 0.0, min_match, min_prob=0.0), SuffixDrafter(16, factor, 0.0, min_match, tree=False),
+            SuffixDrafter(16, factor, 0.0, min_match),
+            SuffixDrafter(16, factor, 0.0, min_match, index),
+            SuffixDrafter(16, factor, 0.0, min_match, min_prob=0.0),
+            SuffixDrafter(16, factor, 0.0, min_match, tree=False),
         ):
             got, n = run(tiny_model, prompt, drafter, 40)
             assert got == plain
@@ -199,18 +219,33 @@ def test_sampling_with_suffix_drafts_keeps_the_distribution(tiny_model) -> None:
     exact = exact_joint(tiny_model, prompt, params, 3)
     index = SuffixIndex()  # fed by the draws before
     draws = 600
-    counts = sample_sequences(tiny_model, prompt, params, lambda: SuffixDrafter(4, 2.0, 0.0, 1, index), draws=draws, seed=6)
+    counts = sample_sequences(
+        tiny_model, prompt, params, lambda: SuffixDrafter(4, 2.0, 0.0, 1, index), draws=draws, seed=6
+    )
     assert_follows_exact(counts, exact, draws)
 
 
 def test_suffix_method_on_the_real_model_is_plain_decoding(real_lm) -> None:
-    assert str(parse_method("suffix")) == "suffix:k=16,factor=1.0,offset=0.0,min_match=1,min_prob=0.1,tree=True,index_tokens=65536,cost_aware=True"
+    assert (
+        str(parse_method("suffix"))
+        == "suffix:k=16,factor=1.0,offset=0.0,min_match=1,min_prob=0.1,tree=True,index_tokens=65536,cost_aware=True"
+    )
     chain, tree = parse_method("suffix:tree=false,k=9"), parse_method("suffix:k=9")
     assert (chain.drafts, chain.pass_size, chain.draft_length) == ("chain", 10, 9)
     assert (tree.drafts, tree.pass_size, tree.draft_length) == ("tree", 10, 0)
-    for bad in ("suffix:k=0", "suffix:factor=0", "suffix:min_match=0", "suffix:index_tokens=10", "suffix:min_prob=2", "hybrid:min_prob=-1"):
+    for bad in (
+        "suffix:k=0",
+        "suffix:factor=0",
+        "suffix:min_match=0",
+        "suffix:index_tokens=10",
+        "suffix:min_prob=2",
+        "hybrid:min_prob=-1",
+    ):
         with pytest.raises(Exception, match="suffix|hybrid"):
             parse_method(bad)
     decoder = wrap(real_lm, "suffix:shared=true,cost_aware=false")
-    prompts = ["Repeat this sentence twice: the quick brown fox jumps over the lazy dog.", "Write a short poem about the sea."]
+    prompts = [
+        "Repeat this sentence twice: the quick brown fox jumps over the lazy dog.",
+        "Write a short poem about the sea.",
+    ]
     assert drafted_matching_plain(real_lm, decoder, prompts, 40) > 0

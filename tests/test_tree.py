@@ -11,8 +11,8 @@ import torch
 
 from leapdecode.drafters import Draft, Drafter
 from leapdecode.engine import StopCriteria, TorchBackend, chain_parents, compile_tree, decode, keep_cache_entries
-from leapdecode.engine.reference import greedy_reference
 from leapdecode.engine.noise import PositionNoise
+from leapdecode.engine.reference import greedy_reference
 from leapdecode.verifiers import SamplingParams, verify_speculative, verify_tree_greedy, verify_tree_speculative
 from tests.helpers import GREEDY, TINY_VOCAB
 from tests.test_sampling import assert_follows_exact, exact_joint, tv, tv_bound
@@ -32,15 +32,18 @@ def test_layout_of_a_hand_built_tree() -> None:
     assert tree.depth.tolist() == [0, 1, 1, 2, 2, 2, 3]
     assert tree.children == ((1, 2), (3, 4), (5,), (6,), (), (), ())
     assert tree.path_to(6) == [1, 3, 6] and tree.path_to(0) == []
-    expected = torch.tensor([
-        [1, 0, 0, 0, 0, 0, 0],
-        [1, 1, 0, 0, 0, 0, 0],
-        [1, 0, 1, 0, 0, 0, 0],
-        [1, 1, 0, 1, 0, 0, 0],
-        [1, 1, 0, 0, 1, 0, 0],
-        [1, 0, 1, 0, 0, 1, 0],
-        [1, 1, 0, 1, 0, 0, 1],
-    ], dtype=torch.bool)
+    expected = torch.tensor(
+        [
+            [1, 0, 0, 0, 0, 0, 0],
+            [1, 1, 0, 0, 0, 0, 0],
+            [1, 0, 1, 0, 0, 0, 0],
+            [1, 1, 0, 1, 0, 0, 0],
+            [1, 1, 0, 0, 1, 0, 0],
+            [1, 0, 1, 0, 0, 1, 0],
+            [1, 1, 0, 1, 0, 0, 1],
+        ],
+        dtype=torch.bool,
+    )
     assert torch.equal(tree.ancestors, expected)
     mask = tree.attention_mask(past=3, dtype=torch.float32, device=torch.device("cpu"))
     assert mask.shape == (1, 1, 7, 10)
@@ -151,7 +154,16 @@ def test_tree_sampling_end_to_end_keeps_the_sequence_distribution(tiny_model) ->
         noise = PositionNoise(3_000 + i)
         verifier = functools.partial(verify_speculative, params=params, noise=noise)
         tree_verifier = functools.partial(verify_tree_speculative, params=params, noise=noise)
-        steps = list(decode(TorchBackend(tiny_model), prompt, ModelTree(tiny_model), StopCriteria(frozenset(), 3), verifier, tree_verifier))
+        steps = list(
+            decode(
+                TorchBackend(tiny_model),
+                prompt,
+                ModelTree(tiny_model),
+                StopCriteria(frozenset(), 3),
+                verifier,
+                tree_verifier,
+            )
+        )
         key = tuple(t for s in steps for t in s.tokens)
         counts[key] = counts.get(key, 0) + 1
         accepted += sum(s.num_accepted for s in steps)
@@ -200,7 +212,9 @@ def test_a_backends_exact_pass_size_bounds_every_tree_by_its_nodes(tiny_model) -
         def propose(self, max_tokens):
             right = reference[self.done : self.done + 5]
             wrong = [(t + 1) % TINY_VOCAB for t in reference[self.done : self.done + 5]]
-            return Draft(right + wrong, parents=(*chain_parents(len(right)), *([-1] * len(wrong))), evidence=tuple(range(10)))
+            return Draft(
+                right + wrong, parents=(*chain_parents(len(right)), *([-1] * len(wrong))), evidence=tuple(range(10))
+            )
 
     class Counting(TorchBackend):
         def __init__(self, *args, **kwargs) -> None:

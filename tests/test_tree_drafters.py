@@ -128,7 +128,12 @@ def test_suffix_array_and_lookup_against_brute_force(tokens, pattern) -> None:
     assert keys == sorted(keys)
     store = Datastore(array, order, {"separator": 99, "tokens": len(tokens), "format": "x"})
     length, starts = store.lookup(pattern, max_suffix=len(pattern), min_suffix=1, matches=10_000)
-    occurs = lambda suffix: [i + len(suffix) for i in range(len(tokens) - len(suffix) + 1) if tokens[i : i + len(suffix)] == list(suffix)]
+
+    def occurs(suffix: list[int]) -> list[int]:
+        return [
+            i + len(suffix) for i in range(len(tokens) - len(suffix) + 1) if tokens[i : i + len(suffix)] == list(suffix)
+        ]
+
     longest = next((n for n in range(len(pattern), 0, -1) if occurs(pattern[-n:])), 0)
     assert length == longest
     if longest:
@@ -168,14 +173,20 @@ def test_datastore_build_command_and_rest_on_the_real_model(real_lm, tmp_path) -
     corpus = tmp_path / "corpus"
     corpus.mkdir()
     (corpus / "fib.py").write_text(
-        "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n    if n < 2:\n        return n\n"
-        "    return fibonacci(n - 1) + fibonacci(n - 2)\n", encoding="utf-8")
-    (corpus / "notes.md").write_text("The sky is blue because air scatters blue light more than red light.\n", encoding="utf-8")
+        'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n    if n < 2:\n        return n\n'
+        "    return fibonacci(n - 1) + fibonacci(n - 2)\n",
+        encoding="utf-8",
+    )
+    (corpus / "notes.md").write_text(
+        "The sky is blue because air scatters blue light more than red light.\n", encoding="utf-8"
+    )
     (corpus / "image.bin").write_bytes(bytes(range(256)))
-    result = CliRunner().invoke(app, ["datastore", "build", str(corpus), str(tmp_path / "ds"), "--model", "smollm2-135m"])
+    result = CliRunner().invoke(
+        app, ["datastore", "build", str(corpus), str(tmp_path / "ds"), "--model", "smollm2-135m"]
+    )
     assert result.exit_code == 0, result.output
     assert "2 documents" in " ".join(result.output.split())  # rich wraps long lines
-    prompt = "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n"
+    prompt = 'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n'
     plain = wrap(real_lm, "ar").generate(prompt, max_new_tokens=40)
     out = wrap(real_lm, f"rest:datastore={tmp_path / 'ds'}").generate(prompt, max_new_tokens=40)
     assert out.token_ids == plain.token_ids

@@ -36,7 +36,9 @@ def batch(rows: list[list[int]], emitted: list[int] | None = None) -> tuple[list
     token_ids = np.zeros((len(rows), MAX_LEN), dtype=np.int32)  # [slots, max_model_len]
     for i, row in enumerate(rows):
         token_ids[i, : len(row)] = row
-    sampled = [row[-(emitted[i] if emitted else 1):] if (emitted is None or emitted[i]) else [] for i, row in enumerate(rows)]
+    sampled = [
+        row[-(emitted[i] if emitted else 1) :] if (emitted is None or emitted[i]) else [] for i, row in enumerate(rows)
+    ]
     return sampled, np.array([len(r) for r in rows], dtype=np.int32), token_ids
 
 
@@ -162,8 +164,12 @@ def test_slots_fit_decode_steps_only_and_cut_drafts_that_do_not_pay() -> None:
     def run(per_token: float) -> tuple[StepCost, list[int]]:
         clock = FakeClock()
         cost = StepCost(clock=clock)
-        s = SlotDrafters(lambda: CostAwareDrafter(AnpdDrafter(n=3, k=6), cost, AcceptanceEstimate()),
-                         max_tokens=6, max_len=MAX_LEN, cost=cost)
+        s = SlotDrafters(
+            lambda: CostAwareDrafter(AnpdDrafter(n=3, k=6), cost, AcceptanceEstimate()),
+            max_tokens=6,
+            max_len=MAX_LEN,
+            cost=cost,
+        )
         rng = random.Random(0)
         row = [rng.randrange(50) for _ in range(40)]  # nothing repeats: every draft is wrong
         lengths = []
@@ -187,7 +193,10 @@ def test_setup_names_the_proposer_and_method() -> None:
     assert args["speculative_config"] == {"method": "custom_class", "model": PROPOSER, "num_speculative_tokens": 6}
     assert args["additional_config"] == {"leapdecode_method": "anpd:n=4,k=6,cost_aware=True"}  # cut by vLLM's step cost
     argv = serve_command("/models/m", "pld:k=5", ["--port", "9000"])
-    assert argv[1:5] == ["-m", "vllm.entrypoints.openai.api_server", "--model", "/models/m"] and argv[-2:] == ["--port", "9000"]
+    assert argv[1:5] == ["-m", "vllm.entrypoints.openai.api_server", "--model", "/models/m"] and argv[-2:] == [
+        "--port",
+        "9000",
+    ]
     assert json.loads(argv[argv.index("--speculative-config") + 1])["num_speculative_tokens"] == 5
     suffix = vllm_method("suffix:k=12")  # vLLM verifies chains: the suffix tree's most probable path
     assert suffix.drafts == "chain" and suffix.draft_length == 12
@@ -226,7 +235,9 @@ def test_vllm_serve_builds_the_server_command_or_names_the_extra(real_lm) -> Non
     runner = CliRunner()
     dry = runner.invoke(app, ["vllm-serve", "-m", "smollm2-135m", "--method", "pld:k=5", "--dry-run", "--port", "9001"])
     assert dry.exit_code == 0, dry.output
-    assert "vllm.entrypoints.openai.api_server" in dry.output and "--port 9001" in dry.output and "pld:k=5" in dry.output
+    assert (
+        "vllm.entrypoints.openai.api_server" in dry.output and "--port 9001" in dry.output and "pld:k=5" in dry.output
+    )
     refused = runner.invoke(app, ["vllm-serve", "--method", "anpd-tree", "--dry-run"])
     assert refused.exit_code == 2 and "cannot draft inside vLLM" in refused.output
     if importlib.util.find_spec("vllm") is None:
@@ -249,7 +260,9 @@ def test_dequantized_folders_store_a_tied_output_layer_once(real_lm) -> None:
 
 # --- through vLLM itself -------------------------------------------------------------------------
 
-VLLM_PYTHON = Path(os.environ.get("LEAPDECODE_VLLM_PYTHON", Path(__file__).resolve().parents[1] / ".venv-vllm" / "bin" / "python"))
+VLLM_PYTHON = Path(
+    os.environ.get("LEAPDECODE_VLLM_PYTHON", Path(__file__).resolve().parents[1] / ".venv-vllm" / "bin" / "python")
+)
 
 
 @pytest.fixture(scope="module")
@@ -264,8 +277,10 @@ def run_vllm(python: Path, model: str, prompts: list[list[int]], max_tokens: lis
     """One engine run in vLLM's environment, four requests at a time."""
     from leapdecode.integrations.vllm_run import VllmRun, run_in_subprocess
 
-    return run_in_subprocess(VllmRun(model=model, prompts=prompts, max_tokens=max_tokens, method=method, concurrency=4,
-                                     max_model_len=1024), python=str(python))
+    return run_in_subprocess(
+        VllmRun(model=model, prompts=prompts, max_tokens=max_tokens, method=method, concurrency=4, max_model_len=1024),
+        python=str(python),
+    )
 
 
 @pytest.fixture(scope="module")
@@ -275,8 +290,16 @@ def tiny_folder(tmp_path_factory: pytest.TempPathFactory, real_lm) -> str:
     from transformers import AutoModelForCausalLM, LlamaConfig
 
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=len(real_lm.tokenizer), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024, tie_word_embeddings=True)
+    config = LlamaConfig(
+        vocab_size=len(real_lm.tokenizer),
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        tie_word_embeddings=True,
+    )
     folder = tmp_path_factory.mktemp("tiny-vllm")
     AutoModelForCausalLM.from_config(config).save_pretrained(folder)
     real_lm.tokenizer.save_pretrained(folder)
@@ -294,7 +317,9 @@ def tiny_plain(tiny_folder: str, vllm_python: Path):
 
 
 @pytest.mark.parametrize("method", ["anpd:n=3,k=5", "suffix:k=6"])
-def test_vllm_greedy_with_our_proposer_equals_no_speculation_tiny(tiny_folder: str, tiny_plain, method: str, vllm_python: Path) -> None:
+def test_vllm_greedy_with_our_proposer_equals_no_speculation_tiny(
+    tiny_folder: str, tiny_plain, method: str, vllm_python: Path
+) -> None:
     prompts, max_tokens, plain = tiny_plain
     ours = run_vllm(vllm_python, tiny_folder, prompts, max_tokens, method)
     assert ours.outputs == plain.outputs
@@ -304,10 +329,17 @@ def test_vllm_greedy_with_our_proposer_equals_no_speculation_tiny(tiny_folder: s
 def test_vllm_greedy_with_anpd_equals_no_speculation_smollm2(real_lm, vllm_python: Path) -> None:
     from leapdecode.models.loading import huggingface_source
 
-    texts = ["def fibonacci(n):", "Summarise: the cat sat on the mat. The cat sat on the mat again.",
-             "List the planets of the solar system.", "class Stack:\n    def push(self, x):\n        self.items.append(x)\n",
-             "Q: What is 2+2?\nA:", "Translate to French: good morning", "import numpy as np\n\ndef mean(xs):",
-             "Write a haiku about the sea.", "def is_prime(n):\n    \"\"\"Return True if n is prime.\"\"\"\n"]
+    texts = [
+        "def fibonacci(n):",
+        "Summarise: the cat sat on the mat. The cat sat on the mat again.",
+        "List the planets of the solar system.",
+        "class Stack:\n    def push(self, x):\n        self.items.append(x)\n",
+        "Q: What is 2+2?\nA:",
+        "Translate to French: good morning",
+        "import numpy as np\n\ndef mean(xs):",
+        "Write a haiku about the sea.",
+        'def is_prime(n):\n    """Return True if n is prime."""\n',
+    ]
     prompts = [real_lm.tokenizer(t)["input_ids"] for t in texts]
     max_tokens = [24 + 4 * i for i in range(len(prompts))]
     source = huggingface_source("smollm2-135m")
@@ -337,11 +369,30 @@ def test_vllm_serve_answers_with_our_drafts(tmp_path: Path, real_lm, vllm_python
     folder = huggingface_source("smollm2-135m")  # the preset is resolved here: vLLM's venv need not install it
     # every draft goes to vLLM: the cost-aware cut follows vLLM's step time fitted as it runs, and
     # on a busy machine it may rightly keep no draft in 48 tokens (the cut has its own tests)
-    command = [str(vllm_python), "-m", "leapdecode", "vllm-serve", "-m", folder, "--method", "anpd:k=5,cost_aware=false",
-               "--port", str(port), "--max-model-len", "1024", "--enforce-eager", "--served-model-name", "smol"]
+    command = [
+        str(vllm_python),
+        "-m",
+        "leapdecode",
+        "vllm-serve",
+        "-m",
+        folder,
+        "--method",
+        "anpd:k=5,cost_aware=false",
+        "--port",
+        str(port),
+        "--max-model-len",
+        "1024",
+        "--enforce-eager",
+        "--served-model-name",
+        "smol",
+    ]
     log = tmp_path / "serve.log"  # a file, not a pipe: vLLM logs enough to fill a pipe and block
-    server = subprocess.Popen(command, env={**VLLM_CPU_ENV, **os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "1"},
-                              stdout=subprocess.DEVNULL, stderr=log.open("w"))
+    server = subprocess.Popen(
+        command,
+        env={**VLLM_CPU_ENV, **os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "1"},
+        stdout=subprocess.DEVNULL,
+        stderr=log.open("w"),
+    )
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 300
@@ -355,17 +406,29 @@ def test_vllm_serve_answers_with_our_drafts(tmp_path: Path, real_lm, vllm_python
             time.sleep(2)
         else:
             pytest.fail("vllm-serve did not become healthy in 300 s")
-        body = {"model": "smol", "prompt": "def fibonacci(n):\n    if n < 2:\n        return n\n", "max_tokens": 48, "temperature": 0}
+        body = {
+            "model": "smol",
+            "prompt": "def fibonacci(n):\n    if n < 2:\n        return n\n",
+            "max_tokens": 48,
+            "temperature": 0,
+        }
         reply = httpx.post(f"{base}/v1/completions", json=body, timeout=120)
         assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] == 48
-        for bad in ({"model": "smol", "prompt": "x", "max_tokens": -1}, {"model": "nope", "prompt": "x", "max_tokens": 4},
-                    {"model": "smol", "prompt": "hello " * 2000, "max_tokens": 4}):
+        for bad in (
+            {"model": "smol", "prompt": "x", "max_tokens": -1},
+            {"model": "nope", "prompt": "x", "max_tokens": 4},
+            {"model": "smol", "prompt": "hello " * 2000, "max_tokens": 4},
+        ):
             assert 400 <= httpx.post(f"{base}/v1/completions", json=bad, timeout=60).status_code < 500, bad
         assert httpx.get(f"{base}/health", timeout=5).status_code == 200  # bad requests leave it serving
         accepted: list[float] = []
         for _ in range(10):  # the engine's statistics may reach the front end's /metrics after its reply
             metrics = httpx.get(f"{base}/metrics", timeout=10).text
-            accepted = [float(line.split()[-1]) for line in metrics.splitlines() if line.startswith("vllm:spec_decode_num_accepted_tokens_total")]
+            accepted = [
+                float(line.split()[-1])
+                for line in metrics.splitlines()
+                if line.startswith("vllm:spec_decode_num_accepted_tokens_total")
+            ]
             if accepted and accepted[0] > 0:
                 break
             time.sleep(1)

@@ -63,6 +63,13 @@ def calibrate_layer_skip(
         trials.append({"skip": skip, "layers_skipped": count, "ms_per_token": ms, "tau": tau})
     best = min(trials, key=lambda t: float(t["ms_per_token"]))
     return LayerSkipCalibration(
-        model=lm.name, fingerprint=lm.fingerprint, num_layers=backend.runner.num_layers, skip=str(best["skip"]), k=k,
-        threshold=threshold, influence=[float(v) for v in influence], trials=trials, plain_ms_per_token=plain_ms,
+        model=lm.name,
+        fingerprint=lm.fingerprint,
+        num_layers=backend.runner.num_layers,
+        skip=str(best["skip"]),
+        k=k,
+        threshold=threshold,
+        influence=[float(v) for v in influence],
+        trials=trials,
+        plain_ms_per_token=plain_ms,
     )

@@ -55,13 +55,19 @@ class ConcurrentResult:
         data.pop("latencies_s")
         data.pop("first_token_s")
         data.pop("outputs")
-        data.update(tokens_per_s=self.tokens_per_s, latency_p50_s=self.percentile(self.latencies_s, 0.5),
-                    latency_p95_s=self.percentile(self.latencies_s, 0.95), first_token_p50_s=self.percentile(self.first_token_s, 0.5),
-                    rows_per_pass=self.rows / self.passes if self.passes else 0.0)
+        data.update(
+            tokens_per_s=self.tokens_per_s,
+            latency_p50_s=self.percentile(self.latencies_s, 0.5),
+            latency_p95_s=self.percentile(self.latencies_s, 0.95),
+            first_token_p50_s=self.percentile(self.first_token_s, 0.5),
+            rows_per_pass=self.rows / self.passes if self.passes else 0.0,
+        )
         return data
 
 
-def run_solo(decoder: Decoder, prompts: Sequence[list[int]], max_new_tokens: int, reference: Sequence[list[int]] | None) -> ConcurrentResult:
+def run_solo(
+    decoder: Decoder, prompts: Sequence[list[int]], max_new_tokens: int, reference: Sequence[list[int]] | None
+) -> ConcurrentResult:
     """One request after another through `Decoder.stream`: no scheduler, no shared passes
     (`reference` None: this run is the reference, plain decoding's own)."""
     result = ConcurrentResult(str(decoder.method), SOLO, len(prompts), 0, 0.0)
@@ -79,12 +85,21 @@ def run_solo(decoder: Decoder, prompts: Sequence[list[int]], max_new_tokens: int
         result.new_tokens += len(tokens)
         result.outputs.append(tokens)
     result.wall_s = time.perf_counter() - start
-    result.identical = sum(a == b for a, b in zip(result.outputs, reference if reference is not None else result.outputs))
+    result.identical = sum(
+        a == b for a, b in zip(result.outputs, reference if reference is not None else result.outputs)
+    )
     return result
 
 
-def run_concurrent(decoder: Decoder, cost: ForwardCost, prompts: Sequence[list[int]], max_new_tokens: int, concurrency: int,
-                   reference: Sequence[list[int]], max_rows: int) -> ConcurrentResult:
+def run_concurrent(
+    decoder: Decoder,
+    cost: ForwardCost,
+    prompts: Sequence[list[int]],
+    max_new_tokens: int,
+    concurrency: int,
+    reference: Sequence[list[int]],
+    max_rows: int,
+) -> ConcurrentResult:
     """`concurrency` closed-loop clients over `prompts` on one `BatchScheduler`."""
     scheduler = BatchScheduler(decoder.backend, cost, max_batch=concurrency, max_rows=max_rows)
     result = ConcurrentResult(str(decoder.method), str(concurrency), len(prompts), 0, 0.0)
@@ -127,8 +142,16 @@ def run_concurrent(decoder: Decoder, cost: ForwardCost, prompts: Sequence[list[i
     return result
 
 
-def run_concurrency_bench(lm: LoadedModel, methods: Sequence[str], prompts: Sequence[list[int]], max_new_tokens: int,
-                          concurrencies: Sequence[int], *, max_rows: int = 128, log: Callable[[str], None]) -> list[ConcurrentResult]:
+def run_concurrency_bench(
+    lm: LoadedModel,
+    methods: Sequence[str],
+    prompts: Sequence[list[int]],
+    max_new_tokens: int,
+    concurrencies: Sequence[int],
+    *,
+    max_rows: int = 128,
+    log: Callable[[str], None],
+) -> list[ConcurrentResult]:
     """Every method solo and at every concurrency; plain decoding alone (`ar` solo, first) gives
     the reference outputs."""
     plain = Decoder(lm, "ar")
@@ -148,7 +171,9 @@ def run_concurrency_bench(lm: LoadedModel, methods: Sequence[str], prompts: Sequ
             results.append(run_solo(decoder, prompts, max_new_tokens, reference.outputs))
         for concurrency in concurrencies:
             log(f"{method}: {concurrency} at once")
-            results.append(run_concurrent(decoder, cost, prompts, max_new_tokens, concurrency, reference.outputs, max_rows))
+            results.append(
+                run_concurrent(decoder, cost, prompts, max_new_tokens, concurrency, reference.outputs, max_rows)
+            )
     return results
 
 
@@ -156,12 +181,17 @@ def concurrency_table(results: Sequence[ConcurrentResult]) -> str:
     """A Markdown table: one row per method and concurrency, with the aggregate against the
     method's own one-at-a-time rate."""
     solo = {r.method: r.tokens_per_s for r in results if r.concurrency == SOLO}
-    lines = ["| method | clients | tok/s (all) | vs solo | p50 latency s | p95 latency s | first token p50 s | rows/pass | identical |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| method | clients | tok/s (all) | vs solo | p50 latency s | p95 latency s | first token p50 s | rows/pass | "
+        "identical |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for r in results:
         s = r.summary()
         ratio = r.tokens_per_s / solo[r.method] if solo.get(r.method) else 0.0
-        lines.append(f"| {r.method} | {r.concurrency} | {r.tokens_per_s:.1f} | {ratio:.2f}x | {s['latency_p50_s']:.2f} | "
-                     f"{s['latency_p95_s']:.2f} | {s['first_token_p50_s']:.3f} | {s['rows_per_pass']:.1f} | {r.identical}/{r.requests} |")
+        lines.append(
+            f"| {r.method} | {r.concurrency} | {r.tokens_per_s:.1f} | {ratio:.2f}x | {s['latency_p50_s']:.2f} | "
+            f"{s['latency_p95_s']:.2f} | {s['first_token_p50_s']:.3f} | {s['rows_per_pass']:.1f} | "
+            f"{r.identical}/{r.requests} |"
+        )
     return "\n".join(lines) + "\n"
-

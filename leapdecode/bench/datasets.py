@@ -29,7 +29,9 @@ HUMANEVAL_TEMPLATE = (
     "Complete the following Python function. Reply with the whole function in one Python code block.\n\n"
     "```python\n{prompt}```"
 )
-MT_BENCH_CATEGORIES = frozenset({"writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities"})
+MT_BENCH_CATEGORIES = frozenset(
+    {"writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities"}
+)
 SPEC_BENCH_CATEGORIES = ("multi-turn", "translation", "summarization", "qa", "math_reasoning", "rag")
 
 
@@ -116,12 +118,16 @@ def load_dataset(spec: str, limit: str | int | None = None) -> list[BenchPrompt]
             chosen = spec_bench()
             if category:
                 if category not in SPEC_BENCH_CATEGORIES:
-                    raise InputError(f"unknown Spec-Bench category {category!r}; known: {', '.join(SPEC_BENCH_CATEGORIES)}")
+                    raise InputError(
+                        f"unknown Spec-Bench category {category!r}; known: {', '.join(SPEC_BENCH_CATEGORIES)}"
+                    )
                 chosen = [p for p in chosen if p.category == category]
         elif Path(part).is_file():
             chosen = _from_jsonl(Path(part).read_text(encoding="utf-8").splitlines(), part)
         else:
-            raise InputError(f"unknown dataset {part!r}: use humaneval, spec-bench, spec-bench:CATEGORY or a JSONL file")
+            raise InputError(
+                f"unknown dataset {part!r}: use humaneval, spec-bench, spec-bench:CATEGORY or a JSONL file"
+            )
         prompts.extend(chosen)
     if not prompts:
         raise InputError("no dataset given")

@@ -43,7 +43,11 @@ def _plain_copy(model: torch.nn.Module) -> torch.nn.Module:
 
 
 def measure(
-    model: torch.nn.Module | Backend, sizes: Sequence[int], context: int = 300, repeats: int = 5, vocab: int = 1000,
+    model: torch.nn.Module | Backend,
+    sizes: Sequence[int],
+    context: int = 300,
+    repeats: int = 5,
+    vocab: int = 1000,
     tree: bool = False,
 ) -> list[ForwardCost]:
     """Pass costs of `model` (a torch module, run by `TorchBackend`, or any backend)."""
@@ -67,7 +71,9 @@ def measure(
     return out
 
 
-def compare(lm: LoadedModel, sizes: Sequence[int], context: int = 300, repeats: int = 5) -> dict[str, list[ForwardCost]]:
+def compare(
+    lm: LoadedModel, sizes: Sequence[int], context: int = 300, repeats: int = 5
+) -> dict[str, list[ForwardCost]]:
     """Chain costs with the small-batch linear layers (as loaded) and with plain `nn.Linear`, and
     tree costs (tree attention mask) with the model as loaded. On llama.cpp: its chain and tree
     costs as the engine pays them (drafts scored in the chunks that stay exact)."""
@@ -87,8 +93,15 @@ def compare(lm: LoadedModel, sizes: Sequence[int], context: int = 300, repeats: 
             f"chain, {loaded}": measure(lm.model, sizes, context, repeats, vocab),
             f"tree, {loaded}": measure(lm.model, sizes, context, repeats, vocab, tree=True),
         }
-    loaded = ("row-exact" if lm.row_exact else f"{lm.dtype} row-exact linear" if RowExactLinear in kinds
-              else "small-batch linear" if SmallBatchLinear in kinds else f"{lm.dtype} as loaded")
+    loaded = (
+        "row-exact"
+        if lm.row_exact
+        else f"{lm.dtype} row-exact linear"
+        if RowExactLinear in kinds
+        else "small-batch linear"
+        if SmallBatchLinear in kinds
+        else f"{lm.dtype} as loaded"
+    )
     return {
         f"chain, {loaded}": measure(lm.model, sizes, context, repeats, vocab),
         "chain, nn.Linear": measure(_plain_copy(lm.model), sizes, context, repeats, vocab),
@@ -99,9 +112,16 @@ def compare(lm: LoadedModel, sizes: Sequence[int], context: int = 300, repeats: 
 def markdown(results: dict[str, list[ForwardCost]], title: str) -> str:
     labels = list(results)
     sizes = [c.tokens for c in results[labels[0]]]
-    lines = [title, "", "| tokens scored | " + " | ".join(f"{label} (ms, × one token)" for label in labels) + " |",
-             "|---:|" + "---:|" * len(labels)]
+    lines = [
+        title,
+        "",
+        "| tokens scored | " + " | ".join(f"{label} (ms, × one token)" for label in labels) + " |",
+        "|---:|" + "---:|" * len(labels),
+    ]
     for i, n in enumerate(sizes):
-        cells = [f"{results[label][i].ms:.0f} ({results[label][i].relative:.2f}x)" if i < len(results[label]) else "–" for label in labels]
+        cells = [
+            f"{results[label][i].ms:.0f} ({results[label][i].relative:.2f}x)" if i < len(results[label]) else "–"
+            for label in labels
+        ]
         lines.append(f"| {n} | " + " | ".join(cells) + " |")
     return "\n".join(lines)

@@ -9,7 +9,7 @@ import re
 import subprocess
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import torch
@@ -47,41 +47,73 @@ def use_threads(threads: int) -> int:
 
 
 def run_with_progress(
-    console: Console, lm: LoadedModel, methods: Sequence[Method | Entry], prompts: Sequence[BenchPrompt], max_new_tokens: int,
-    load_variant: Callable[[Variant], LoadedModel] | None = None, repeats: int = 1, sampling: SamplingParams = SamplingParams(),
+    console: Console,
+    lm: LoadedModel,
+    methods: Sequence[Method | Entry],
+    prompts: Sequence[BenchPrompt],
+    max_new_tokens: int,
+    load_variant: Callable[[Variant], LoadedModel] | None = None,
+    repeats: int = 1,
+    sampling: SamplingParams = SamplingParams(),
 ) -> list[Sample]:
     """`run_benchmark` with a live progress bar and running speed-ups."""
     times: dict[str, float] = defaultdict(float)
     total = len(prompts) * (1 + sum(1 for m in methods if (m.label if isinstance(m, Entry) else str(m)) != BASELINE))
     with Progress(
-        TextColumn("[bold]bench"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-        TextColumn("{task.fields[live]}"), console=console,
+        TextColumn("[bold]bench"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("{task.fields[live]}"),
+        console=console,
     ) as progress:
         task = progress.add_task("bench", total=total, live="warming up")
 
         def on_sample(sample: Sample) -> None:
             times[sample.method] += sample.wall_time_s
             plain = times[BASELINE]
-            live = "  ".join(f"{short_label(m, lm.backend)} {plain / t:.2f}x" for m, t in times.items() if m != BASELINE and t > 0)
+            live = "  ".join(
+                f"{short_label(m, lm.backend)} {plain / t:.2f}x" for m, t in times.items() if m != BASELINE and t > 0
+            )
             progress.update(task, advance=1, live=live or "plain decoding")
 
         return run_benchmark(
-            lm, methods, prompts, max_new_tokens, on_sample=on_sample, log=console.log, load_variant=load_variant,
-            repeats=repeats, sampling=sampling,
+            lm,
+            methods,
+            prompts,
+            max_new_tokens,
+            on_sample=on_sample,
+            log=console.log,
+            load_variant=load_variant,
+            repeats=repeats,
+            sampling=sampling,
         )
 
 
 def run_meta(
-    model: str, dataset: str, limit: str, max_new_tokens: int, threads: int, n_prompts: int, weights: str = "",
+    model: str,
+    dataset: str,
+    limit: str,
+    max_new_tokens: int,
+    threads: int,
+    n_prompts: int,
+    weights: str = "",
 ) -> dict[str, object]:
     """The run's description for the report; `weights` says what the model computes in
     (`torch bfloat16`, `llama.cpp gguf`), the same for every method and peer on that backend.
     `date`, `commit` and `version` say which code made the numbers, so that a table can be
     traced back to it."""
     return {
-        "model": model, "weights": weights, "dataset": dataset, "limit": limit, "max_new_tokens": max_new_tokens, "threads": threads,
-        "prompts": n_prompts, "machine": machine_description(threads),
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "commit": source_commit(),
+        "model": model,
+        "weights": weights,
+        "dataset": dataset,
+        "limit": limit,
+        "max_new_tokens": max_new_tokens,
+        "threads": threads,
+        "prompts": n_prompts,
+        "machine": machine_description(threads),
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "commit": source_commit(),
         "version": leapdecode.__version__,
     }
 
@@ -93,7 +125,9 @@ def source_commit() -> str | None:
 
     def git(*args: str) -> str | None:
         try:
-            done = subprocess.run(["git", "-C", str(package), *args], capture_output=True, text=True, timeout=10, check=False)
+            done = subprocess.run(
+                ["git", "-C", str(package), *args], capture_output=True, text=True, timeout=10, check=False
+            )
         except (OSError, subprocess.SubprocessError):
             return None
         return done.stdout.strip() if done.returncode == 0 else None

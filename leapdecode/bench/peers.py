@@ -14,7 +14,14 @@ from leapdecode.bench.memory import parameter_mb, weights_mb
 from leapdecode.bench.timing import RunOutput, synchronize
 from leapdecode.engine import GenerationStats, SamplingParams, StopCriteria
 from leapdecode.errors import MethodError
-from leapdecode.methods import HfAssisted, HfGenerate, HfPromptLookup, LlamaCppPromptLookup, Method, check_same_vocabulary
+from leapdecode.methods import (
+    HfAssisted,
+    HfGenerate,
+    HfPromptLookup,
+    LlamaCppPromptLookup,
+    Method,
+    check_same_vocabulary,
+)
 from leapdecode.models import LoadedModel
 
 
@@ -26,7 +33,11 @@ class HfRunner:
     """
 
     def __init__(
-        self, lm: LoadedModel, method: Method, assistant: LoadedModel | None = None, label: str = "",
+        self,
+        lm: LoadedModel,
+        method: Method,
+        assistant: LoadedModel | None = None,
+        label: str = "",
         sampling: SamplingParams = SamplingParams(),
     ) -> None:
         self.method = method
@@ -34,7 +45,9 @@ class HfRunner:
         self.label = label or str(method)
         self.sampling = sampling
         if lm.backend != "torch":
-            raise MethodError(f"{method.name} runs Hugging Face generate: give it the torch backend ({method.name}@torch)")
+            raise MethodError(
+                f"{method.name} runs Hugging Face generate: give it the torch backend ({method.name}@torch)"
+            )
         self.kwargs: dict[str, Any] = {}
         self.weights_mb = parameter_mb(lm.model)
         if isinstance(method, HfPromptLookup):
@@ -65,8 +78,13 @@ class HfRunner:
             start = time.perf_counter()
             with torch.inference_mode():
                 out = model.generate(
-                    ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, **decoding,
-                    eos_token_id=sorted(self.lm.eos_token_ids), pad_token_id=_pad_id(self.lm), **self.kwargs,
+                    ids,
+                    attention_mask=torch.ones_like(ids),
+                    max_new_tokens=max_new_tokens,
+                    **decoding,
+                    eos_token_id=sorted(self.lm.eos_token_ids),
+                    pad_token_id=_pad_id(self.lm),
+                    **self.kwargs,
                 )
             synchronize(model.device)
             elapsed = time.perf_counter() - start
@@ -77,8 +95,12 @@ class HfRunner:
         keep, _ = StopCriteria(self.lm.eos_token_ids, max_new_tokens).cut([], tokens)
         tokens = tokens[:keep]
         stats = GenerationStats(
-            new_tokens=len(tokens), forward_passes=calls[0], drafted_tokens=0, accepted_tokens=0,
-            wall_time_s=elapsed, accepted_lengths=(),
+            new_tokens=len(tokens),
+            forward_passes=calls[0],
+            drafted_tokens=0,
+            accepted_tokens=0,
+            wall_time_s=elapsed,
+            accepted_lengths=(),
         )
         return RunOutput(tokens, stats)
 
@@ -88,7 +110,9 @@ class LlamaCppPeerRunner:
     with `llama-cpp-pld`, its prompt-lookup speculative decoding (`LlamaPromptLookupDecoding`).
     Forward passes are counted by a subclass that counts `eval` calls."""
 
-    def __init__(self, lm: LoadedModel, method: Method, label: str = "", sampling: SamplingParams = SamplingParams()) -> None:
+    def __init__(
+        self, lm: LoadedModel, method: Method, label: str = "", sampling: SamplingParams = SamplingParams()
+    ) -> None:
         if lm.backend != "llama.cpp":
             raise MethodError(f"{method.name} is llama-cpp-python itself: run the bench with --backend llama.cpp")
         from llama_cpp import Llama
@@ -112,8 +136,14 @@ class LlamaCppPeerRunner:
         # With a draft model, Llama keeps logits for every position but sizes that buffer from
         # logits_all: say it, or it overflows past n_batch tokens (llama-cpp-python 0.3.36).
         self.llm = CountingLlama(
-            model_path=str(model.path), n_ctx=model.n_ctx, n_batch=model.n_batch, n_threads=model.n_threads,
-            n_threads_batch=model.n_threads, draft_model=draft, logits_all=draft is not None, verbose=False,
+            model_path=str(model.path),
+            n_ctx=model.n_ctx,
+            n_batch=model.n_batch,
+            n_threads=model.n_threads,
+            n_threads_batch=model.n_threads,
+            draft_model=draft,
+            logits_all=draft is not None,
+            verbose=False,
         )
         self.weights_mb = weights_mb(lm)
 
@@ -136,8 +166,12 @@ class LlamaCppPeerRunner:
                 break
         elapsed = time.perf_counter() - start
         stats = GenerationStats(
-            new_tokens=len(tokens), forward_passes=llm.evals, drafted_tokens=0, accepted_tokens=0,
-            wall_time_s=elapsed, accepted_lengths=(),
+            new_tokens=len(tokens),
+            forward_passes=llm.evals,
+            drafted_tokens=0,
+            accepted_tokens=0,
+            wall_time_s=elapsed,
+            accepted_lengths=(),
         )
         return RunOutput(tokens, stats)
 

@@ -43,7 +43,9 @@ def speedup_by_category(samples: Sequence[Sample], path: Path, title: str) -> Pa
 
 def accepted_length_histogram(samples: Sequence[Sample], path: Path, title: str) -> Path:
     """Tokens emitted per target forward pass (accepted drafts + bonus), per drafting method."""
-    methods = [m for m in methods_in(samples) if any(s.accepted_lengths and s.drafted_tokens for s in samples if s.method == m)]
+    methods = [
+        m for m in methods_in(samples) if any(s.accepted_lengths and s.drafted_tokens for s in samples if s.method == m)
+    ]
     fig, ax = plt.subplots(figsize=(7.5, 4.2))
     counts = {m: Counter(n for s in samples if s.method == m for n in s.accepted_lengths) for m in methods}
     longest = max([1] + [max(c) for c in counts.values() if c])
@@ -65,7 +67,13 @@ def accepted_length_histogram(samples: Sequence[Sample], path: Path, title: str)
     return path
 
 
-def sweep_plots(grid: dict[tuple[int, int], float], path_heatmap: Path, path_lines: Path, title: str, labels: tuple[str, str] = ("N", "K")) -> tuple[Path, Path]:
+def sweep_plots(
+    grid: dict[tuple[int, int], float],
+    path_heatmap: Path,
+    path_lines: Path,
+    title: str,
+    labels: tuple[str, str] = ("N", "K"),
+) -> tuple[Path, Path]:
     """Speed-up over a 2-D parameter grid: a heatmap, and one line per first parameter."""
     rows = sorted({a for a, _ in grid})
     cols = sorted({b for _, b in grid})
@@ -75,7 +83,15 @@ def sweep_plots(grid: dict[tuple[int, int], float], path_heatmap: Path, path_lin
     for i in range(len(rows)):
         for j in range(len(cols)):
             if not np.isnan(values[i, j]):
-                ax.text(j, i, f"{values[i, j]:.2f}", ha="center", va="center", fontsize=7, color="white" if values[i, j] < np.nanmean(values) else "black")
+                ax.text(
+                    j,
+                    i,
+                    f"{values[i, j]:.2f}",
+                    ha="center",
+                    va="center",
+                    fontsize=7,
+                    color="white" if values[i, j] < np.nanmean(values) else "black",
+                )
     ax.set_xticks(range(len(cols)), [str(c) for c in cols])
     ax.set_yticks(range(len(rows)), [str(r) for r in rows])
     ax.set_xlabel(labels[1])
@@ -115,4 +131,3 @@ def forward_cost_plot(results: dict[str, list], path: Path, title: str) -> Path:
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
-

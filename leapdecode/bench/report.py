@@ -19,8 +19,13 @@ from leapdecode.bench.runner import BASELINE, Sample
 from leapdecode.engine import GenerationStats
 
 CATEGORY_TITLES = {
-    "multi-turn": "MT-Bench", "translation": "Translation", "summarization": "Summarization", "qa": "QA",
-    "math_reasoning": "Math", "rag": "RAG", "humaneval": "HumanEval",
+    "multi-turn": "MT-Bench",
+    "translation": "Translation",
+    "summarization": "Summarization",
+    "qa": "QA",
+    "math_reasoning": "Math",
+    "rag": "RAG",
+    "humaneval": "HumanEval",
 }
 
 
@@ -74,7 +79,10 @@ def aggregate(samples: Sequence[Sample]) -> dict[tuple[str, str], Aggregate]:
                 accepted_lengths=(),
             )
             out[(method, category)] = Aggregate(
-                method=method, category=category, prompts=len(group), stats=pooled,
+                method=method,
+                category=category,
+                prompts=len(group),
+                stats=pooled,
                 plain_wall_time_s=sum(plain_time[(s.prompt_id, s.category)] for s in group),
                 mismatches=sum(1 for s in group if s.equal_to_plain is False),
                 peak_memory_mb=max(s.peak_memory_mb for s in group),
@@ -84,7 +92,9 @@ def aggregate(samples: Sequence[Sample]) -> dict[tuple[str, str], Aggregate]:
     return out
 
 
-def _speedup_range(group: Sequence[Sample], plain_runs: dict[tuple[str, str], list[float]]) -> tuple[float, float] | None:
+def _speedup_range(
+    group: Sequence[Sample], plain_runs: dict[tuple[str, str], list[float]]
+) -> tuple[float, float] | None:
     """Speed-up of each repeat (its runs summed over the group), lowest and highest; None for one repeat."""
     repeats = min((len(s.wall_time_runs) for s in group), default=0)
     if repeats < 2 or any(len(plain_runs.get((s.prompt_id, s.category), [])) < repeats for s in group):
@@ -122,12 +132,25 @@ def peer_differences(samples: Sequence[Sample]) -> list[Sample]:
     return [s for s in samples if s.equal_to_plain is False and is_peer(s.method)]
 
 
-def markdown_table(samples: Sequence[Sample], draft_lengths: dict[str, int] | None = None, backend: str = "torch") -> str:
+def markdown_table(
+    samples: Sequence[Sample], draft_lengths: dict[str, int] | None = None, backend: str = "torch"
+) -> str:
     """Spec-Bench's layout: one column per category (speed-up and tau), then overall figures;
     methods by `short_label` on a run whose own model runs on `backend`."""
     aggs = aggregate(samples)
     cats = categories_in(samples)
-    head = ["Method", *(CATEGORY_TITLES.get(c, c) for c in cats), "Overall speed-up", "τ", "α", "α·K+1", "tok/s", "peak MB", "identical", "agreement"]
+    head = [
+        "Method",
+        *(CATEGORY_TITLES.get(c, c) for c in cats),
+        "Overall speed-up",
+        "τ",
+        "α",
+        "α·K+1",
+        "tok/s",
+        "peak MB",
+        "identical",
+        "agreement",
+    ]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join([":---"] + ["---:"] * (len(head) - 1)) + "|"]
     for method in methods_in(samples):
         row = [f"`{short_label(method, backend)}`"]
@@ -142,7 +165,16 @@ def markdown_table(samples: Sequence[Sample], draft_lengths: dict[str, int] | No
         memory = f"{o.peak_memory_mb:,.0f}" if o.peak_memory_mb else "–"
         agreed = f"{o.agreement:.3f}" if o.agreement is not None else "–"
         spread = f" ({o.speedup_range[0]:.2f}–{o.speedup_range[1]:.2f})" if o.speedup_range else ""
-        row += [f"**{o.speedup:.2f}x**{spread}", f"{o.stats.tau:.2f}", alpha, bound, f"{o.stats.tokens_per_s:.1f}", memory, same, agreed]
+        row += [
+            f"**{o.speedup:.2f}x**{spread}",
+            f"{o.stats.tau:.2f}",
+            alpha,
+            bound,
+            f"{o.stats.tokens_per_s:.1f}",
+            memory,
+            same,
+            agreed,
+        ]
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
 
@@ -169,8 +201,13 @@ def on_variant(samples: Sequence[Sample], variant: str) -> list[Sample]:
     `anpd@bfloat16` against `ar@bfloat16`, where the main table has it against the run's `ar`."""
     suffix = f"@{variant}"
     return [
-        dataclasses.replace(s, method=s.method.removesuffix(suffix), equal_to_plain=None if s.method == BASELINE + suffix else s.equal_to_plain)
-        for s in samples if s.method.endswith(suffix)
+        dataclasses.replace(
+            s,
+            method=s.method.removesuffix(suffix),
+            equal_to_plain=None if s.method == BASELINE + suffix else s.equal_to_plain,
+        )
+        for s in samples
+        if s.method.endswith(suffix)
     ]
 
 
@@ -182,31 +219,46 @@ def mismatch_report(samples: Sequence[Sample], backend: str = "torch") -> str:
     ours = [s for s in checked if s.lossless and not is_peer(s.method)]
     bad = lossless_failures(checked)
     if bad:
-        lines = [f"**Lossless check FAILED: {len(bad)} of {len(ours)} samples differ from plain decoding.**", "", *_difference_rows(bad, backend)]
+        lines = [
+            f"**Lossless check FAILED: {len(bad)} of {len(ours)} samples differ from plain decoding.**",
+            "",
+            *_difference_rows(bad, backend),
+        ]
     else:
         lines = [f"Lossless check: all {len(ours)} samples equal plain decoding token for token."]
     peers = [s for s in checked if is_peer(s.method)]
     differ = peer_differences(checked)
     if differ:
         lines += [
-            "", f"Peers that differ from plain decoding: {len(differ)} of {len(peers)} samples. A peer computes the model "
-            "with its own library's kernels, so a near tie may go the other way: the peer's difference, not a lossless failure.",
-            "", *_difference_rows(differ, backend),
+            "",
+            f"Peers that differ from plain decoding: {len(differ)} of {len(peers)} samples. A peer computes the model "
+            "with its own library's kernels, so a near tie may go the other way: the peer's difference, not a lossless "
+            "failure.",
+            "",
+            *_difference_rows(differ, backend),
         ]
     elif peers:
         lines += ["", f"Peers: all {len(peers)} samples equal plain decoding."]
     lossy = [s for s in checked if not s.lossless and not is_peer(s.method)]
     if lossy:
-        lines += ["", f"Lossy methods: {sum(s.equal_to_plain is False for s in lossy)} of {len(lossy)} samples differ from plain decoding (by design; see agreement)."]
+        lines += [
+            "",
+            f"Lossy methods: {sum(s.equal_to_plain is False for s in lossy)} of {len(lossy)} samples differ from plain "
+            f"decoding (by design; see agreement).",
+        ]
     return "\n".join(lines)
 
 
 def _difference_rows(samples: Sequence[Sample], backend: str) -> list[str]:
     rows = ["| method | prompt | category | first differing position |", "|---|---|---|---:|"]
-    return rows + [f"| `{short_label(s.method, backend)}` | {s.prompt_id} | {s.category} | {s.first_difference} |" for s in samples]
+    return rows + [
+        f"| `{short_label(s.method, backend)}` | {s.prompt_id} | {s.category} | {s.first_difference} |" for s in samples
+    ]
 
 
-def write_outputs(out_dir: Path, samples: Sequence[Sample], meta: dict[str, object], draft_lengths: dict[str, int]) -> dict[str, Path]:
+def write_outputs(
+    out_dir: Path, samples: Sequence[Sample], meta: dict[str, object], draft_lengths: dict[str, int]
+) -> dict[str, Path]:
     """samples.jsonl, summary.json and results.md in `out_dir`; methods by their full strings in
     the data (`method`), by `short_label` in the table and in summary.json's `label`."""
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -240,7 +292,8 @@ def provenance(meta: dict[str, object]) -> str:
     """When and from what a run came (`Run 2025-01-02T03:04:05+00:00, leapdecode 0.1.0, commit
     abc1234.`), from the fields its meta has: a run recorded before they were kept says nothing."""
     parts = [
-        f"{prefix}{meta[key]}" for key, prefix in (("date", "run "), ("version", "leapdecode "), ("commit", "commit "))
+        f"{prefix}{meta[key]}"
+        for key, prefix in (("date", "run "), ("version", "leapdecode "), ("commit", "commit "))
         if meta.get(key)
     ]
     if not parts:
@@ -256,7 +309,8 @@ def results_header(meta: dict[str, object], samples: Sequence[Sample]) -> str:
     labels = {short_label(m, backend) for m in methods_in(samples)}
     weights = f" ({meta['weights']})" if meta.get("weights") else ""
     text = (
-        f"Model `{meta.get('model')}`{weights}, {meta.get('max_new_tokens')} new tokens, {meta.get('decoding', 'greedy')}, batch 1, "
+        f"Model `{meta.get('model')}`{weights}, {meta.get('max_new_tokens')} new tokens, "
+        f"{meta.get('decoding', 'greedy')}, batch 1, "
         f"{meta.get('threads')} threads, {meta.get('prompts')} prompts ({meta.get('dataset')}, "
         f"limit {meta.get('limit')} per category); machine: {meta.get('machine')}. {provenance(meta)}\n"
         f"Speed-up = total time of plain decoding (`{baseline}`) / total time of the method, same prompts, same run. "
@@ -281,10 +335,19 @@ def results_header(meta: dict[str, object], samples: Sequence[Sample]) -> str:
 def _summary_rows(samples: Sequence[Sample], backend: str = "torch") -> list[dict[str, object]]:
     return [
         {
-            "method": a.method, "label": short_label(a.method, backend), "category": a.category, "prompts": a.prompts,
-            "speedup": a.speedup, "tau": a.stats.tau, "alpha": a.stats.alpha, "tokens_per_s": a.stats.tokens_per_s,
-            "new_tokens": a.stats.new_tokens, "wall_time_s": a.stats.wall_time_s, "mismatches": a.mismatches,
-            "peak_memory_mb": a.peak_memory_mb, "agreement": a.agreement,
+            "method": a.method,
+            "label": short_label(a.method, backend),
+            "category": a.category,
+            "prompts": a.prompts,
+            "speedup": a.speedup,
+            "tau": a.stats.tau,
+            "alpha": a.stats.alpha,
+            "tokens_per_s": a.stats.tokens_per_s,
+            "new_tokens": a.stats.new_tokens,
+            "wall_time_s": a.stats.wall_time_s,
+            "mismatches": a.mismatches,
+            "peak_memory_mb": a.peak_memory_mb,
+            "agreement": a.agreement,
         }
         for a in aggregate(samples).values()
     ]
@@ -305,7 +368,13 @@ def readme_table(samples: Sequence[Sample], meta: dict[str, object]) -> str:
     for method in methods_in(samples):
         o = aggs[(method, "overall")]
         cells = [f"{aggs[(method, c)].speedup:.2f}x" if (method, c) in aggs else "–" for c in cats]
-        row = [f"`{short_label(method, backend)}`", *cells, f"**{o.speedup:.2f}x**", f"{o.stats.tau:.2f}", f"{o.stats.tokens_per_s:.1f}"]
+        row = [
+            f"`{short_label(method, backend)}`",
+            *cells,
+            f"**{o.speedup:.2f}x**",
+            f"{o.stats.tau:.2f}",
+            f"{o.stats.tokens_per_s:.1f}",
+        ]
         lines.append("| " + " | ".join(row) + " |")
     checked = sum(1 for s in samples if s.equal_to_plain is not None and s.lossless and not is_peer(s.method))
     bad = len(lossless_failures(samples))
@@ -314,7 +383,11 @@ def readme_table(samples: Sequence[Sample], meta: dict[str, object]) -> str:
         f"\n\n`{meta.get('model')}`, {meta.get('prompts')} prompts ({meta.get('dataset')}, limit {meta.get('limit')}), "
         f"{meta.get('max_new_tokens')} new tokens, greedy, one run on {meta.get('machine')}. Speed-up against this "
         f"project's plain decoding (`{short_label(BASELINE, backend)}`) in the same run; lossless check: "
-        + (f"all {checked} samples identical to plain decoding." if not bad else f"**{bad} of {checked} samples differ**.")
+        + (
+            f"all {checked} samples identical to plain decoding."
+            if not bad
+            else f"**{bad} of {checked} samples differ**."
+        )
         + (f" Peers differ from plain decoding on {peers} samples (their own libraries' arithmetic)." if peers else "")
     )
     return "\n".join(lines) + note

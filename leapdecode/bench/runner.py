@@ -76,7 +76,11 @@ class EngineRunner:
     """A method of this project, through the shared decode loop."""
 
     def __init__(
-        self, lm: LoadedModel, method: Method, draft_model: LoadedModel | None = None, label: str = "",
+        self,
+        lm: LoadedModel,
+        method: Method,
+        draft_model: LoadedModel | None = None,
+        label: str = "",
         sampling: SamplingParams = SamplingParams(),
     ) -> None:
         self.method = method
@@ -103,15 +107,22 @@ class EngineRunner:
         synchronize(self.lm.device)
         start = time.perf_counter()
         result = decoder.generate(
-            prompt_ids, max_new_tokens=max_new_tokens, temperature=sampling.temperature, top_k=sampling.top_k,
-            top_p=sampling.top_p, seed=None if sampling.greedy else (seed or 0),
+            prompt_ids,
+            max_new_tokens=max_new_tokens,
+            temperature=sampling.temperature,
+            top_k=sampling.top_k,
+            top_p=sampling.top_p,
+            seed=None if sampling.greedy else (seed or 0),
         )
         synchronize(self.lm.device)
         return RunOutput(result.token_ids, dataclasses.replace(result.stats, wall_time_s=time.perf_counter() - start))
 
 
 def make_runner(
-    lm: LoadedModel, entry: Entry, load_draft: Callable[[str, LoadedModel], LoadedModel], sampling: SamplingParams = SamplingParams(),
+    lm: LoadedModel,
+    entry: Entry,
+    load_draft: Callable[[str, LoadedModel], LoadedModel],
+    sampling: SamplingParams = SamplingParams(),
 ) -> Runner:
     method = entry.method
     if isinstance(method, (LlamaCppPlain, LlamaCppPromptLookup)):
@@ -187,7 +198,9 @@ def run_benchmark(
         """One copy of each draft model per target dtype and quantization, loaded as the target is."""
         key = (name, str(target.model.dtype), target.quantize)
         if key not in drafts:
-            drafts[key] = load_model(name, device=target.device, dtype=target.model.dtype, quantize=target.quantize, log=log)
+            drafts[key] = load_model(
+                name, device=target.device, dtype=target.model.dtype, quantize=target.quantize, log=log
+            )
         return drafts[key]
 
     def with_model(entry: Entry) -> tuple[Entry, LoadedModel]:
@@ -245,14 +258,26 @@ def run_benchmark(
             s = out.stats
             wall = statistics.median(times[label])
             sample = Sample(
-                method=label, prompt_id=prompt.id, category=prompt.category, prompt_tokens=len(prompt_ids),
-                new_tokens=s.new_tokens, wall_time_s=wall, forward_passes=s.forward_passes,
-                drafted_tokens=s.drafted_tokens, accepted_tokens=s.accepted_tokens,
-                accepted_lengths=list(s.accepted_lengths), tau=s.tau, alpha=s.alpha,
+                method=label,
+                prompt_id=prompt.id,
+                category=prompt.category,
+                prompt_tokens=len(prompt_ids),
+                new_tokens=s.new_tokens,
+                wall_time_s=wall,
+                forward_passes=s.forward_passes,
+                drafted_tokens=s.drafted_tokens,
+                accepted_tokens=s.accepted_tokens,
+                accepted_lengths=list(s.accepted_lengths),
+                tau=s.tau,
+                alpha=s.alpha,
                 tokens_per_s=s.new_tokens / wall if wall > 0 else 0.0,
-                lossless=runner.method.lossless, equal_to_plain=None if reference is None else diff is None,
-                first_difference=diff, token_ids=out.token_ids,
-                peak_memory_mb=memory_mb[label], agreement=agreed, wall_time_runs=times[label],
+                lossless=runner.method.lossless,
+                equal_to_plain=None if reference is None else diff is None,
+                first_difference=diff,
+                token_ids=out.token_ids,
+                peak_memory_mb=memory_mb[label],
+                agreement=agreed,
+                wall_time_runs=times[label],
             )
             samples.append(sample)
             on_sample(sample)

@@ -34,13 +34,15 @@ def trace_steps(result: GenerationResult, tokenizer: Any) -> list[TraceStep]:
         n = min(step.num_accepted, len(emitted))
         on_path = set(step.path)
         rejected = [t for j, t in enumerate(step.drafted) if j not in on_path]
-        steps.append(TraceStep(
-            index=i,
-            accepted=tuple(emitted[:n]),
-            bonus=emitted[n] if len(emitted) > n else None,
-            rejected=tuple(token_texts(tokenizer, rejected)),
-            branches=tree_branches(step, tokenizer),
-        ))
+        steps.append(
+            TraceStep(
+                index=i,
+                accepted=tuple(emitted[:n]),
+                bonus=emitted[n] if len(emitted) > n else None,
+                rejected=tuple(token_texts(tokenizer, rejected)),
+                branches=tree_branches(step, tokenizer),
+            )
+        )
     return steps
 
 
@@ -102,7 +104,9 @@ def _rejected_cell(step: TraceStep) -> str:
     lines = []
     for kept, text in step.branches:
         mark = "✓" if kept else "✗"
-        lines.append(f'<span class="{"acc" if kept else "rej"}">{mark} {html.escape(text.replace(chr(10), "↵"))}</span>')
+        lines.append(
+            f'<span class="{"acc" if kept else "rej"}">{mark} {html.escape(text.replace(chr(10), "↵"))}</span>'
+        )
     return "<br>".join(lines)
 
 
@@ -132,12 +136,15 @@ def render_html(result: GenerationResult, steps: Sequence[TraceStep], model: str
 <h1>Decoding trace: <code>{esc(result.method)}</code> on <code>{esc(model)}</code></h1>
 <p class="meta">{st.new_tokens} new tokens in {st.forward_passes} target forward passes
 (τ = {st.tau:.2f} tokens per pass), draft hit ratio α = {st.alpha:.2f}
-({st.accepted_tokens}/{st.drafted_tokens}), {st.tokens_per_s:.1f} tokens/s, finish reason: {esc(result.finish_reason)}.</p>
-<p class="legend"><span class="acc">accepted draft token</span><span class="bonus">bonus token (the target's own)</span><span class="rej">rejected draft</span>
+({st.accepted_tokens}/{st.drafted_tokens}), {st.tokens_per_s:.1f} tokens/s,
+finish reason: {esc(result.finish_reason)}.</p>
+<p class="legend"><span class="acc">accepted draft token</span><span class="bonus">bonus token (the target's own)</span>
+<span class="rej">rejected draft</span>
 each underline = one forward pass of the target model</p>
 <details><summary>Prompt</summary><pre>{esc(prompt)}</pre></details>
 <div class="text">{"".join(body)}</div>
-<table><tr><th>step</th><th>drafted</th><th>accepted</th><th>accepted tokens</th><th>bonus</th><th>rejected (trees: every branch, ✓ where the accepted path runs)</th></tr>
+<table><tr><th>step</th><th>drafted</th><th>accepted</th><th>accepted tokens</th><th>bonus</th>
+<th>rejected (trees: every branch, ✓ where the accepted path runs)</th></tr>
 {rows}
 </table>
 </body></html>

@@ -82,8 +82,16 @@ class VllmRow:
 
 
 def run_vllm_bench(
-    source: str, entries: Sequence[VllmEntry], prompts: Sequence[list[int]], max_new_tokens: int,
-    concurrencies: Sequence[int], *, python: str, dtype: str, threads: int, max_model_len: int,
+    source: str,
+    entries: Sequence[VllmEntry],
+    prompts: Sequence[list[int]],
+    max_new_tokens: int,
+    concurrencies: Sequence[int],
+    *,
+    python: str,
+    dtype: str,
+    threads: int,
+    max_model_len: int,
     log: Callable[[str], None],
 ) -> list[VllmRow]:
     rows: list[VllmRow] = []
@@ -91,9 +99,18 @@ def run_vllm_bench(
         plain: VllmResult | None = None
         for entry in entries:
             log(f"vLLM: {entry.label}, concurrency {concurrency}, {len(prompts)} prompts")
-            run = VllmRun(model=source, prompts=list(prompts), max_tokens=[max_new_tokens] * len(prompts), method=entry.method,
-                          speculative_config=entry.speculative_config, concurrency=concurrency,
-                          one_at_a_time=concurrency == 1, dtype=dtype, max_model_len=max_model_len, threads=threads)
+            run = VllmRun(
+                model=source,
+                prompts=list(prompts),
+                max_tokens=[max_new_tokens] * len(prompts),
+                method=entry.method,
+                speculative_config=entry.speculative_config,
+                concurrency=concurrency,
+                one_at_a_time=concurrency == 1,
+                dtype=dtype,
+                max_model_len=max_model_len,
+                threads=threads,
+            )
             result = run_in_subprocess(run, python=python)
             plain = plain or result
             identical = sum(a == b for a, b in zip(result.outputs, plain.outputs, strict=True))
@@ -105,22 +122,34 @@ def vllm_table(rows: Sequence[VllmRow], categories: Sequence[str]) -> str:
     """Markdown: per concurrency and proposer, output tok/s, × no speculation, vLLM's mean
     acceptance length, latency p50, identical outputs; then per category (concurrency 1: each
     request's own time) the speed-up over no speculation."""
-    lines = ["| concurrency | proposer | output tok/s | × none | mean acceptance length | latency p50 (s) | identical to none |",
-             "|---:|---|---:|---:|---:|---:|---|"]
+    lines = [
+        "| concurrency | proposer | output tok/s | × none | mean acceptance length | latency p50 (s) | identical to "
+        "none |",
+        "|---:|---|---:|---:|---:|---:|---|",
+    ]
     base = {r.concurrency: r.result.tokens_per_second for r in rows if r.label == PLAIN}
     for r in rows:
         res = r.result
         ratio = res.tokens_per_second / base[r.concurrency] if base.get(r.concurrency) else 0.0
-        lines.append(f"| {r.concurrency} | `{short_label(r.label)}` | {res.tokens_per_second:.1f} | {ratio:.2f}x | "
-                     f"{res.mean_acceptance_length:.2f} | {res.latency_p50:.2f} | {r.identical}/{len(res.outputs)} |")
+        lines.append(
+            f"| {r.concurrency} | `{short_label(r.label)}` | {res.tokens_per_second:.1f} | {ratio:.2f}x | "
+            f"{res.mean_acceptance_length:.2f} | {res.latency_p50:.2f} | {r.identical}/{len(res.outputs)} |"
+        )
     singles = [r for r in rows if r.concurrency == 1 and len(r.result.latencies) == len(categories)]
     if singles:
         names = sorted(set(categories), key=list(categories).index)
-        lines += ["", "Concurrency 1, speed-up over no speculation by category (tokens / summed request time):", "",
-                  "| proposer | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names)]
+        lines += [
+            "",
+            "Concurrency 1, speed-up over no speculation by category (tokens / summed request time):",
+            "",
+            "| proposer | " + " | ".join(names) + " |",
+            "|---|" + "---:|" * len(names),
+        ]
         rates = {r.label: _category_rates(r.result, categories) for r in singles}
         for r in singles:
-            cells = [f"{rates[r.label][c] / rates[PLAIN][c]:.2f}x" if rates.get(PLAIN, {}).get(c) else "–" for c in names]
+            cells = [
+                f"{rates[r.label][c] / rates[PLAIN][c]:.2f}x" if rates.get(PLAIN, {}).get(c) else "–" for c in names
+            ]
             lines.append(f"| `{short_label(r.label)}` | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -136,10 +165,22 @@ def _category_rates(result: VllmResult, categories: Sequence[str]) -> dict[str, 
 
 def summary(rows: Sequence[VllmRow]) -> list[dict[str, Any]]:
     """The rows as plain data (results.json)."""
-    return [{"label": r.label, "concurrency": r.concurrency, "tokens_per_second": r.result.tokens_per_second,
-             "new_tokens": r.result.new_tokens, "seconds": r.result.seconds,
-             "mean_acceptance_length": r.result.mean_acceptance_length, "latency_p50": r.result.latency_p50,
-             "latency_mean": statistics.fmean(r.result.latencies) if r.result.latencies else 0.0,
-             "identical": r.identical, "requests": len(r.result.outputs), "counters": r.result.counters,
-             "latencies": r.result.latencies, "accepted": r.result.accepted, "spec_steps": r.result.spec_steps}
-            for r in rows]
+    return [
+        {
+            "label": r.label,
+            "concurrency": r.concurrency,
+            "tokens_per_second": r.result.tokens_per_second,
+            "new_tokens": r.result.new_tokens,
+            "seconds": r.result.seconds,
+            "mean_acceptance_length": r.result.mean_acceptance_length,
+            "latency_p50": r.result.latency_p50,
+            "latency_mean": statistics.fmean(r.result.latencies) if r.result.latencies else 0.0,
+            "identical": r.identical,
+            "requests": len(r.result.outputs),
+            "counters": r.result.counters,
+            "latencies": r.result.latencies,
+            "accepted": r.result.accepted,
+            "spec_steps": r.result.spec_steps,
+        }
+        for r in rows
+    ]

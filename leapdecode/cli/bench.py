@@ -14,8 +14,21 @@ import typer
 from rich.markdown import Markdown
 
 from leapdecode.cli.common import (
-    DtypeOpt, QuantizeOpt, RowExactOpt, DEFAULT_MODEL, BackendOpt, ChatOpt, MaxNewOpt, MethodOpt, ModelOpt, PromptArg, console, friendly, load_with_progress,
-    read_prompt, err_console,
+    DEFAULT_MODEL,
+    BackendOpt,
+    ChatOpt,
+    DtypeOpt,
+    MaxNewOpt,
+    MethodOpt,
+    ModelOpt,
+    PromptArg,
+    QuantizeOpt,
+    RowExactOpt,
+    console,
+    err_console,
+    friendly,
+    load_with_progress,
+    read_prompt,
 )
 from leapdecode.errors import InputError, MethodError
 
@@ -24,8 +37,12 @@ if TYPE_CHECKING:
     from leapdecode.models import LoadedModel
 
 DEFAULT_METHODS = "ar,anpd:n=5,k=7,pld:k=10,max_ngram=3,hf,hf-pld:tokens=10,max_ngram=3"  # prompt lookups alike
-DatasetOpt = Annotated[str, typer.Option("--dataset", "-d", help="humaneval, spec-bench, spec-bench:CATEGORY, a JSONL file; join with +.")]
-LimitOpt = Annotated[str, typer.Option("--limit", help="Prompts per category: N, or N,CATEGORY=M,... (e.g. 10,humaneval=30).")]
+DatasetOpt = Annotated[
+    str, typer.Option("--dataset", "-d", help="humaneval, spec-bench, spec-bench:CATEGORY, a JSONL file; join with +.")
+]
+LimitOpt = Annotated[
+    str, typer.Option("--limit", help="Prompts per category: N, or N,CATEGORY=M,... (e.g. 10,humaneval=30).")
+]
 OutOpt = Annotated[Path, typer.Option("--out", help="Output folder.")]
 BenchThreadsOpt = Annotated[int, typer.Option("--threads", help="Torch CPU threads for every method (0: all cores).")]
 
@@ -33,7 +50,9 @@ BenchThreadsOpt = Annotated[int, typer.Option("--threads", help="Torch CPU threa
 @friendly
 def bench(
     model: ModelOpt = DEFAULT_MODEL,
-    methods: Annotated[str, typer.Option("--methods", help="Comma list of method strings; `ar` always runs first.")] = DEFAULT_METHODS,
+    methods: Annotated[
+        str, typer.Option("--methods", help="Comma list of method strings; `ar` always runs first.")
+    ] = DEFAULT_METHODS,
     dataset: DatasetOpt = "humaneval+spec-bench",
     limit: LimitOpt = "10",
     max_new_tokens: MaxNewOpt = 128,
@@ -41,16 +60,44 @@ def bench(
     threads: BenchThreadsOpt = 0,
     plot: Annotated[bool, typer.Option("--plots/--no-plots", help="Write PNG plots.")] = True,
     backend: BackendOpt = "torch",
-    repeats: Annotated[int, typer.Option("--repeats", help="Timed runs per method and prompt (median; the overall speed-up shows the spread).")] = 1,
+    repeats: Annotated[
+        int,
+        typer.Option(
+            "--repeats", help="Timed runs per method and prompt (median; the overall speed-up shows the spread)."
+        ),
+    ] = 1,
     dtype: DtypeOpt = "auto",
     row_exact: RowExactOpt = None,
     quantize: QuantizeOpt = "auto",
-    temperature: Annotated[float, typer.Option("--temperature", help="0: greedy; above 0: every method samples prompt i with seed SEED+i (lossless methods must give plain sampling's text).")] = 0.0,
+    temperature: Annotated[
+        float,
+        typer.Option(
+            "--temperature",
+            help=(
+                "0: greedy; above 0: every method samples prompt i with seed SEED+i (lossless methods must give plain "
+                "sampling's text)."
+            ),
+        ),
+    ] = 0.0,
     top_k: Annotated[int, typer.Option("--top-k", help="Sample from the k most likely tokens (0: off).")] = 0,
-    top_p: Annotated[float, typer.Option("--top-p", help="Sample from the smallest set of tokens with this much probability (1: off).")] = 1.0,
+    top_p: Annotated[
+        float,
+        typer.Option("--top-p", help="Sample from the smallest set of tokens with this much probability (1: off)."),
+    ] = 1.0,
     seed: Annotated[int, typer.Option("--seed", help="The first prompt's seed when sampling.")] = 0,
-    concurrency: Annotated[str | None, typer.Option("--concurrency", help="Comma list of client counts (e.g. 1,2,4,8): serve the prompts to that many closed-loop clients at once through the batch scheduler, per method (greedy; engine methods on this model only).")] = None,
-    max_pass_rows: Annotated[int, typer.Option("--max-pass-rows", help="With --concurrency: tokens one shared pass may score.")] = 128,
+    concurrency: Annotated[
+        str | None,
+        typer.Option(
+            "--concurrency",
+            help=(
+                "Comma list of client counts (e.g. 1,2,4,8): serve the prompts to that many closed-loop clients at "
+                "once through the batch scheduler, per method (greedy; engine methods on this model only)."
+            ),
+        ),
+    ] = None,
+    max_pass_rows: Annotated[
+        int, typer.Option("--max-pass-rows", help="With --concurrency: tokens one shared pass may score.")
+    ] = 128,
 ) -> None:
     """Run methods and peers side by side (interleaved, one run) and write tables and plots.
     `--backend`, `--dtype` and `--quantize` say what runs the model (and `ar`, the baseline); a
@@ -59,12 +106,10 @@ def bench(
     joined with + (@torch+int4); `ar@VARIANT` is that model's own plain decoding."""
     from leapdecode.bench import plots, report
     from leapdecode.bench.datasets import load_dataset
-    from leapdecode.bench.harness import run_meta, run_with_progress, use_threads
     from leapdecode.bench.entries import Variant, parse_entries
-    from leapdecode.models import LoadedModel
-
-    from leapdecode.engine.sampling import SamplingParams
+    from leapdecode.bench.harness import run_meta, run_with_progress, use_threads
     from leapdecode.bench.labels import short_label
+    from leapdecode.engine.sampling import SamplingParams
     from leapdecode.heads.store import describe_head
 
     chosen = parse_entries(methods)
@@ -80,26 +125,47 @@ def bench(
     if clients is not None and not sampling.greedy:
         raise InputError("--concurrency measures greedy decoding; leave out --temperature")
     if clients is not None and any("@" in e.label or e.method.peer for e in chosen):
-        raise InputError("--concurrency runs engine methods on the loaded model: leave out peers and @variants (e.g. --methods ar,anpd)")
-    loaded = {own: load_with_progress(model, backend=own[0], dtype=own[1] or dtype, row_exact=row_exact, quantize=own[2])}
+        raise InputError(
+            "--concurrency runs engine methods on the loaded model: leave out peers and @variants (e.g. --methods "
+            "ar,anpd)"
+        )
+    loaded = {
+        own: load_with_progress(model, backend=own[0], dtype=own[1] or dtype, row_exact=row_exact, quantize=own[2])
+    }
     if clients is not None:
-        bench_concurrency(loaded[own], [str(e.method) for e in chosen], prompts, max_new_tokens, clients, max_pass_rows, out,
-                          run_meta(loaded[own].name, dataset, limit, max_new_tokens, n_threads, len(prompts), loaded[own].describe))
+        bench_concurrency(
+            loaded[own],
+            [str(e.method) for e in chosen],
+            prompts,
+            max_new_tokens,
+            clients,
+            max_pass_rows,
+            out,
+            run_meta(loaded[own].name, dataset, limit, max_new_tokens, n_threads, len(prompts), loaded[own].describe),
+        )
         return
 
     def load_variant(variant: Variant) -> LoadedModel:  # one model per distinct (backend, dtype, quantize)
         arguments = variant.load_arguments(backend, dtype, quantize)
         if arguments not in loaded:
             other, other_dtype, other_quantize = arguments
-            loaded[arguments] = load_with_progress(model, backend=other, dtype=other_dtype or dtype, row_exact=row_exact, quantize=other_quantize)
+            loaded[arguments] = load_with_progress(
+                model, backend=other, dtype=other_dtype or dtype, row_exact=row_exact, quantize=other_quantize
+            )
         return loaded[arguments]
 
     lm = loaded[own]
-    samples = run_with_progress(console, lm, chosen, prompts, max_new_tokens, load_variant, repeats=repeats, sampling=sampling)
+    samples = run_with_progress(
+        console, lm, chosen, prompts, max_new_tokens, load_variant, repeats=repeats, sampling=sampling
+    )
     meta = run_meta(lm.name, dataset, limit, max_new_tokens, n_threads, len(prompts), lm.describe)
     meta["backend"] = backend
     meta["repeats"] = repeats
-    meta["decoding"] = "greedy" if sampling.greedy else f"sampled: temperature {temperature}, top_k {top_k}, top_p {top_p}, seeds {seed}+"
+    meta["decoding"] = (
+        "greedy"
+        if sampling.greedy
+        else f"sampled: temperature {temperature}, top_k {top_k}, top_p {top_p}, seeds {seed}+"
+    )
     heads: dict[str, list[str]] = {}  # which head each method ran with, once per head
     for e in chosen:
         head = e.method.capabilities.head
@@ -129,21 +195,37 @@ def parse_concurrency(text: str) -> list[int]:
     return clients
 
 
-def bench_concurrency(lm: LoadedModel, methods: list[str], prompts: list[BenchPrompt], max_new_tokens: int, clients: list[int],
-                      max_pass_rows: int, out: Path, meta: dict[str, object]) -> None:
+def bench_concurrency(
+    lm: LoadedModel,
+    methods: list[str],
+    prompts: list[BenchPrompt],
+    max_new_tokens: int,
+    clients: list[int],
+    max_pass_rows: int,
+    out: Path,
+    meta: dict[str, object],
+) -> None:
     """`bench --concurrency`: every method one at a time and with each number of clients at once."""
     from leapdecode.api import Decoder
     from leapdecode.bench.concurrent import concurrency_table, run_concurrency_bench
     from leapdecode.bench.runner import encode_turns
 
     plain = Decoder(lm, "ar")
-    ids = [encode_turns(lm, p, lambda ids: plain.generate(ids, max_new_tokens=max_new_tokens).token_ids) for p in prompts]
-    results = run_concurrency_bench(lm, methods, ids, max_new_tokens, clients, max_rows=max_pass_rows, log=err_console.log)
+    ids = [
+        encode_turns(lm, p, lambda ids: plain.generate(ids, max_new_tokens=max_new_tokens).token_ids) for p in prompts
+    ]
+    results = run_concurrency_bench(
+        lm, methods, ids, max_new_tokens, clients, max_rows=max_pass_rows, log=err_console.log
+    )
     out.mkdir(parents=True, exist_ok=True)
     table = concurrency_table(results)
     lines = [f"- {key}: {value}" for key, value in meta.items()]
-    (out / "concurrency.md").write_text("# Concurrent requests\n\n" + "\n".join(lines) + "\n\n" + table, encoding="utf-8")
-    (out / "concurrency.json").write_text(json.dumps({"meta": meta, "results": [r.summary() for r in results]}, indent=2), encoding="utf-8")
+    (out / "concurrency.md").write_text(
+        "# Concurrent requests\n\n" + "\n".join(lines) + "\n\n" + table, encoding="utf-8"
+    )
+    (out / "concurrency.json").write_text(
+        json.dumps({"meta": meta, "results": [r.summary() for r in results]}, indent=2), encoding="utf-8"
+    )
     console.print(Markdown(table))
     console.print(f"wrote {out / 'concurrency.md'}, {out / 'concurrency.json'}")
     if any(r.identical != r.requests for r in results):
@@ -153,10 +235,18 @@ def bench_concurrency(lm: LoadedModel, methods: list[str], prompts: list[BenchPr
 @friendly
 def report_command(
     run: Annotated[Path, typer.Argument(help="A `leapdecode bench` output folder (samples.jsonl and summary.json).")],
-    out: Annotated[Path | None, typer.Option("--out", help="Write the re-rendered outputs here instead of into RUN.")] = None,
-    readme: Annotated[Path | None, typer.Option("--readme", help="Also write the compact table into this README's results section.")] = None,
-    date: Annotated[str | None, typer.Option("--date", help="The run's date (ISO), for a run recorded without one.")] = None,
-    commit: Annotated[str | None, typer.Option("--commit", help="The commit the run came from, for a run recorded without one.")] = None,
+    out: Annotated[
+        Path | None, typer.Option("--out", help="Write the re-rendered outputs here instead of into RUN.")
+    ] = None,
+    readme: Annotated[
+        Path | None, typer.Option("--readme", help="Also write the compact table into this README's results section.")
+    ] = None,
+    date: Annotated[
+        str | None, typer.Option("--date", help="The run's date (ISO), for a run recorded without one.")
+    ] = None,
+    commit: Annotated[
+        str | None, typer.Option("--commit", help="The commit the run came from, for a run recorded without one.")
+    ] = None,
 ) -> None:
     """Re-render a bench run's results.md, summary.json and plots from its samples.jsonl with the
     current labels and checks (no re-run). Meta the run did not record stays missing unless given."""
@@ -209,11 +299,14 @@ def sweep(
     fields = {f.name for f in dataclasses.fields(base)}
     unknown = set(axes) - fields
     if unknown:
-        raise MethodError(f"{base.name} has no parameter {', '.join(sorted(unknown))}; it has: {', '.join(sorted(fields)) or 'none'}")
+        raise MethodError(
+            f"{base.name} has no parameter {', '.join(sorted(unknown))}; it has: {', '.join(sorted(fields)) or 'none'}"
+        )
     names = list(axes)
     points = [(a, b) for a in axes[names[0]] for b in (axes[names[1]] if len(names) == 2 else [0])]
     variants = {
-        p: dataclasses.replace(base, **{names[0]: p[0], **({names[1]: p[1]} if len(names) == 2 else {})}) for p in points
+        p: dataclasses.replace(base, **{names[0]: p[0], **({names[1]: p[1]} if len(names) == 2 else {})})
+        for p in points
     }
     prompts = load_dataset(dataset, limit)
     n_threads = use_threads(threads)
@@ -230,7 +323,8 @@ def sweep(
     header = " | ".join(str(c) for c in cols) if len(names) == 2 else "speed-up (τ)"
     lines = [
         f"Speed-up (τ) of `{base.name}` over {over}: {meta['prompts']} prompts of {dataset}, "
-        f"{max_new_tokens} new tokens, {lm.name} ({lm.describe}), {meta['machine']}.", "",
+        f"{max_new_tokens} new tokens, {lm.name} ({lm.describe}), {meta['machine']}.",
+        "",
         "| " + (row_name + " \\ " + col_name if len(names) == 2 else row_name) + " | " + header + " |",
         "|---|" + "---:|" * len(cols),
     ]
@@ -239,7 +333,9 @@ def sweep(
     best = max(speedups, key=speedups.get)
     lines += ["", f"Best: `{variants[best]}` at {speedups[best]:.2f}x.", "", report.mismatch_report(samples)]
     (out / "sweep.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    (out / "sweep.json").write_text(json.dumps([{**dict(zip(names, p)), "speedup": speedups[p], "tau": taus[p]} for p in points], indent=2))
+    (out / "sweep.json").write_text(
+        json.dumps([{**dict(zip(names, p)), "speedup": speedups[p], "tau": taus[p]} for p in points], indent=2)
+    )
     title = f"{base.name} on {lm.name}: speed-up over {row_name} x {col_name} ({meta['prompts']} prompts)"
     plots.sweep_plots(speedups, out / "sweep_heatmap.png", out / "sweep_lines.png", title, (row_name, col_name))
     console.print(Markdown("\n".join(lines)))
@@ -259,9 +355,9 @@ def trace(
     quantize: QuantizeOpt = "auto",
 ) -> None:
     """Show step by step which drafted tokens were accepted, rejected, and the bonus tokens."""
-    from leapdecode.methods import parse_method
     from leapdecode.api import wrap
     from leapdecode.bench.trace import render_html, render_terminal, trace_steps
+    from leapdecode.methods import parse_method
 
     text = read_prompt(prompt)
     parse_method(method)
@@ -269,7 +365,10 @@ def trace(
     result = decoder.generate(text, max_new_tokens=max_new_tokens, chat=chat)
     steps = trace_steps(result, decoder.lm.tokenizer)
     console.print(render_terminal(steps, show_rejected))
-    console.print("legend: [black on green3]accepted draft[/] [black on yellow]bonus token[/] [red strike]rejected draft[/] │ = one forward pass")
+    console.print(
+        "legend: [black on green3]accepted draft[/] [black on yellow]bonus token[/] [red strike]rejected draft[/] │ = "
+        "one forward pass"
+    )
     console.print(f"[dim]{result.method} | {result.stats.summary()}[/]")
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -280,10 +379,14 @@ def trace(
 @friendly
 def forward_cost(
     model: ModelOpt = DEFAULT_MODEL,
-    tokens: Annotated[str, typer.Option("--tokens", help="Comma list of token counts to score in one pass.")] = "1,2,4,8,12,16,24,32,48,64",
+    tokens: Annotated[
+        str, typer.Option("--tokens", help="Comma list of token counts to score in one pass.")
+    ] = "1,2,4,8,12,16,24,32,48,64",
     context: Annotated[int, typer.Option("--context", help="Cached context length before each pass.")] = 300,
     repeats: Annotated[int, typer.Option("--repeats", help="Timed passes per size (median).")] = 5,
-    out: Annotated[Path | None, typer.Option("--out", help="Also write the table (markdown) and a plot here (folder).")] = None,
+    out: Annotated[
+        Path | None, typer.Option("--out", help="Also write the table (markdown) and a plot here (folder).")
+    ] = None,
     threads: BenchThreadsOpt = 0,
     dtype: DtypeOpt = "auto",
     backend: BackendOpt = "torch",
@@ -292,8 +395,8 @@ def forward_cost(
 ) -> None:
     """Time one forward pass against the number of tokens it scores (draft and tree sizes)."""
     from leapdecode.bench import plots
-    from leapdecode.bench.harness import machine_description, use_threads
     from leapdecode.bench.forward_cost import compare, markdown
+    from leapdecode.bench.harness import machine_description, use_threads
 
     try:
         sizes = [int(t) for t in tokens.split(",") if t.strip()]
@@ -306,7 +409,11 @@ def forward_cost(
     lm = load_with_progress(model, backend=backend, dtype=dtype, row_exact=row_exact, quantize=quantize)
     results = compare(lm, sizes, context, repeats)
     what = f"`{lm.name}` ({lm.describe})"
-    table = markdown(results, f"One forward pass of {what} after {context} cached tokens, median of {repeats}; {machine_description(n_threads)}.")
+    table = markdown(
+        results,
+        f"One forward pass of {what} after {context} cached tokens, median of {repeats}; "
+        f"{machine_description(n_threads)}.",
+    )
     console.print(Markdown(table))
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)

@@ -8,14 +8,27 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.table import Table
 
-from leapdecode.cli.common import DEFAULT_MODEL, DtypeOpt, ModelOpt, QuantizeOpt, ThreadsOpt, console, err_console, friendly, load_with_progress, set_threads
+from leapdecode.cli.common import (
+    DEFAULT_MODEL,
+    DtypeOpt,
+    ModelOpt,
+    QuantizeOpt,
+    ThreadsOpt,
+    console,
+    err_console,
+    friendly,
+    load_with_progress,
+    set_threads,
+)
 
 if TYPE_CHECKING:
     from leapdecode.models import LoadedModel
 
 calibrate_app = typer.Typer(help="Calibrate early-exit and layer-skipping methods for a model.", no_args_is_help=True)
 
-PerCategoryOpt = Annotated[int, typer.Option("--prompts", help="Calibration prompts per category (HumanEval + Spec-Bench's six).")]
+PerCategoryOpt = Annotated[
+    int, typer.Option("--prompts", help="Calibration prompts per category (HumanEval + Spec-Bench's six).")
+]
 MaxNewOpt = Annotated[int, typer.Option("--max-new-tokens", "-n", help="Tokens generated per calibration prompt.")]
 
 
@@ -34,7 +47,9 @@ def calibrate_layer_skip_cmd(
     k: Annotated[int, typer.Option("--k", help="Draft length tried.")] = 4,
     threshold: Annotated[float, typer.Option("--threshold", help="Draft confidence threshold tried.")] = 0.5,
     out: Annotated[Path | None, typer.Option("--out", help="Also write the calibration JSON here.")] = None,
-    fractions: Annotated[str, typer.Option("--fractions", help="Shares of the layers to try skipping, comma-separated.")] = "0.1,0.2,0.3,0.4,0.5",
+    fractions: Annotated[
+        str, typer.Option("--fractions", help="Shares of the layers to try skipping, comma-separated.")
+    ] = "0.1,0.2,0.3,0.4,0.5",
     threads: ThreadsOpt = 0,
     dtype: DtypeOpt = "auto",
     quantize: QuantizeOpt = "auto",
@@ -56,13 +71,25 @@ def calibrate_layer_skip_cmd(
     lm = load_with_progress(model, dtype=dtype, quantize=quantize)
     prompts = _calibration_ids(lm, per_category)
     result = calibrate_layer_skip(
-        lm, prompts, max_new_tokens=max_new_tokens, fractions=shares, k=k, threshold=threshold,
+        lm,
+        prompts,
+        max_new_tokens=max_new_tokens,
+        fractions=shares,
+        k=k,
+        threshold=threshold,
         log=lambda m: err_console.log(m),
     )
-    table = Table("skip", "layers", "ms/token", "tau", "vs plain", title=f"self-spec on {lm.name} ({len(prompts)} prompts)")
+    table = Table(
+        "skip", "layers", "ms/token", "tau", "vs plain", title=f"self-spec on {lm.name} ({len(prompts)} prompts)"
+    )
     for trial in result.trials:
-        table.add_row(str(trial["skip"]), str(trial["layers_skipped"]), f"{trial['ms_per_token']:.1f}", f"{trial['tau']:.2f}",
-                      f"{result.plain_ms_per_token / float(trial['ms_per_token']):.2f}x")
+        table.add_row(
+            str(trial["skip"]),
+            str(trial["layers_skipped"]),
+            f"{trial['ms_per_token']:.1f}",
+            f"{trial['tau']:.2f}",
+            f"{result.plain_ms_per_token / float(trial['ms_per_token']):.2f}x",
+        )
     console.print(table)
     path = calibration_path(default_cache_dir(), lm.fingerprint)
     result.save(path)
@@ -89,7 +116,13 @@ def calibrate_calm_cmd(
 
     from leapdecode.api import wrap
     from leapdecode.early_exit.backend import LayerBackend
-    from leapdecode.early_exit.calm import MEASURES, exit_candidates, layer_confidences, pick_threshold, simulate_thresholds
+    from leapdecode.early_exit.calm import (
+        MEASURES,
+        exit_candidates,
+        layer_confidences,
+        pick_threshold,
+        simulate_thresholds,
+    )
     from leapdecode.errors import InputError
 
     if measure not in MEASURES:
@@ -112,17 +145,22 @@ def calibrate_calm_cmd(
         preds.append(p[:, start:-1])
         finals.append(f[start:-1])
     conf, pred, final = torch.cat(confs, 1), torch.cat(preds, 1), torch.cat(finals)
-    grid = sorted({round(float(q), 4) for q in torch.quantile(conf.flatten().float(), torch.linspace(0, 1, 41))} | {1.0})
+    grid = sorted(
+        {round(float(q), 4) for q in torch.quantile(conf.flatten().float(), torch.linspace(0, 1, 41))} | {1.0}
+    )
     points = simulate_thresholds(conf, pred, final, candidates, backend.runner.num_layers, grid)
     best = pick_threshold(points, epsilon)
-    table = Table("threshold", "agreement", "mean layers", title=f"CALM ({measure}) on {lm.name}: {final.numel()} tokens")
+    table = Table(
+        "threshold", "agreement", "mean layers", title=f"CALM ({measure}) on {lm.name}: {final.numel()} tokens"
+    )
     for point in points:
         mark = " <" if point is best else ""
         table.add_row(f"{point.threshold:.4f}", f"{point.agreement:.3f}", f"{point.mean_layers:.1f}{mark}")
     console.print(table)
     console.print(
         f"use --method calm:threshold={best.threshold:.4f},measure={measure},first={first},every={every} "
-        f"(simulated agreement {best.agreement:.3f}, {best.mean_layers:.1f} of {backend.runner.num_layers} layers per token)"
+        f"(simulated agreement {best.agreement:.3f}, {best.mean_layers:.1f} of {backend.runner.num_layers} layers per "
+        f"token)"
     )
 
 

@@ -23,8 +23,24 @@ if TYPE_CHECKING:
     from leapdecode.models import LoadedModel
 
 __all__ = [
-    "DEFAULT_MODEL", "BackendOpt", "ChatOpt", "MaxNewOpt", "MethodOpt", "ModelOpt", "PromptArg", "ThreadsOpt", "console",
-    "DtypeOpt", "QuantizeOpt", "RowExactOpt", "err_console", "fail", "friendly", "load_with_progress", "read_prompt", "set_threads",
+    "DEFAULT_MODEL",
+    "BackendOpt",
+    "ChatOpt",
+    "MaxNewOpt",
+    "MethodOpt",
+    "ModelOpt",
+    "PromptArg",
+    "ThreadsOpt",
+    "console",
+    "DtypeOpt",
+    "QuantizeOpt",
+    "RowExactOpt",
+    "err_console",
+    "fail",
+    "friendly",
+    "load_with_progress",
+    "read_prompt",
+    "set_threads",
 ]
 
 console = Console()  # standard output: the generated text and the tables a command exists to print
@@ -34,13 +50,48 @@ T = TypeVar("T")
 
 PromptArg = Annotated[str | None, typer.Argument(help="The prompt; '-' reads standard input.")]
 ModelOpt = Annotated[str, typer.Option("--model", "-m", help="Preset name, hub id, local folder or .gguf file.")]
-MethodOpt = Annotated[str, typer.Option("--method", help="Method string, e.g. anpd:n=5,k=7 (see `leapdecode methods`).")]
+MethodOpt = Annotated[
+    str, typer.Option("--method", help="Method string, e.g. anpd:n=5,k=7 (see `leapdecode methods`).")
+]
 MaxNewOpt = Annotated[int, typer.Option("--max-new-tokens", "-n", help="Most new tokens to generate.")]
 ChatOpt = Annotated[bool, typer.Option("--chat/--raw", help="Apply the model's chat template to the prompt.")]
-BackendOpt = Annotated[str, typer.Option("--backend", help="What runs the model: torch, or llama.cpp (GGUF presets and files; the llamacpp extra).")]
-DtypeOpt = Annotated[str, typer.Option("--dtype", help="auto, float32, bfloat16 or float16. auto: a GGUF runs its own quantized blocks; a checkpoint its own dtype where the hardware computes it natively, else float32. A dtype alone runs unquantized.")]
-QuantizeOpt = Annotated[str, typer.Option("--quantize", help="auto, none, int8 or int4: group-quantized linear layers on CPU for the torch backend (auto: a GGUF's own blocks, a checkpoint unquantized; int4 keeps the LM head at int8 or a GGUF's 6 bits); rows stay bit-exact.")]
-RowExactOpt = Annotated[bool | None, typer.Option("--row-exact/--no-row-exact", help="Score every row of a verification pass bit-identically to a one-token pass: lossless by construction (default: on for float32 on CPU, and bfloat16 on CPUs with AVX512-BF16, when its kernel builds).", show_default=False)]
+BackendOpt = Annotated[
+    str,
+    typer.Option(
+        "--backend", help="What runs the model: torch, or llama.cpp (GGUF presets and files; the llamacpp extra)."
+    ),
+]
+DtypeOpt = Annotated[
+    str,
+    typer.Option(
+        "--dtype",
+        help=(
+            "auto, float32, bfloat16 or float16. auto: a GGUF runs its own quantized blocks; a checkpoint its own "
+            "dtype where the hardware computes it natively, else float32. A dtype alone runs unquantized."
+        ),
+    ),
+]
+QuantizeOpt = Annotated[
+    str,
+    typer.Option(
+        "--quantize",
+        help=(
+            "auto, none, int8 or int4: group-quantized linear layers on CPU for the torch backend (auto: a GGUF's own "
+            "blocks, a checkpoint unquantized; int4 keeps the LM head at int8 or a GGUF's 6 bits); rows stay bit-exact."
+        ),
+    ),
+]
+RowExactOpt = Annotated[
+    bool | None,
+    typer.Option(
+        "--row-exact/--no-row-exact",
+        help=(
+            "Score every row of a verification pass bit-identically to a one-token pass: lossless by construction "
+            "(default: on for float32 on CPU, and bfloat16 on CPUs with AVX512-BF16, when its kernel builds)."
+        ),
+        show_default=False,
+    ),
+]
 ThreadsOpt = Annotated[int, typer.Option("--threads", help="Torch CPU threads (0: leave torch's default).")]
 
 
@@ -83,11 +134,16 @@ def set_threads(threads: int) -> None:
 
 
 def load_with_progress(
-    spec: str, backend: str = "torch", dtype: str = "auto", row_exact: bool | None = None, quantize: str = "auto",
+    spec: str,
+    backend: str = "torch",
+    dtype: str = "auto",
+    row_exact: bool | None = None,
+    quantize: str = "auto",
 ) -> LoadedModel:
     from leapdecode.models import load_model
 
     with err_console.status(f"loading {spec} ...", spinner="dots") as status:
+
         def log(msg: str) -> None:
             status.update(msg)
             err_console.log(msg)

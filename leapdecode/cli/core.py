@@ -10,8 +10,23 @@ import typer
 from rich.table import Table
 
 from leapdecode.cli.common import (
-    DtypeOpt, QuantizeOpt, RowExactOpt, DEFAULT_MODEL, BackendOpt, ChatOpt, MaxNewOpt, MethodOpt, ModelOpt, PromptArg, ThreadsOpt, console, err_console,
-    friendly, load_with_progress, read_prompt, set_threads,
+    DEFAULT_MODEL,
+    BackendOpt,
+    ChatOpt,
+    DtypeOpt,
+    MaxNewOpt,
+    MethodOpt,
+    ModelOpt,
+    PromptArg,
+    QuantizeOpt,
+    RowExactOpt,
+    ThreadsOpt,
+    console,
+    err_console,
+    friendly,
+    load_with_progress,
+    read_prompt,
+    set_threads,
 )
 
 models_app = typer.Typer(help="Packaged model presets: list and pull.", no_args_is_help=True)
@@ -26,11 +41,18 @@ def generate(
     max_new_tokens: MaxNewOpt = 128,
     chat: ChatOpt = False,
     stop: Annotated[list[str] | None, typer.Option("--stop", help="Stop string (repeatable).")] = None,
-    compare: Annotated[bool, typer.Option("--compare", help="Also run plain decoding; print speed-up and equality.")] = False,
+    compare: Annotated[
+        bool, typer.Option("--compare", help="Also run plain decoding; print speed-up and equality.")
+    ] = False,
     threads: ThreadsOpt = 0,
-    temperature: Annotated[float, typer.Option("--temperature", help="0: greedy; above 0: sample (lossless speculative sampling).")] = 0.0,
+    temperature: Annotated[
+        float, typer.Option("--temperature", help="0: greedy; above 0: sample (lossless speculative sampling).")
+    ] = 0.0,
     top_k: Annotated[int, typer.Option("--top-k", help="Sample from the k most likely tokens (0: off).")] = 0,
-    top_p: Annotated[float, typer.Option("--top-p", help="Sample from the smallest set of tokens with this much probability (1: off).")] = 1.0,
+    top_p: Annotated[
+        float,
+        typer.Option("--top-p", help="Sample from the smallest set of tokens with this much probability (1: off)."),
+    ] = 1.0,
     seed: Annotated[int | None, typer.Option("--seed", help="Make a sampled run reproducible.")] = None,
     backend: BackendOpt = "torch",
     dtype: DtypeOpt = "auto",
@@ -40,16 +62,18 @@ def generate(
     """Stream a completion and print one line of statistics."""
     from leapdecode.api import wrap
     from leapdecode.engine import GenerationStats
+    from leapdecode.engine.sampling import SamplingParams
     from leapdecode.methods import parse_method
     from leapdecode.textstream import TextStream
-    from leapdecode.engine.sampling import SamplingParams
 
     set_threads(threads)
     text = read_prompt(prompt)
     parse_method(method)  # a bad method string or sampling setting fails before the model loads
     sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
     SamplingParams(**sampling)
-    decoder = wrap(load_with_progress(model, backend=backend, dtype=dtype, row_exact=row_exact, quantize=quantize), method)
+    decoder = wrap(
+        load_with_progress(model, backend=backend, dtype=dtype, row_exact=row_exact, quantize=quantize), method
+    )
     lm = decoder.lm
     stops = tuple(stop or ())
     if compare:  # warm up so that neither timed run pays first-call costs
@@ -64,23 +88,35 @@ def generate(
         console.out(stream.push(step.tokens), end="", highlight=False)
     console.out(stream.flush(), highlight=False)
     stats = GenerationStats.from_steps(steps, time.perf_counter() - start)
-    bound = f", bound alpha*K+1 = {stats.speedup_bound(decoder.method.draft_length):.2f}" if decoder.method.draft_length else ""
+    bound = (
+        f", bound alpha*K+1 = {stats.speedup_bound(decoder.method.draft_length):.2f}"
+        if decoder.method.draft_length
+        else ""
+    )
     err_console.print(f"[dim]{decoder.method} | {stats.summary()}{bound}[/]")  # stdout keeps only the text
     if compare:
         token_ids = [t for s in steps for t in s.tokens]
         plain = wrap(lm, "ar").generate(text, max_new_tokens=max_new_tokens, stop=stops, chat=chat, **sampling)
         same = plain.token_ids == token_ids
         speedup = plain.stats.wall_time_s / stats.wall_time_s
-        verdict = "[green]identical[/]" if same else f"[red]DIFFERENT at token {_first_difference(plain.token_ids, token_ids)}[/]"
+        verdict = (
+            "[green]identical[/]"
+            if same
+            else f"[red]DIFFERENT at token {_first_difference(plain.token_ids, token_ids)}[/]"
+        )
         err_console.print(f"plain decoding: {plain.stats.summary()}")
         err_console.print(f"speed-up {speedup:.2f}x over plain decoding; output {verdict}")
         if not decoder.method.lossless:
             from leapdecode.bench.runner import token_agreement
 
             agreed = token_agreement(lm, plain.prompt_ids, token_ids)
-            err_console.print(f"agreement with the full model (same prefix, token by token): {agreed:.3f} (lossy method)")
+            err_console.print(
+                f"agreement with the full model (same prefix, token by token): {agreed:.3f} (lossy method)"
+            )
         if temperature > 0:
-            err_console.print("[dim]sampled runs keep the distribution, not the tokens: different tokens are expected[/]")
+            err_console.print(
+                "[dim]sampled runs keep the distribution, not the tokens: different tokens are expected[/]"
+            )
         elif not same and decoder.method.lossless:
             raise typer.Exit(1)
 
@@ -91,18 +127,24 @@ def _first_difference(a: list[int], b: list[int]) -> int:
 
 # (label, chat prompt): two code edits, where answers copy the prompt, and a summary.
 DEMO_PROMPTS = (
-    ("code: rename variables",
-     "Rename the variables of this function to descriptive names and return the whole function in a code block.\n\n"
-     "def f(a, b):\n    c = 0\n    for d in a:\n        if d > b:\n            c += d\n    return c\n"),
-    ("code: add a docstring",
-     "Add a docstring to this Python function and return the whole function in a code block.\n\n"
-     "def moving_average(values, window):\n    result = []\n    for i in range(len(values) - window + 1):\n"
-     "        result.append(sum(values[i:i + window]) / window)\n    return result\n"),
-    ("summary",
-     "Summarize the following in two sentences.\n\nThe city council voted on Tuesday to extend the "
-     "downtown bike lane network by twelve miles over the next three years. The council said the "
-     "extension of the bike lane network would connect the university district to the downtown "
-     "business district, and that the bike lane network would be paid for by a state transport grant."),
+    (
+        "code: rename variables",
+        "Rename the variables of this function to descriptive names and return the whole function in a code block.\n\n"
+        "def f(a, b):\n    c = 0\n    for d in a:\n        if d > b:\n            c += d\n    return c\n",
+    ),
+    (
+        "code: add a docstring",
+        "Add a docstring to this Python function and return the whole function in a code block.\n\n"
+        "def moving_average(values, window):\n    result = []\n    for i in range(len(values) - window + 1):\n"
+        "        result.append(sum(values[i:i + window]) / window)\n    return result\n",
+    ),
+    (
+        "summary",
+        "Summarize the following in two sentences.\n\nThe city council voted on Tuesday to extend the "
+        "downtown bike lane network by twelve miles over the next three years. The council said the "
+        "extension of the bike lane network would connect the university district to the downtown "
+        "business district, and that the bike lane network would be paid for by a state transport grant.",
+    ),
 )
 
 
@@ -127,7 +169,9 @@ def demo(
     fast, plain = wrap(lm, method), wrap(lm, "ar")
     plain.generate(DEMO_PROMPTS[0][1], max_new_tokens=4, chat=True)  # warm-up
     fast.generate(DEMO_PROMPTS[0][1], max_new_tokens=4, chat=True)
-    table = Table(title=f"{fast.method} vs plain decoding on {lm.name} ({lm.describe}, {max_new_tokens} new tokens, greedy)")
+    table = Table(
+        title=f"{fast.method} vs plain decoding on {lm.name} ({lm.describe}, {max_new_tokens} new tokens, greedy)"
+    )
     for col in ("prompt", "plain tok/s", "method tok/s", "speed-up", "tau", "alpha", "identical"):
         table.add_column(col, justify="right" if col != "prompt" else "left")
     totals = [0.0, 0.0]
@@ -140,8 +184,12 @@ def demo(
         totals[0] += base.stats.wall_time_s
         totals[1] += out.stats.wall_time_s
         table.add_row(
-            label, f"{base.stats.tokens_per_s:.1f}", f"{out.stats.tokens_per_s:.1f}",
-            f"{base.stats.wall_time_s / out.stats.wall_time_s:.2f}x", f"{out.stats.tau:.2f}", f"{out.stats.alpha:.2f}",
+            label,
+            f"{base.stats.tokens_per_s:.1f}",
+            f"{out.stats.tokens_per_s:.1f}",
+            f"{base.stats.wall_time_s / out.stats.wall_time_s:.2f}x",
+            f"{out.stats.tau:.2f}",
+            f"{out.stats.alpha:.2f}",
             "[green]yes[/]" if same else "[red]NO[/]",
         )
         console.rule(label)
@@ -198,6 +246,7 @@ def models_pull(
 
     for name in names:
         with console.status(f"pulling {name} ...", spinner="dots") as status:
+
             def log(msg: str) -> None:
                 status.update(msg)
                 console.log(msg)
@@ -222,7 +271,9 @@ def datastore_build(
         store = build_datastore(lm.tokenizer, lm.name, corpus)
         store.save(out)
     meta = store.meta
-    console.print(f"[green]wrote[/] {out}: {meta['documents']} documents, {meta['tokens']:,} tokens, tokenizer of {lm.name}")
+    console.print(
+        f"[green]wrote[/] {out}: {meta['documents']} documents, {meta['tokens']:,} tokens, tokenizer of {lm.name}"
+    )
 
 
 def register(app: typer.Typer) -> None:

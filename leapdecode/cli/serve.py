@@ -7,7 +7,18 @@ from typing import Annotated
 import typer
 
 from leapdecode.cli.common import (
-    DtypeOpt, QuantizeOpt, RowExactOpt, DEFAULT_MODEL, BackendOpt, MethodOpt, ModelOpt, console, err_console, friendly, load_with_progress, set_threads,
+    DEFAULT_MODEL,
+    BackendOpt,
+    DtypeOpt,
+    MethodOpt,
+    ModelOpt,
+    QuantizeOpt,
+    RowExactOpt,
+    console,
+    err_console,
+    friendly,
+    load_with_progress,
+    set_threads,
 )
 from leapdecode.methods import method_class, parse_method
 
@@ -18,22 +29,68 @@ def serve(
     method: MethodOpt = "anpd",
     host: Annotated[str, typer.Option("--host", help="Address to bind.")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", help="Port to listen on.")] = 8000,
-    max_queue: Annotated[int, typer.Option("--max-queue", help="Requests admitted at once (running + waiting); more get 429.")] = 8,
-    timeout: Annotated[float, typer.Option("--timeout", help="Per-request time limit in seconds (503 beyond it).")] = 120.0,
-    served_model_name: Annotated[str | None, typer.Option("--served-model-name", help="Model id clients use (default: --model).")] = None,
+    max_queue: Annotated[
+        int, typer.Option("--max-queue", help="Requests admitted at once (running + waiting); more get 429.")
+    ] = 8,
+    timeout: Annotated[
+        float, typer.Option("--timeout", help="Per-request time limit in seconds (503 beyond it).")
+    ] = 120.0,
+    served_model_name: Annotated[
+        str | None, typer.Option("--served-model-name", help="Model id clients use (default: --model).")
+    ] = None,
     threads: Annotated[int, typer.Option("--threads", help="Torch CPU threads (0: default).")] = 0,
     backend: BackendOpt = "torch",
-    allow_methods: Annotated[str | None, typer.Option("--allow-methods", help="Comma list of method names a request may choose (default: --method and the lossless methods that load no files or models).")] = None,
-    api_key: Annotated[str | None, typer.Option("--api-key", envvar="LEAPDECODE_API_KEY", help="Require `Authorization: Bearer KEY` on /v1 requests.")] = None,
-    allowed_host: Annotated[list[str] | None, typer.Option("--allowed-host", help="Host header accepted (repeatable; default: any). Guards against DNS rebinding.")] = None,
-    max_body_bytes: Annotated[int, typer.Option("--max-body-bytes", help="Largest request body accepted (413 beyond it).")] = 4 << 20,
-    body_timeout: Annotated[float, typer.Option("--body-timeout", help="Seconds a request body may take to arrive whole (408 beyond it).")] = 30.0,
-    max_connections: Annotated[int, typer.Option("--max-connections", help="Open connections at once; more get 503.")] = 64,
+    allow_methods: Annotated[
+        str | None,
+        typer.Option(
+            "--allow-methods",
+            help=(
+                "Comma list of method names a request may choose (default: --method and the lossless methods that "
+                "load no files or models)."
+            ),
+        ),
+    ] = None,
+    api_key: Annotated[
+        str | None,
+        typer.Option(
+            "--api-key", envvar="LEAPDECODE_API_KEY", help="Require `Authorization: Bearer KEY` on /v1 requests."
+        ),
+    ] = None,
+    allowed_host: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--allowed-host", help="Host header accepted (repeatable; default: any). Guards against DNS rebinding."
+        ),
+    ] = None,
+    max_body_bytes: Annotated[
+        int, typer.Option("--max-body-bytes", help="Largest request body accepted (413 beyond it).")
+    ] = 4 << 20,
+    body_timeout: Annotated[
+        float, typer.Option("--body-timeout", help="Seconds a request body may take to arrive whole (408 beyond it).")
+    ] = 30.0,
+    max_connections: Annotated[
+        int, typer.Option("--max-connections", help="Open connections at once; more get 503.")
+    ] = 64,
     dtype: DtypeOpt = "auto",
     row_exact: RowExactOpt = None,
     quantize: QuantizeOpt = "auto",
-    max_batch: Annotated[int | None, typer.Option("--max-batch", help="Requests decoded together in shared passes (1: one at a time; default: chosen from the model's measured pass cost).")] = None,
-    max_pass_rows: Annotated[int, typer.Option("--max-pass-rows", help="Tokens one shared pass may score: pending, drafted and prompt tokens (at most 256).")] = 128,
+    max_batch: Annotated[
+        int | None,
+        typer.Option(
+            "--max-batch",
+            help=(
+                "Requests decoded together in shared passes (1: one at a time; default: chosen from the model's "
+                "measured pass cost)."
+            ),
+        ),
+    ] = None,
+    max_pass_rows: Annotated[
+        int,
+        typer.Option(
+            "--max-pass-rows",
+            help="Tokens one shared pass may score: pending, drafted and prompt tokens (at most 256).",
+        ),
+    ] = 128,
 ) -> None:
     """Serve the model over an OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions)."""
     import uvicorn
@@ -47,7 +104,10 @@ def serve(
     for name in allowed or ():
         method_class(name)
     if max_queue < 1 or timeout <= 0 or max_body_bytes < 1024 or body_timeout <= 0 or max_connections < 1:
-        raise typer.BadParameter("--max-queue must be >= 1, --timeout > 0, --max-body-bytes >= 1024, --body-timeout > 0 and --max-connections >= 1")
+        raise typer.BadParameter(
+            "--max-queue must be >= 1, --timeout > 0, --max-body-bytes >= 1024, --body-timeout > 0 and "
+            "--max-connections >= 1"
+        )
     if (max_batch is not None and max_batch < 1) or not (max_batch or 1) <= max_pass_rows <= 256:
         raise typer.BadParameter("--max-batch must be >= 1, and --max-pass-rows from --max-batch to 256")
     if not is_loopback(host) and not api_key:
@@ -55,13 +115,23 @@ def serve(
     set_threads(threads)
     lm = load_with_progress(model, backend=backend, dtype=dtype, row_exact=row_exact, quantize=quantize)
     config = ServerConfig(
-        model_name=served_model_name or lm.name, default_method=method, max_queue=max_queue, timeout_s=timeout,
-        allow_methods=allowed, api_key=api_key, allowed_hosts=tuple(allowed_host or ()), max_body_bytes=max_body_bytes,
-        body_timeout_s=body_timeout, max_connections=max_connections,
-        max_batch=max_batch, max_pass_rows=max_pass_rows,
+        model_name=served_model_name or lm.name,
+        default_method=method,
+        max_queue=max_queue,
+        timeout_s=timeout,
+        allow_methods=allowed,
+        api_key=api_key,
+        allowed_hosts=tuple(allowed_host or ()),
+        max_body_bytes=max_body_bytes,
+        body_timeout_s=body_timeout,
+        max_connections=max_connections,
+        max_batch=max_batch,
+        max_pass_rows=max_pass_rows,
     )
     console.print(f"serving [bold]{config.model_name}[/] with [bold]{method}[/] on http://{host}:{port}/v1")
-    uvicorn.run(create_app(lm, config), host=host, port=port, log_level="warning", limit_concurrency=config.max_connections)
+    uvicorn.run(
+        create_app(lm, config), host=host, port=port, log_level="warning", limit_concurrency=config.max_connections
+    )
 
 
 def register(app: typer.Typer) -> None:

@@ -36,7 +36,15 @@ def suffix_cache(depth: int, cached_requests: int) -> Any:
 
 
 class ArcticSuffixDrafter(Drafter):
-    def __init__(self, cache: Any, k: int = 16, factor: float = 1.0, offset: float = 0.0, min_prob: float = 0.1, tree: bool = True) -> None:
+    def __init__(
+        self,
+        cache: Any,
+        k: int = 16,
+        factor: float = 1.0,
+        offset: float = 0.0,
+        min_prob: float = 0.1,
+        tree: bool = True,
+    ) -> None:
         self.cache = cache  # per request, or shared by the decoder's requests
         self.k, self.factor, self.offset, self.min_prob, self.tree = k, factor, offset, min_prob, tree
         self.request = f"leapdecode-{next(_request_ids)}"
@@ -59,8 +67,13 @@ class ArcticSuffixDrafter(Drafter):
         if limit <= 0:
             return Draft()
         draft = self.cache.speculate(
-            self.request, self.context[-self.cache.max_tree_depth :], max_spec_tokens=limit,
-            max_spec_factor=self.factor, max_spec_offset=self.offset, min_token_prob=self.min_prob, use_tree_spec=self.tree,
+            self.request,
+            self.context[-self.cache.max_tree_depth :],
+            max_spec_tokens=limit,
+            max_spec_factor=self.factor,
+            max_spec_offset=self.offset,
+            min_token_prob=self.min_prob,
+            use_tree_spec=self.tree,
         )
         tokens = list(draft.token_ids)
         if not tokens:

@@ -15,8 +15,7 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
-    from leapdecode.engine.backend import Backend
-    from leapdecode.engine.backend import CacheState
+    from leapdecode.engine.backend import Backend, CacheState
 
 
 @dataclass(frozen=True)
@@ -45,8 +44,10 @@ class Draft:
         if n >= len(self.tokens):
             return self
         return Draft(
-            self.tokens[:n], None if self.q is None else self.q[:n],
-            None if self.parents is None else self.parents[:n], None if self.evidence is None else self.evidence[:n],
+            self.tokens[:n],
+            None if self.q is None else self.q[:n],
+            None if self.parents is None else self.parents[:n],
+            None if self.evidence is None else self.evidence[:n],
         )
 
     def subset(self, kept: Sequence[int]) -> Draft:

@@ -29,8 +29,7 @@ from collections.abc import Hashable, Sequence
 import torch
 
 from leapdecode.drafters.base import Draft, Drafter, Offer
-from leapdecode.engine.backend import Backend
-from leapdecode.engine.backend import CacheState
+from leapdecode.engine.backend import Backend, CacheState
 from leapdecode.engine.cost import PassCost, allocate
 
 

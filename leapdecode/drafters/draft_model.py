@@ -40,11 +40,10 @@ import torch
 from leapdecode.drafters.base import Draft, Drafter
 from leapdecode.drafters.cost_aware import AcceptanceEstimate, RequestEstimate
 from leapdecode.drafters.ngram import NGramModule
-from leapdecode.engine.backend import Backend
-from leapdecode.engine.backend import CacheState
+from leapdecode.engine.backend import Backend, CacheState
 from leapdecode.engine.cost import PassCost
-from leapdecode.engine.sampling import SamplingParams, logits_to_probs
 from leapdecode.engine.noise import PositionNoise, Stream
+from leapdecode.engine.sampling import SamplingParams, logits_to_probs
 from leapdecode.verifiers import Verdict, verify_greedy, verify_speculative
 
 SCHEDULES = ("constant", "heuristic")

@@ -33,7 +33,9 @@ from leapdecode.heads.eagle3 import Eagle3Head, HeadCache
 class Eagle3Drafter(Drafter):
     """Drafts with an EAGLE-3 head over the target's states (see the module doc)."""
 
-    def __init__(self, head: Eagle3Head, *, depth: int = 6, width: int = 1, nodes: int = 0, min_prob: float = 0.0) -> None:
+    def __init__(
+        self, head: Eagle3Head, *, depth: int = 6, width: int = 1, nodes: int = 0, min_prob: float = 0.0
+    ) -> None:
         if depth < 1 or width < 1 or not 0.0 <= min_prob < 1.0:
             raise ValueError(f"depth and width must be >= 1 and min_prob in [0, 1), got {depth}, {width}, {min_prob}")
         self.head = head
@@ -72,7 +74,9 @@ class Eagle3Drafter(Drafter):
         self.pending = []
         m, start = states.shape[1], self.committed
         if len(self.stream) < start + m + 1:
-            raise RuntimeError(f"{start + m} states but a stream of {len(self.stream)} tokens: the loop's order was broken")
+            raise RuntimeError(
+                f"{start + m} states but a stream of {len(self.stream)} tokens: the loop's order was broken"
+            )
         device = states.device
         tokens = torch.tensor([self.stream[start + 1 : start + m + 1]], device=device)  # [1, m]
         positions = torch.arange(start, start + m, device=device)[None]  # [1, m]
@@ -111,7 +115,7 @@ class Eagle3Drafter(Drafter):
             out, _ = head.attend(hidden, flat_tokens[frontier][None], positions, mask, fuse=False, cache=self.cache)
             # 2. Each node's best children; all are candidates, the best `k` the next frontier.
             child = head.logits(out[0]).float().log_softmax(-1).topk(k)  # [k, k]
-            child_scores = (scores_of(scores, frontier, offset) [:, None] + child.values).reshape(-1)  # [k*k]
+            child_scores = (scores_of(scores, frontier, offset)[:, None] + child.values).reshape(-1)  # [k*k]
             offset += scores[-1].numel()
             tokens.append(head.to_target(child.indices).reshape(-1))
             scores.append(child_scores)
@@ -128,7 +132,13 @@ class Eagle3Drafter(Drafter):
             frontier = offset + best
         return self._select(tokens, scores, probs, parents)
 
-    def _select(self, tokens: list[torch.Tensor], scores: list[torch.Tensor], probs: list[torch.Tensor], parents: list[torch.Tensor]) -> Draft:
+    def _select(
+        self,
+        tokens: list[torch.Tensor],
+        scores: list[torch.Tensor],
+        probs: list[torch.Tensor],
+        parents: list[torch.Tensor],
+    ) -> Draft:
         """The `nodes` most probable candidates as a tree, parents first; one host transfer."""
         depths = [torch.full_like(t, d) for d, t in enumerate(tokens)]
         table = torch.stack([torch.cat(x).double() for x in (tokens, scores, probs, parents, depths)]).tolist()

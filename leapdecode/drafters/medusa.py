@@ -34,8 +34,14 @@ class MedusaDrafter(Drafter):
     final norm's output, index `num_layers_of_target` into Hugging Face's `hidden_states`)."""
 
     def __init__(
-        self, heads: MedusaHeads, num_layers_of_target: int, *,
-        tree: bool = False, nodes: int = 16, depth: int | None = None, width: int = 4,
+        self,
+        heads: MedusaHeads,
+        num_layers_of_target: int,
+        *,
+        tree: bool = False,
+        nodes: int = 16,
+        depth: int | None = None,
+        width: int = 4,
     ) -> None:
         num_heads = heads.config.num_heads
         if num_layers_of_target < 1:

@@ -42,7 +42,9 @@ class RecycleDrafter(Drafter):
 
     observes_target = True
 
-    def __init__(self, k: int = 8, nodes: int = 8, depth: int = 4, width: int = 4, table: RecycleTable | None = None) -> None:
+    def __init__(
+        self, k: int = 8, nodes: int = 8, depth: int = 4, width: int = 4, table: RecycleTable | None = None
+    ) -> None:
         self.candidates = k  # top-k of every scored row asked of the verifier
         self.nodes, self.depth, self.width = nodes, depth, width
         self.table = table if table is not None else RecycleTable(k)

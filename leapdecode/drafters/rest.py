@@ -29,7 +29,22 @@ from leapdecode.errors import InputError
 
 KEY = 16  # suffixes are sorted by their first KEY tokens; longer lookups are not needed
 FORMAT = "leapdecode-datastore-1"
-TEXT_SUFFIXES = (".py", ".txt", ".md", ".rst", ".json", ".jsonl", ".c", ".h", ".js", ".ts", ".java", ".go", ".rs", ".html")
+TEXT_SUFFIXES = (
+    ".py",
+    ".txt",
+    ".md",
+    ".rst",
+    ".json",
+    ".jsonl",
+    ".c",
+    ".h",
+    ".js",
+    ".ts",
+    ".java",
+    ".go",
+    ".rs",
+    ".html",
+)
 
 
 def tokenizer_fingerprint(tokenizer: Any) -> str:
@@ -79,14 +94,21 @@ class Datastore:
     def load(cls, folder: str | Path) -> Datastore:
         folder = Path(folder)
         if not folder.is_dir():
-            raise InputError(f"no datastore at {folder}: build one with `leapdecode datastore build --model M CORPUS {folder}`")
+            raise InputError(
+                f"no datastore at {folder}: build one with `leapdecode datastore build --model M CORPUS {folder}`"
+            )
         try:
             meta = json.loads((folder / "meta.json").read_text(encoding="utf-8"))
             tokens = np.load(folder / "tokens.npy", allow_pickle=False)
             suffixes = np.load(folder / "suffixes.npy", allow_pickle=False)
         except (OSError, ValueError) as exc:
             raise InputError(f"{folder} is not a readable datastore ({exc}); rebuild it") from None
-        if meta.get("format") != FORMAT or tokens.ndim != 1 or suffixes.shape != tokens.shape or len(tokens) != meta.get("tokens"):
+        if (
+            meta.get("format") != FORMAT
+            or tokens.ndim != 1
+            or suffixes.shape != tokens.shape
+            or len(tokens) != meta.get("tokens")
+        ):
             raise InputError(f"{folder} is not a valid datastore (format, sizes or meta.json disagree); rebuild it")
         return cls(tokens, suffixes, meta)
 
@@ -116,7 +138,9 @@ class Datastore:
         return 0, np.empty(0, dtype=np.int64)
 
 
-def build_datastore(tokenizer: Any, model_name: str, corpus: Path, suffixes: Sequence[str] = TEXT_SUFFIXES) -> Datastore:
+def build_datastore(
+    tokenizer: Any, model_name: str, corpus: Path, suffixes: Sequence[str] = TEXT_SUFFIXES
+) -> Datastore:
     """Tokenise every text file under `corpus` (or the file itself) and index it."""
     if corpus.is_file():
         files = [corpus]
@@ -143,7 +167,13 @@ def build_datastore(tokenizer: Any, model_name: str, corpus: Path, suffixes: Seq
 
 class RestDrafter(Drafter):
     def __init__(
-        self, datastore: Datastore, nodes: int = 8, depth: int = 4, matches: int = 64, max_suffix: int = 8, min_suffix: int = 2,
+        self,
+        datastore: Datastore,
+        nodes: int = 8,
+        depth: int = 4,
+        matches: int = 64,
+        max_suffix: int = 8,
+        min_suffix: int = 2,
     ) -> None:
         self.datastore = datastore
         self.nodes = nodes

@@ -19,11 +19,10 @@ import torch
 
 from leapdecode.drafters.base import Draft, Drafter
 from leapdecode.early_exit.backend import LayeredSequence, SelfDraftBackend
-from leapdecode.engine.backend import Backend
-from leapdecode.engine.backend import CacheState
-from leapdecode.errors import MethodError
+from leapdecode.engine.backend import Backend, CacheState
 from leapdecode.engine.noise import PositionNoise, Stream, choose
 from leapdecode.engine.sampling import SamplingParams, logits_to_probs
+from leapdecode.errors import MethodError
 
 
 class SelfDrafter(Drafter):

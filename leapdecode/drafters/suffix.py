@@ -158,8 +158,18 @@ class SuffixAutomaton:
                 push(node, -neg, index, count[node])
         return Speculation(tokens, parents, probs, ratios)
 
-    def speculate(self, state: int, matched: int, open_end: bool, limit: int, factor: float, offset: float,
-                  min_match: int, min_prob: float, tree: bool) -> tuple[int, Speculation]:
+    def speculate(
+        self,
+        state: int,
+        matched: int,
+        open_end: bool,
+        limit: int,
+        factor: float,
+        offset: float,
+        min_match: int,
+        min_prob: float,
+        tree: bool,
+    ) -> tuple[int, Speculation]:
         """SuffixDecoding's choice of match: for every suffix of the stream found here (`state`
         holds the longest, `matched` tokens long; shorter ones are its suffix links), its draft of
         at most `factor × length + offset` tokens (and `limit`); the one with the highest score wins (the longer
@@ -241,8 +251,15 @@ class SuffixDrafter(Drafter):
     request or in the shared index of earlier outputs (module doc)."""
 
     def __init__(
-        self, k: int = 16, factor: float = 1.0, offset: float = 0.0, min_match: int = 1,
-        index: SuffixIndex | None = None, window: int = 64, min_prob: float = 0.1, tree: bool = True,
+        self,
+        k: int = 16,
+        factor: float = 1.0,
+        offset: float = 0.0,
+        min_match: int = 1,
+        index: SuffixIndex | None = None,
+        window: int = 64,
+        min_prob: float = 0.1,
+        tree: bool = True,
     ) -> None:
         self.k, self.factor, self.offset, self.min_match = k, factor, offset, min_match
         self.min_prob, self.tree = min_prob, tree
@@ -289,7 +306,9 @@ class SuffixDrafter(Drafter):
             return Draft()
 
         def speculate(automaton: SuffixAutomaton, state: int, matched: int, open_end: bool) -> tuple[int, Speculation]:
-            return automaton.speculate(state, matched, open_end, limit, self.factor, self.offset, self.min_match, self.min_prob, self.tree)
+            return automaton.speculate(
+                state, matched, open_end, limit, self.factor, self.offset, self.min_match, self.min_prob, self.tree
+            )
 
         length, best = speculate(self.local, *self.local.repeat(), True)
         shared = False

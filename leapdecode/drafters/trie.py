@@ -52,7 +52,9 @@ class TokenTrie:
 
 
 class TrieDrafter(Drafter):
-    def __init__(self, nodes: int = 8, depth: int = 4, window: int = 12, max_match: int = 4, prompt_weight: int = 2) -> None:
+    def __init__(
+        self, nodes: int = 8, depth: int = 4, window: int = 12, max_match: int = 4, prompt_weight: int = 2
+    ) -> None:
         if not 1 <= max_match < window:
             raise ValueError(f"need 1 <= max_match < window, got {max_match}, {window}")
         self.nodes = nodes

@@ -51,13 +51,20 @@ class LayerBackend:
     def prefill(self, prompt_ids: list[int], *, features: tuple[int, ...] = ()) -> tuple[LayeredSequence, Scores]:
         no_features(features)
         seq = LayeredSequence(cache=self.runner.new_cache(), length=0)
-        hidden = self.runner.run(seq.cache, self.runner.embed(prompt_ids), self.all_layers, self.runner.positions(0, len(prompt_ids)))
+        hidden = self.runner.run(
+            seq.cache, self.runner.embed(prompt_ids), self.all_layers, self.runner.positions(0, len(prompt_ids))
+        )
         seq.length = len(prompt_ids)
         return seq, Scores(logits=self.runner.head(hidden[:, -1:]))  # [1, vocab]
 
     @torch.inference_mode()
     def forward(
-        self, seq: CacheState, token_ids: list[int], *, hidden: bool = False, tree: TreeLayout | None = None,
+        self,
+        seq: CacheState,
+        token_ids: list[int],
+        *,
+        hidden: bool = False,
+        tree: TreeLayout | None = None,
         features: tuple[int, ...] = (),
     ) -> Scores:
         no_features(features)
@@ -124,7 +131,12 @@ class SelfDraftBackend(LayerBackend):
 
     @torch.inference_mode()
     def forward(
-        self, seq: CacheState, token_ids: list[int], *, hidden: bool = False, tree: TreeLayout | None = None,
+        self,
+        seq: CacheState,
+        token_ids: list[int],
+        *,
+        hidden: bool = False,
+        tree: TreeLayout | None = None,
         features: tuple[int, ...] = (),
     ) -> Scores:
         """Verification: reuse the exact prefix's work on tokens the draft already ran, run the
@@ -143,7 +155,9 @@ class SelfDraftBackend(LayerBackend):
         seq.drafted, seq.prefix_states = [], None
         if reused < len(token_ids):
             fresh = self.runner.embed(token_ids[reused:])
-            fresh = self.runner.run(seq.cache, fresh, self.prefix_layers, self.runner.positions(start + reused, len(token_ids) - reused))
+            fresh = self.runner.run(
+                seq.cache, fresh, self.prefix_layers, self.runner.positions(start + reused, len(token_ids) - reused)
+            )
             states = torch.cat([states, fresh], dim=1)  # [1, n, hidden]
         states = self.runner.run(seq.cache, states, self.rest_layers, self.runner.positions(start, len(token_ids)))
         seq.length += len(token_ids)

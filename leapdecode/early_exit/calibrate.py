@@ -46,5 +46,3 @@ def skip_order(influence: torch.Tensor) -> list[int]:
     """Layers from cheapest to dearest to skip, first and last layers excluded."""
     inner = list(range(1, len(influence) - 1))
     return sorted(inner, key=lambda i: float(influence[i]))
-
-

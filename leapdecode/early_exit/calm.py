@@ -23,8 +23,7 @@ from typing import Any
 import torch
 
 from leapdecode.early_exit.backend import LayerBackend, LayeredSequence
-from leapdecode.engine.backend import Scores
-from leapdecode.engine.backend import CacheState, no_features
+from leapdecode.engine.backend import CacheState, Scores, no_features
 from leapdecode.engine.reference import agreement
 from leapdecode.engine.tree import TreeLayout
 from leapdecode.errors import MethodError
@@ -64,7 +63,12 @@ class CalmBackend(LayerBackend):
 
     @torch.inference_mode()
     def forward(
-        self, seq: CacheState, token_ids: list[int], *, hidden: bool = False, tree: TreeLayout | None = None,
+        self,
+        seq: CacheState,
+        token_ids: list[int],
+        *,
+        hidden: bool = False,
+        tree: TreeLayout | None = None,
         features: tuple[int, ...] = (),
     ) -> Scores:
         no_features(features)
@@ -104,7 +108,9 @@ class ThresholdPoint:
 
 
 @torch.inference_mode()
-def layer_confidences(backend: LayerBackend, token_ids: Sequence[int], measure: str, candidates: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def layer_confidences(
+    backend: LayerBackend, token_ids: Sequence[int], measure: str, candidates: Sequence[int]
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One full pass over `token_ids` layer by layer: for each candidate layer, the confidence
     and greedy token at every position ([C, n] each), and the full model's tokens [n]."""
     runner = backend.runner
@@ -119,7 +125,11 @@ def layer_confidences(backend: LayerBackend, token_ids: Sequence[int], measure: 
 
 
 def simulate_thresholds(
-    confs: torch.Tensor, preds: torch.Tensor, final: torch.Tensor, candidates: Sequence[int], num_layers: int,
+    confs: torch.Tensor,
+    preds: torch.Tensor,
+    final: torch.Tensor,
+    candidates: Sequence[int],
+    num_layers: int,
     thresholds: Sequence[float],
 ) -> list[ThresholdPoint]:
     """Teacher-forced what-if: for each threshold, each token exits at the first candidate layer

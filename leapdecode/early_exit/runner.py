@@ -41,8 +41,10 @@ class LayerRunner:
                 f"this model is {config.model_type!r}"
             )
         if AttentionLayout(model.config).window is not None:
-            raise MethodError("layer-level methods build their own causal masks and do not apply sliding windows: "
-                              "this model has sliding-window layers; use a method that runs the whole model")
+            raise MethodError(
+                "layer-level methods build their own causal masks and do not apply sliding windows: "
+                "this model has sliding-window layers; use a method that runs the whole model"
+            )
         self.model = model
         self.config = config
         self.embed_tokens = inner.embed_tokens
@@ -103,10 +105,16 @@ class LayerRunner:
         for i in layers:
             past = self.cached(cache, i)
             if past not in masks:
-                masks[past] = None if layout is None else layout.attention_mask(past, self.dtype, self.device)  # [1, 1, n, past+n]
+                masks[past] = (
+                    None if layout is None else layout.attention_mask(past, self.dtype, self.device)
+                )  # [1, 1, n, past+n]
             out = self.layers[i](
-                hidden, attention_mask=masks[past], position_ids=position_ids, use_cache=True,
-                position_embeddings=position_embeddings, **{self.cache_argument: cache},
+                hidden,
+                attention_mask=masks[past],
+                position_ids=position_ids,
+                use_cache=True,
+                position_embeddings=position_embeddings,
+                **{self.cache_argument: cache},
             )
             hidden = out[0] if isinstance(out, tuple) else out
         return hidden

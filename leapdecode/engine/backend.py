@@ -50,7 +50,12 @@ class Backend(Protocol):
         ...
 
     def forward(
-        self, seq: CacheState, token_ids: list[int], *, hidden: bool = False, tree: TreeLayout | None = None,
+        self,
+        seq: CacheState,
+        token_ids: list[int],
+        *,
+        hidden: bool = False,
+        tree: TreeLayout | None = None,
         features: tuple[int, ...] = (),
     ) -> Scores:
         """Append `token_ids` to the cache and score every one of them; with `tree`, the tokens
@@ -91,7 +96,9 @@ class AttentionLayout:
         if types is not None:
             unknown = set(types) - {"full_attention", "sliding_attention"}
             if unknown:
-                raise ModelLoadError(f"layers of type {sorted(unknown)} are not supported (full or sliding-window attention only)")
+                raise ModelLoadError(
+                    f"layers of type {sorted(unknown)} are not supported (full or sliding-window attention only)"
+                )
             sliding = sum(t == "sliding_attention" for t in types)
             self.window: int | None = int(window) if sliding and window else None
             self.mixed = bool(self.window) and sliding < len(types)
@@ -115,7 +122,10 @@ class AttentionLayout:
 def no_features(features: tuple[int, ...]) -> None:
     """A backend that cannot return the target's hidden states refuses a request for them."""
     if features:
-        raise InputError("this backend does not return the target's hidden states: trained heads (eagle3, medusa) run on the torch backend")
+        raise InputError(
+            "this backend does not return the target's hidden states: trained heads (eagle3, medusa) run on the torch "
+            "backend"
+        )
 
 
 def cache_argument(forward: Any) -> str:
@@ -145,7 +155,12 @@ class TorchBackend:
         self.cache_argument = cache_argument(model.forward)
 
     def _run(
-        self, seq: CacheState, token_ids: list[int], logits_to_keep: int, hidden: bool, tree: TreeLayout | None = None,
+        self,
+        seq: CacheState,
+        token_ids: list[int],
+        logits_to_keep: int,
+        hidden: bool,
+        tree: TreeLayout | None = None,
         features: tuple[int, ...] = (),
     ) -> Scores:
         input_ids = torch.tensor([token_ids], dtype=torch.long, device=self.device)  # [1, n]
@@ -204,7 +219,12 @@ class TorchBackend:
 
     @torch.inference_mode()
     def forward(
-        self, seq: CacheState, token_ids: list[int], *, hidden: bool = False, tree: TreeLayout | None = None,
+        self,
+        seq: CacheState,
+        token_ids: list[int],
+        *,
+        hidden: bool = False,
+        tree: TreeLayout | None = None,
         features: tuple[int, ...] = (),
     ) -> Scores:
         return self._run(seq, token_ids, logits_to_keep=0, hidden=hidden, tree=tree, features=features)
@@ -232,7 +252,10 @@ class TorchBackend:
             return "batching does not run sliding-window attention yet"
         rope = self.rope_type
         if rope in ("dynamic", "longrope"):  # their frequencies follow the longest position in the pass
-            return f"batching does not run {rope} rotary scaling (its frequencies depend on the other sequences' positions)"
+            return (
+                f"batching does not run {rope} rotary scaling (its frequencies depend on the other sequences' "
+                f"positions)"
+            )
         return None
 
     @property
@@ -287,7 +310,9 @@ def _growing_layer_class() -> type:
         cropping narrows the views. A decode step then copies its own tokens, never the context,
         where `DynamicLayer` concatenates the whole cache every step."""
 
-        def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        def update(
+            self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+        ) -> tuple[torch.Tensor, torch.Tensor]:
             if not self.is_initialized:
                 self.lazy_initialization(key_states, value_states)
             length = self.get_seq_length()
@@ -299,8 +324,12 @@ def _growing_layer_class() -> type:
             if buffers is None or end > buffers[0].shape[-2] or buffers[0].data_ptr() != keys.data_ptr() or length == 0:
                 capacity = end + max(256, end // 2)
                 buffers = tuple(
-                    torch.cat([old[..., :length, :], new.new_zeros((*new.shape[:-2], capacity - length, new.shape[-1]))], dim=-2)
-                    if length else new.new_zeros((*new.shape[:-2], capacity, new.shape[-1]))
+                    torch.cat(
+                        [old[..., :length, :], new.new_zeros((*new.shape[:-2], capacity - length, new.shape[-1]))],
+                        dim=-2,
+                    )
+                    if length
+                    else new.new_zeros((*new.shape[:-2], capacity, new.shape[-1]))
                     for old, new in ((keys, key_states), (values, value_states))
                 )  # each [batch, kv_heads, capacity, head_dim]
                 self.buffers = buffers

@@ -34,7 +34,6 @@ if TYPE_CHECKING:
     from leapdecode.engine.backend import CacheState, Scores, TorchBackend
 
 
-
 @dataclass(frozen=True)
 class BatchItem:
     """One sequence's part of a packed pass: `tokens` appended to `seq`'s cache (a prompt, or the
@@ -68,7 +67,9 @@ def _packed_cache_class() -> type:
             self.bounds = bounds
             self.views: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
 
-        def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        def update(
+            self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any
+        ) -> tuple[torch.Tensor, torch.Tensor]:
             # key_states, value_states: [1, kv_heads, N, head_dim]
             self.views[layer_idx] = [
                 item.seq.cache.update(key_states[:, :, a:b], value_states[:, :, a:b], layer_idx)
@@ -76,7 +77,9 @@ def _packed_cache_class() -> type:
             ]
             return key_states, value_states  # unused: `attend` reads each sequence's own cache
 
-        def attend(self, module: Any, query: torch.Tensor, scaling: float | None, kwargs: dict[str, Any]) -> torch.Tensor:
+        def attend(
+            self, module: Any, query: torch.Tensor, scaling: float | None, kwargs: dict[str, Any]
+        ) -> torch.Tensor:
             """query [1, heads, N, dim] -> [1, N, heads, dim], each sequence over its own keys."""
             outs = []
             for (a, b), (keys, values), mask in zip(self.bounds, self.views[module.layer_idx], self.masks):
@@ -137,8 +140,13 @@ def forward_batch(backend: TorchBackend, items: Sequence[BatchItem], features: t
     unused_mask = torch.ones(1, 1, 1, 1, dtype=torch.bool, device=device)
     with torch.inference_mode():
         out = backend.model(
-            input_ids=input_ids, position_ids=position_ids, attention_mask=unused_mask, use_cache=True,
-            logits_to_keep=rows, output_hidden_states=bool(features), **{backend.cache_argument: cache, BATCH_KEYWORD: cache},
+            input_ids=input_ids,
+            position_ids=position_ids,
+            attention_mask=unused_mask,
+            use_cache=True,
+            logits_to_keep=rows,
+            output_hidden_states=bool(features),
+            **{backend.cache_argument: cache, BATCH_KEYWORD: cache},
         )
     logits = out.logits[0]  # [kept rows, vocab]
     chosen = torch.cat([out.hidden_states[i][0] for i in features], dim=-1) if features else None  # [N, F]
@@ -147,7 +155,9 @@ def forward_batch(backend: TorchBackend, items: Sequence[BatchItem], features: t
         n = len(item.tokens)
         kept = 1 if item.last_only else n
         item.seq.length += n
-        scores.append(Scores(logits=logits[row : row + kept], features=None if chosen is None else chosen[start : start + n]))
+        scores.append(
+            Scores(logits=logits[row : row + kept], features=None if chosen is None else chosen[start : start + n])
+        )
         row += kept
         start += n
     return scores

@@ -64,14 +64,15 @@ class ForwardCost:
         return max(range(len(accept) + 1), key=lambda length: (self.expected_rate(accept, length), -length))
 
 
-def allocate(offers: Sequence[Offer | None], caps: Sequence[int], base_rows: int, decoding: int, cost: PassCost,
-             budget: int) -> list[list[int]]:
+def allocate(
+    offers: Sequence[Offer | None], caps: Sequence[int], base_rows: int, decoding: int, cost: PassCost, budget: int
+) -> list[list[int]]:
     """Which drafted tokens each request keeps in a pass: the most probable tokens across all
     offers (parents before children, at most `caps[i]` of request i, within `budget` rows in all)
     in the number with the most expected tokens per second, `decoding + sum(reach) / cost(rows)`,
     where `base_rows` rows (pending tokens, prompts) are there anyway and are worth `decoding`
-    tokens (a pending token one, and a prompt row one to the scheduler: work needed either way). An offer without reach is
-    kept whole up to its cap and the budget, before any other (None: no draft). One offer with
+    tokens (a pending token one, and a prompt row one to the scheduler: work needed either way). An
+    offer without reach is kept whole up to its cap and the budget, before any other (None: no draft). One offer with
     one pending row is cost-aware drafting's cut for a request alone (`CostAwareDrafter`)."""
     kept: list[list[int]] = [[] for _ in offers]
     rows = base_rows
@@ -84,7 +85,8 @@ def allocate(offers: Sequence[Offer | None], caps: Sequence[int], base_rows: int
             rows += len(kept[i])
         else:
             candidates.extend((-r, i, t) for t, r in enumerate(offer.reach))
-    candidates.sort()  # most probable first; a child never precedes its parent (lower reach, or a tie and a later index)
+    # most probable first; a child never precedes its parent (lower reach, or a tie and a later index)
+    candidates.sort()
     chosen: list[tuple[int, int]] = []
     best, best_rate, expected = 0, decoding / cost.of(max(rows, 1)), float(decoding)
     taken: list[set[int]] = [set() for _ in offers]
@@ -136,7 +138,9 @@ def share_rows(needs: list[int], rows: int) -> list[int]:
     return given
 
 
-def measure_forward_cost(backend: Backend, max_tokens: int, *, context: int = 64, repeats: int = 3, tree: bool = False) -> ForwardCost:
+def measure_forward_cost(
+    backend: Backend, max_tokens: int, *, context: int = 64, repeats: int = 3, tree: bool = False
+) -> ForwardCost:
     """Time passes of 1..max_tokens tokens after a `context`-token prompt on `backend`: `repeats`
     rounds over every size, the median per size, fitted non-decreasing (`nondecreasing_fit`).
     Rounds rather than one size at a time, so that a burst of other load on the machine lands on
@@ -178,7 +182,9 @@ def nondecreasing_fit(values: Sequence[float]) -> tuple[float, ...]:
 BATCH_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)  # rows timed for a packed pass's curve
 
 
-def measure_batch_cost(backend: TorchBackend, max_rows: int, sequences: int, *, context: int = 64, repeats: int = 3) -> ForwardCost:
+def measure_batch_cost(
+    backend: TorchBackend, max_rows: int, sequences: int, *, context: int = 64, repeats: int = 3
+) -> ForwardCost:
     """Seconds of a pass over several sequences (`engine.batch`) by its rows, for 1..max_rows:
     `sequences` sequences of `context` cached tokens (fewer when the rows are fewer), the rows
     spread evenly over them as chains; timed at `BATCH_SIZES` in `repeats` rounds (median per

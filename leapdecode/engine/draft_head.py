@@ -32,7 +32,9 @@ def trimmed_head(model: Any, ids: torch.Tensor) -> nn.Module:
         bias = None if head.bias is None else head.bias[ids]
         return QuantizedLinear.from_weight(rows, head.bits, bias)
     if isinstance(head, nn.Linear):
-        layer = nn.Linear(head.in_features, len(ids), bias=head.bias is not None, dtype=head.weight.dtype, device=head.weight.device)
+        layer = nn.Linear(
+            head.in_features, len(ids), bias=head.bias is not None, dtype=head.weight.dtype, device=head.weight.device
+        )
         with torch.no_grad():
             layer.weight.copy_(head.weight[ids])
             if head.bias is not None:
@@ -53,7 +55,12 @@ class DraftHeadBackend(TorchBackend):
         self.head = trimmed_head(model, self.ids)
 
     def _run(
-        self, seq: CacheState, token_ids: list[int], logits_to_keep: int, hidden: bool, tree: TreeLayout | None = None,
+        self,
+        seq: CacheState,
+        token_ids: list[int],
+        logits_to_keep: int,
+        hidden: bool,
+        tree: TreeLayout | None = None,
         features: tuple[int, ...] = (),
     ) -> Scores:
         if (tree is not None and not tree.is_chain) or features or hidden:

@@ -72,7 +72,9 @@ class LlamaCppBackend:
 
     # -- batches -------------------------------------------------------------------------
 
-    def _decode(self, tokens: list[int], positions: list[int], seq_ids: list[tuple[int, ...]], logits: list[bool]) -> None:
+    def _decode(
+        self, tokens: list[int], positions: list[int], seq_ids: list[tuple[int, ...]], logits: list[bool]
+    ) -> None:
         if len(tokens) > self.model.n_batch:
             raise InputError(f"{len(tokens)} tokens in one pass exceed llama.cpp's batch of {self.model.n_batch}")
         batch = self._batch
@@ -88,7 +90,9 @@ class LlamaCppBackend:
         if code != 0:
             raise RuntimeError(f"llama_decode failed with code {code} (context of {self.model.n_ctx} tokens full?)")
 
-    def _score(self, tokens: list[int], positions: list[int], seq_ids: list[tuple[int, ...]], cells: int) -> torch.Tensor:
+    def _score(
+        self, tokens: list[int], positions: list[int], seq_ids: list[tuple[int, ...]], cells: int
+    ) -> torch.Tensor:
         """Logits for every token [n, vocab], decoded in chunks no longer than the batch that
         scores exactly as one token at a time does with `cells` cached after the pass."""
         step = self.exact_batch(cells)
@@ -172,7 +176,9 @@ class LlamaCppBackend:
     def prefill(self, prompt_ids: list[int], *, features: tuple[int, ...] = ()) -> tuple[CacheState, Scores]:
         no_features(features)
         if len(prompt_ids) >= self.model.n_ctx:
-            raise InputError(f"the prompt has {len(prompt_ids)} tokens; this llama.cpp context holds {self.model.n_ctx}")
+            raise InputError(
+                f"the prompt has {len(prompt_ids)} tokens; this llama.cpp context holds {self.model.n_ctx}"
+            )
         state = _State()
         self.model.holder = state
         self.llama_cpp.llama_memory_clear(self.model.memory, True)
@@ -185,7 +191,12 @@ class LlamaCppBackend:
         return CacheState(cache=state, length=len(prompt_ids)), Scores(logits=self._logits(1))
 
     def forward(
-        self, seq: CacheState, token_ids: list[int], *, hidden: bool = False, tree: TreeLayout | None = None,
+        self,
+        seq: CacheState,
+        token_ids: list[int],
+        *,
+        hidden: bool = False,
+        tree: TreeLayout | None = None,
         features: tuple[int, ...] = (),
     ) -> Scores:
         no_features(features)
@@ -203,7 +214,9 @@ class LlamaCppBackend:
                 self.llama_cpp.llama_memory_seq_cp(memory, 0, sid, -1, -1)  # the prefix, shared
             positions = (seq.length + tree.depth).tolist()
             state.tree_tokens = list(token_ids)
-            logits = self._score(token_ids, positions, ids, seq.length + n)  # chunks keep node order: cells stay consecutive
+            logits = self._score(
+                token_ids, positions, ids, seq.length + n
+            )  # chunks keep node order: cells stay consecutive
         seq.length += n
         return Scores(logits=logits)  # [n, vocab]
 
@@ -212,7 +225,9 @@ class LlamaCppBackend:
         """Sequence ids per node: one per leaf (1..B), each node carrying those of the leaves below."""
         leaves = [node for node in range(tree.num_nodes) if not tree.children[node]]
         if len(leaves) >= MAX_SEQUENCES:
-            raise InputError(f"a tree with {len(leaves)} branches exceeds the {MAX_SEQUENCES - 1} this backend verifies at once")
+            raise InputError(
+                f"a tree with {len(leaves)} branches exceeds the {MAX_SEQUENCES - 1} this backend verifies at once"
+            )
         below: list[list[int]] = [[] for _ in range(tree.num_nodes)]
         for sid, leaf in enumerate(leaves, start=1):
             node = leaf

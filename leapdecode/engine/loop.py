@@ -31,11 +31,14 @@ if TYPE_CHECKING:
     from leapdecode.drafters.base import Draft, Drafter, Offer
     from leapdecode.verifiers.verdict import TokenLogprob, Verdict
 
+
 class Verifier(Protocol):
     """(drafted tokens [D], target logits [D+1, vocab], draft probs q [D, vocab] or None) -> Verdict;
     `position`: the output position the first row decides (a sampled request's noise is per position)."""
 
-    def __call__(self, draft: Sequence[int], logits: torch.Tensor, q: torch.Tensor | None, *, position: int) -> Verdict: ...
+    def __call__(
+        self, draft: Sequence[int], logits: torch.Tensor, q: torch.Tensor | None, *, position: int
+    ) -> Verdict: ...
 
 
 class TreeVerifier(Protocol):
@@ -65,8 +68,14 @@ class SequenceRun:
         begin(prefill's scores) -> Step;  then repeat:  propose -> plan -> (a pass) -> settle -> Step
     """
 
-    def __init__(self, prompt_ids: Sequence[int], drafter: Drafter, stop: StopCriteria, verifier: Verifier,
-                 tree_verifier: TreeVerifier) -> None:
+    def __init__(
+        self,
+        prompt_ids: Sequence[int],
+        drafter: Drafter,
+        stop: StopCriteria,
+        verifier: Verifier,
+        tree_verifier: TreeVerifier,
+    ) -> None:
         self.prompt_ids = list(prompt_ids)
         self.drafter = drafter
         self.stop = stop
@@ -167,7 +176,9 @@ class SequenceRun:
         if reason is not None:
             self.done = True
             self.drafter.finish()
-        return Step(drafted, len(verdict.path), tuple(verdict.tokens[:keep]), reason, parents, tuple(verdict.path), logprobs)
+        return Step(
+            drafted, len(verdict.path), tuple(verdict.tokens[:keep]), reason, parents, tuple(verdict.path), logprobs
+        )
 
 
 def wanted_features(scores: Scores) -> torch.Tensor:

@@ -54,7 +54,9 @@ class PositionNoise:
         drafter's own sampling noise (`Stream.DRAFT`)."""
         return PositionNoise(_mix((self.seed & _MASK) ^ _mix((int(stream) + 1) * _GOLDEN & _MASK)))
 
-    def uniforms(self, positions: list[int], stream: Stream = Stream.TARGET, device: torch.device | str = "cpu") -> torch.Tensor:
+    def uniforms(
+        self, positions: list[int], stream: Stream = Stream.TARGET, device: torch.device | str = "cpu"
+    ) -> torch.Tensor:
         """[len(positions)] float32 uniforms on `device` (one host-to-device copy)."""
         return torch.tensor([self.uniform(t, stream) for t in positions], dtype=torch.float32, device=device)
 
@@ -64,7 +66,9 @@ class PositionNoise:
         global generator (so that `torch.manual_seed` makes unseeded runs reproducible, as in HF)."""
         if seed is not None:
             return cls(int(seed))
-        drawn = torch.randint(0, 2**62, (1,), generator=generator, device=generator.device if generator is not None else "cpu")
+        drawn = torch.randint(
+            0, 2**62, (1,), generator=generator, device=generator.device if generator is not None else "cpu"
+        )
         return cls(int(drawn))
 
 
@@ -77,5 +81,7 @@ def choose(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     total = cumulative[:, -1:]  # [n, 1]
     # strictly below the total (u rounded to float32 can reach 1), so the first cumulative
     # above it exists and sits where the distribution steps up: a token of positive probability
-    target = torch.minimum(u.to(cumulative.dtype).unsqueeze(-1) * total, torch.nextafter(total, torch.zeros_like(total)))  # [n, 1]
+    target = torch.minimum(
+        u.to(cumulative.dtype).unsqueeze(-1) * total, torch.nextafter(total, torch.zeros_like(total))
+    )  # [n, 1]
     return torch.searchsorted(cumulative, target, right=True).squeeze(-1)  # [n]

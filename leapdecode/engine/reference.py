@@ -15,7 +15,9 @@ import torch
 
 
 @torch.inference_mode()
-def greedy_reference(model: Any, prompt_ids: Sequence[int], max_new_tokens: int, eos_token_ids: Sequence[int] = ()) -> list[int]:
+def greedy_reference(
+    model: Any, prompt_ids: Sequence[int], max_new_tokens: int, eos_token_ids: Sequence[int] = ()
+) -> list[int]:
     ids = torch.tensor([list(prompt_ids)], dtype=torch.long, device=model.device)  # [1, T]
     generated: list[int] = []
     for _ in range(max_new_tokens):

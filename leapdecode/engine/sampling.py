@@ -12,7 +12,6 @@ import torch
 
 from leapdecode.errors import InputError
 
-
 # Below this a temperature is greedy decoding (vLLM's rule): logits divided by a tinier one
 # overflow float32, and a distribution of NaNs would sample a token that does not exist.
 MIN_TEMPERATURE = 1e-5

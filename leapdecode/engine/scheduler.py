@@ -55,8 +55,7 @@ logger = logging.getLogger("leapdecode")
 T = TypeVar("T")
 
 if TYPE_CHECKING:
-    from leapdecode.drafters.base import Offer
-    from leapdecode.drafters.base import Drafter
+    from leapdecode.drafters.base import Drafter, Offer
     from leapdecode.engine.backend import Backend, CacheState, Scores
     from leapdecode.engine.loop import TreeVerifier, Verifier
     from leapdecode.engine.stopping import StopCriteria
@@ -89,7 +88,9 @@ class Submission:
     error: BaseException | None = None
     submitted_at: float = field(default_factory=time.monotonic)
     started_at: float | None = None  # when it joined the batch (queue time ends, its prefill's time limit starts)
-    decoding_at: float | None = None  # when its prompt was in and its first token out (its decoding's time limit starts)
+    decoding_at: float | None = (
+        None  # when its prompt was in and its first token out (its decoding's time limit starts)
+    )
     backend: Backend | None = None  # the backend its run was made for; None: the scheduler's
     alone: bool = field(default=False, init=False)  # runs in passes of its own (set by the scheduler at submit)
 
@@ -121,14 +122,24 @@ class BatchScheduler:
     """Runs submitted requests in shared passes on one `TorchBackend`, or one request at a time in
     passes of its own on any `Backend` (see the module doc)."""
 
-    def __init__(self, backend: Backend, cost: PassCost | None, *, max_batch: int = 8, max_rows: int = 128,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        backend: Backend,
+        cost: PassCost | None,
+        *,
+        max_batch: int = 8,
+        max_rows: int = 128,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         """`cost`: the measured cost of a shared pass by rows on `backend`, which must pack
         sequences; None: requests never share passes (any backend)."""
         if cost is not None and backend.batchable is not None:
             raise InputError(backend.batchable)
         if not 1 <= max_batch <= max_rows <= PASS_ROWS:
-            raise InputError(f"max_batch must be at least 1, and max_rows from max_batch to {PASS_ROWS}; got {max_batch} and {max_rows}")
+            raise InputError(
+                f"max_batch must be at least 1, and max_rows from max_batch to {PASS_ROWS}; got {max_batch} and "
+                f"{max_rows}"
+            )
         self.backend = backend
         self.cost = cost
         # requests on a backend that packs sequences share passes on it; the others run alone
@@ -259,7 +270,9 @@ class BatchScheduler:
     def _pass(self, decoding: list[Submission], chunks: list[tuple[Submission, BatchItem]]) -> PassReport | None:
         """Plan, score and settle one shared pass; a request whose drafting, verifying or
         callbacks fail leaves with its error, the others go on (a failed forward ends them all)."""
-        planned = [(s, p) for s in decoding if (p := self._isolated(s, functools.partial(self._plan_decoding, s))) is not None]
+        planned = [
+            (s, p) for s in decoding if (p := self._isolated(s, functools.partial(self._plan_decoding, s))) is not None
+        ]
         prefill = sum(len(item.tokens) for _, item in chunks)
         drafting = self._allocate(planned, len(planned) + prefill)
         members = [s for s, _ in drafting] + [s for s, _ in chunks]
@@ -270,7 +283,9 @@ class BatchScheduler:
         try:
             scores = forward_batch(self._packer(), items, wanted)
         except Exception as exc:  # noqa: BLE001 - the pass failed: each of its requests ends with the error
-            followers = [f for s, _ in chunks for f in self.prefilling.pop(s).followers]  # their prompt's cache is spoiled
+            followers = [
+                f for s, _ in chunks for f in self.prefilling.pop(s).followers
+            ]  # their prompt's cache is spoiled
             for submission in members + followers:
                 submission.error = exc
                 self._end(submission, "error")
@@ -280,7 +295,9 @@ class BatchScheduler:
             emitted += self._isolated(submission, functools.partial(self._settled, submission, score, wanted)) or 0
         for (submission, item), score in zip(chunks, scores[len(drafting) :]):
             try:
-                emitted += self._prefilled(submission, len(item.tokens), self._features_for(submission.run, score, wanted))
+                emitted += self._prefilled(
+                    submission, len(item.tokens), self._features_for(submission.run, score, wanted)
+                )
             except Exception as exc:  # noqa: BLE001 - this prompt's requests end with the error, the others go on
                 spoiled = self.prefilling.pop(submission, None)
                 for member in [submission, *(spoiled.followers if spoiled is not None else ())]:
@@ -291,7 +308,9 @@ class BatchScheduler:
 
     def _settled(self, submission: Submission, scores: Scores, wanted: tuple[int, ...]) -> int:
         """A decoding request's rows were scored: verify, keep, emit."""
-        return self._deliver(submission, submission.run.settle(self._packer(), self._features_for(submission.run, scores, wanted)))
+        return self._deliver(
+            submission, submission.run.settle(self._packer(), self._features_for(submission.run, scores, wanted))
+        )
 
     def _prefilled(self, submission: Submission, rows: int, scores: Scores) -> int:
         """A chunk of `submission`'s prompt was scored; once the whole prompt is in, it and the
@@ -304,7 +323,9 @@ class BatchScheduler:
             prefill.features.append(scores.features)  # [rows, F]
         if prefill.done < len(submission.run.prompt_ids):
             return 0
-        whole = Scores(scores.logits, features=torch.cat(prefill.features) if prefill.features else None)  # features [prompt, F]
+        whole = Scores(
+            scores.logits, features=torch.cat(prefill.features) if prefill.features else None
+        )  # features [prompt, F]
         del self.prefilling[submission]  # below, each request's failure is its own
         now = self.clock()
         for member in (submission, *prefill.followers):
@@ -363,7 +384,10 @@ class BatchScheduler:
             if submission.alone:  # prefilled in a pass of its own
                 continue
             run = submission.run
-            leader = next((s for s in self.prefilling if s.run.prompt_ids == run.prompt_ids and s.run.features == run.features), None)
+            leader = next(
+                (s for s in self.prefilling if s.run.prompt_ids == run.prompt_ids and s.run.features == run.features),
+                None,
+            )
             if leader is not None:
                 self.prefilling[leader].followers.append(submission)
             else:
@@ -377,7 +401,9 @@ class BatchScheduler:
         offer = run.offer(exact)
         return offer, len(offer.draft) if exact is None else min(len(offer.draft), exact)
 
-    def _allocate(self, planned: list[tuple[Submission, tuple[Offer, int]]], base: int) -> list[tuple[Submission, BatchItem]]:
+    def _allocate(
+        self, planned: list[tuple[Submission, tuple[Offer, int]]], base: int
+    ) -> list[tuple[Submission, BatchItem]]:
         """Cut the decoding requests' offers for the pass (`allocate`; `base`: the rows it holds
         before drafts) and build their items; a request whose cut or plan fails leaves with its
         error, the others go on."""
@@ -385,8 +411,14 @@ class BatchScheduler:
         # where a drafted row is worth only its reach (else a pass that carries a prompt chunk
         # would make drafts look cheap against its cost)
         assert self.cost is not None, "shared passes are cut by their measured cost"
-        kept = allocate([offer for _, (offer, _) in planned], [cap for _, (_, cap) in planned], base, base, self.cost,
-                        max(self.max_rows, base))
+        kept = allocate(
+            [offer for _, (offer, _) in planned],
+            [cap for _, (_, cap) in planned],
+            base,
+            base,
+            self.cost,
+            max(self.max_rows, base),
+        )
         items: list[tuple[Submission, BatchItem]] = []
         for (submission, (offer, _)), keep in zip(planned, kept):
             run = submission.run

@@ -83,7 +83,13 @@ class TreeMaskBuffer:
     def mask(self, tree: TreeLayout, past: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         n = tree.num_nodes
         buffer = self.buffer
-        if buffer is None or buffer.dtype != dtype or buffer.device != device or buffer.shape[0] < n or buffer.shape[1] < past + n:
+        if (
+            buffer is None
+            or buffer.dtype != dtype
+            or buffer.device != device
+            or buffer.shape[0] < n
+            or buffer.shape[1] < past + n
+        ):
             rows = max(n, buffer.shape[0] if buffer is not None else 0)
             columns = max(2 * (past + n), 256)
             buffer = self.buffer = torch.zeros(rows, columns, dtype=dtype, device=device)
@@ -112,8 +118,12 @@ def compile_tree(parents: tuple[int, ...]) -> TreeLayout:
         ancestors[node, node] = True
     is_chain = all(p == i - 1 for i, p in enumerate(parents))
     return TreeLayout(
-        parents=parents, children=tuple(tuple(c) for c in children), depth=torch.tensor(depth), depths=tuple(depth),
-        ancestors=ancestors, is_chain=is_chain,
+        parents=parents,
+        children=tuple(tuple(c) for c in children),
+        depth=torch.tensor(depth),
+        depths=tuple(depth),
+        ancestors=ancestors,
+        is_chain=is_chain,
     )
 
 

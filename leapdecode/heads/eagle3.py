@@ -134,8 +134,15 @@ class Eagle3Head(nn.Module):
             return self.embed_tokens(tokens).to(self.dtype)
 
     def attend(
-        self, hidden: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, *, fuse: bool,
-        past: tuple[torch.Tensor, torch.Tensor] | None = None, cache: HeadCache | None = None,
+        self,
+        hidden: torch.Tensor,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        mask: torch.Tensor,
+        *,
+        fuse: bool,
+        past: tuple[torch.Tensor, torch.Tensor] | None = None,
+        cache: HeadCache | None = None,
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
         """One pass of the layer. hidden [B, T, F] (the target's aux states, `fuse`d here by `fc`)
         or [B, T, hidden] (the head's own pre-norm outputs), tokens/positions [B, T], mask
@@ -168,7 +175,9 @@ class Eagle3Head(nn.Module):
             keys, values = torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2)  # [B, kv, S, dim]
         else:
             keys, values = k, v
-        out = nn.functional.scaled_dot_product_attention(q, keys, values, attn_mask=mask[:, None], enable_gqa=True)  # [B, heads, T, dim]
+        out = nn.functional.scaled_dot_product_attention(
+            q, keys, values, attn_mask=mask[:, None], enable_gqa=True
+        )  # [B, heads, T, dim]
         hidden = self.o_proj(out.transpose(1, 2).reshape(b, t, -1)) + residual  # [B, T, hidden]
         normed = self.post_attention_layernorm(hidden)
         hidden = hidden + self.down_proj(nn.functional.silu(self.gate_proj(normed)) * self.up_proj(normed))
@@ -193,8 +202,11 @@ def _rotary(config: Eagle3Config) -> nn.Module:
         rope = {**rope, **config.rope_scaling}
         rope["rope_type"] = rope.pop("type", rope.get("rope_type", "default"))
     llama = LlamaConfig(
-        hidden_size=config.hidden_size, num_attention_heads=config.num_attention_heads, head_dim=config.head_dim,
-        max_position_embeddings=config.max_position_embeddings, rope_parameters=rope,
+        hidden_size=config.hidden_size,
+        num_attention_heads=config.num_attention_heads,
+        head_dim=config.head_dim,
+        max_position_embeddings=config.max_position_embeddings,
+        rope_parameters=rope,
     )
     return LlamaRotaryEmbedding(llama)
 

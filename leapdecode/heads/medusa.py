@@ -48,7 +48,11 @@ class MedusaHeads(nn.Module):
     None. With `token_map` (target ids [rows]) the heads score only those tokens."""
 
     def __init__(
-        self, config: MedusaConfig, *, shared_lm_head: torch.Tensor | None = None, token_map: torch.Tensor | None = None,
+        self,
+        config: MedusaConfig,
+        *,
+        shared_lm_head: torch.Tensor | None = None,
+        token_map: torch.Tensor | None = None,
     ) -> None:
         super().__init__()
         self.config = config
@@ -66,7 +70,9 @@ class MedusaHeads(nn.Module):
             self.shared_lm_head = shared_lm_head.detach()  # a plain tensor: `.to()` on the heads leaves it alone
         # a quantized copy of the shared head (`quantize_shared_head`) and the tensor it copies: a
         # plain callable, so neither state_dict nor `.to()` see it; used while that tensor is the head
-        self._shared_product: tuple[torch.Tensor, int, Callable[[torch.Tensor], torch.Tensor]] | None = None  # head, its version, product
+        self._shared_product: tuple[torch.Tensor, int, Callable[[torch.Tensor], torch.Tensor]] | None = (
+            None  # head, its version, product
+        )
 
     @property
     def dtype(self) -> torch.dtype:
@@ -79,7 +85,9 @@ class MedusaHeads(nn.Module):
         the token map's tokens when there is one. A shared LM head scores every head's rows in one
         product: on a CPU the cost of a drafting step is reading that weight, once, not per head."""
         x = hidden.to(self.dtype)  # [n, H]
-        states = torch.stack([self.blocks[i](x) for i in range(self.config.num_heads if count is None else count)])  # [count, n, H]
+        states = torch.stack(
+            [self.blocks[i](x) for i in range(self.config.num_heads if count is None else count)]
+        )  # [count, n, H]
         if self.lm_heads is not None:
             return torch.stack([self.lm_heads[i](h).to(self.dtype) for i, h in enumerate(states)])  # [count, n, rows]
         assert self.shared_lm_head is not None
@@ -137,8 +145,12 @@ def _version(tensor: torch.Tensor) -> int:
 
 
 def random_medusa(
-    config: MedusaConfig, seed: int = 0, *, scale: float = 0.3,
-    shared_lm_head: torch.Tensor | None = None, token_map: torch.Tensor | None = None,
+    config: MedusaConfig,
+    seed: int = 0,
+    *,
+    scale: float = 0.3,
+    shared_lm_head: torch.Tensor | None = None,
+    token_map: torch.Tensor | None = None,
 ) -> MedusaHeads:
     """Heads with random weights (standard deviation `scale`; tests use a large one so that drafts vary)."""
     generator = torch.Generator().manual_seed(seed)

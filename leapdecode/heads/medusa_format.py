@@ -44,7 +44,12 @@ _EXPECTED = (
 
 
 def save_medusa(
-    heads: MedusaHeads, folder: str | Path, *, format: str = "medusa", base_model: str = "", safetensors: bool = True,
+    heads: MedusaHeads,
+    folder: str | Path,
+    *,
+    format: str = "medusa",
+    base_model: str = "",
+    safetensors: bool = True,
 ) -> Path:
     """Write `heads` to `folder` (created) in Medusa's format or vLLM's; `safetensors=False`
     writes Medusa's original `medusa_lm_head.pt` (vLLM's: `pytorch_model.bin`). Shared-LM-head
@@ -60,14 +65,21 @@ def save_medusa(
     c = heads.config
     if format == "medusa":
         config: dict[str, Any] = {
-            "medusa_num_heads": c.num_heads, "medusa_num_layers": c.num_layers,
-            "base_model_name_or_path": base_model, "hidden_size": c.hidden_size, "vocab_size": c.vocab_size,
+            "medusa_num_heads": c.num_heads,
+            "medusa_num_layers": c.num_layers,
+            "base_model_name_or_path": base_model,
+            "hidden_size": c.hidden_size,
+            "vocab_size": c.vocab_size,
         }
         state = _to_medusa_names(heads)
     else:
         config = {
-            "architectures": ["MedusaModel"], "model_type": "medusa", "hidden_size": c.hidden_size,
-            "vocab_size": c.vocab_size, "num_heads": c.num_heads, "num_hidden_layers": c.num_layers,
+            "architectures": ["MedusaModel"],
+            "model_type": "medusa",
+            "hidden_size": c.hidden_size,
+            "vocab_size": c.vocab_size,
+            "num_heads": c.num_heads,
+            "num_hidden_layers": c.num_layers,
             "medusa_fc_bias": True,
         }
         if base_model:
@@ -250,7 +262,9 @@ def _check_sizes(path: Path, read: _Read, hidden: int, vocab: int, text: Any) ->
         if said is not None and said != found:
             raise ModelLoadError(f"{path / 'config.json'} says {name} {said}, but the weights have {found}")
     if hidden != text.hidden_size:
-        raise ModelLoadError(f"Medusa heads for hidden size {hidden}, but the target's hidden size is {text.hidden_size}")
+        raise ModelLoadError(
+            f"Medusa heads for hidden size {hidden}, but the target's hidden size is {text.hidden_size}"
+        )
     if vocab != text.vocab_size:
         raise ModelLoadError(
             f"Medusa heads for a vocabulary of {vocab} tokens, but the target's vocabulary has {text.vocab_size}"
@@ -270,7 +284,9 @@ def _assemble(path: Path, read: _Read, target_model: Any) -> MedusaHeads:
     if lm is None:  # the heads use the target's own LM head
         shared = target_output_weight(target_model)  # [V, H]
         if shared is None:
-            raise ModelLoadError(f"the Medusa heads in {path} use the target's LM head, and the target's could not be read as weights")
+            raise ModelLoadError(
+                f"the Medusa heads in {path} use the target's LM head, and the target's could not be read as weights"
+            )
     if token_map is not None:  # full-vocabulary LM heads: keep the map's rows, as vLLM does
         for key in [k for k in read.state if k.startswith("lm_heads.")]:
             if read.state[key].shape[0] > token_map.numel():
@@ -280,7 +296,9 @@ def _assemble(path: Path, read: _Read, target_model: Any) -> MedusaHeads:
     config = MedusaConfig(hidden, vocab, read.num_heads, read.num_layers)
     try:
         with torch.device("meta"):  # no memory for weights about to be replaced
-            heads = MedusaHeads(config, token_map=token_map, shared_lm_head=None if shared is None else shared.to("meta"))
+            heads = MedusaHeads(
+                config, token_map=token_map, shared_lm_head=None if shared is None else shared.to("meta")
+            )
     except ValueError as error:
         raise ModelLoadError(f"the LM head for the Medusa heads in {path}: {error}") from error
     for key, value in heads.state_dict().items():
@@ -289,7 +307,9 @@ def _assemble(path: Path, read: _Read, target_model: Any) -> MedusaHeads:
         if key not in read.state:
             raise ModelLoadError(f"the weights in {path} lack {key}")
         if read.state[key].shape != value.shape:
-            raise ModelLoadError(f"{key} in {path} has shape {tuple(read.state[key].shape)}, expected {tuple(value.shape)}")
+            raise ModelLoadError(
+                f"{key} in {path} has shape {tuple(read.state[key].shape)}, expected {tuple(value.shape)}"
+            )
     heads.load_state_dict(read.state, strict=False, assign=True)
     heads.shared_lm_head = None if shared is None else shared.detach()
     return heads

@@ -41,7 +41,9 @@ def head_folder(spec: str, target: LoadedModel, method: str) -> Path:
 
             return Path(snapshot_download(text))
         except Exception as exc:  # noqa: BLE001 - the hub's errors vary (offline, missing, gated); all say the same to a user
-            raise ModelLoadError(f"{method}: could not fetch head {text!r} from the hub: {str(exc).splitlines()[0]}") from exc
+            raise ModelLoadError(
+                f"{method}: could not fetch head {text!r} from the hub: {str(exc).splitlines()[0]}"
+            ) from exc
     raise ModelLoadError(f"{method}: head {text!r} is neither a folder nor a hub id (owner/name)")
 
 
@@ -53,5 +55,13 @@ def describe_head(head: str, method: str, target: LoadedModel) -> str:
     except (MethodError, ModelLoadError) as exc:
         return f"none ({exc})"
     card = folder / "README.md"
-    facts = [line.removeprefix("- ").strip() for line in card.read_text().splitlines() if line.startswith(("- steps", "- held-out"))] if card.is_file() else []
+    facts = (
+        [
+            line.removeprefix("- ").strip()
+            for line in card.read_text().splitlines()
+            if line.startswith(("- steps", "- held-out"))
+        ]
+        if card.is_file()
+        else []
+    )
     return ", ".join([str(folder), *facts])

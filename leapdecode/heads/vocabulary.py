@@ -35,7 +35,9 @@ class DraftVocabulary:
     target_size: int
 
     @classmethod
-    def most_frequent(cls, sequences: Iterable[Iterable[int]], size: int, target_size: int, always: Iterable[int] = ()) -> DraftVocabulary:
+    def most_frequent(
+        cls, sequences: Iterable[Iterable[int]], size: int, target_size: int, always: Iterable[int] = ()
+    ) -> DraftVocabulary:
         """The `size` target tokens seen most often (ties: lower id first), `always` included
         (end-of-turn tokens), sorted by target id as EAGLE's d2t offsets expect."""
         return cls.from_ranking(count_ranking(sequences), size, target_size, always)
@@ -57,9 +59,10 @@ class DraftVocabulary:
         table[list(self.ids)] = torch.arange(len(self.ids))
         return table
 
-
     @classmethod
-    def from_ranking(cls, ranking: Sequence[int], size: int, target_size: int, always: Iterable[int] = ()) -> DraftVocabulary:
+    def from_ranking(
+        cls, ranking: Sequence[int], size: int, target_size: int, always: Iterable[int] = ()
+    ) -> DraftVocabulary:
         """The first `size` tokens of `ranking` (most used first), `always` included, then the
         lowest unranked ids if the ranking is short; sorted by target id."""
         chosen = dict.fromkeys(t for t in always if 0 <= t < target_size)
@@ -105,7 +108,9 @@ def load_ranking(path: Path) -> tuple[list[int], str] | None:
         return None
 
 
-def draft_vocabulary(tokenizer: Any, size: int, target_size: int, always: Iterable[int], cache: Path) -> tuple[DraftVocabulary, str]:
+def draft_vocabulary(
+    tokenizer: Any, size: int, target_size: int, always: Iterable[int], cache: Path
+) -> tuple[DraftVocabulary, str]:
     """The `size` tokens answers use most by the tokenizer's counted ranking, else by its own
     order (see the module doc); and which of the two it is."""
     found = load_ranking(ranking_path(cache, tokenizer))

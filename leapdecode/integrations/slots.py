@@ -51,8 +51,10 @@ class _Tracked:
         """Whether `row[:num_tokens]` continues exactly what this drafter was fed (by its ends)."""
         if self.length > num_tokens or self.length < len(self.head):
             return False
-        return bool(np.array_equal(row[: len(self.head)], self.head)
-                    and np.array_equal(row[self.length - len(self.tail) : self.length], self.tail))
+        return bool(
+            np.array_equal(row[: len(self.head)], self.head)
+            and np.array_equal(row[self.length - len(self.tail) : self.length], self.tail)
+        )
 
     def feed(self, row: np.ndarray, num_tokens: int) -> None:
         """Give the drafter the row's tokens it has not seen; those it drafted last time and
@@ -72,8 +74,16 @@ class _Tracked:
 class SlotDrafters:
     """Drafts for every row of a slot-batched engine step, one drafter per request (module doc)."""
 
-    def __init__(self, new_drafter: Callable[[], Drafter], *, max_tokens: int, max_len: int,
-                 capacity: int = 1024, idle_steps: int = 64, cost: StepCost | None = None) -> None:
+    def __init__(
+        self,
+        new_drafter: Callable[[], Drafter],
+        *,
+        max_tokens: int,
+        max_len: int,
+        capacity: int = 1024,
+        idle_steps: int = 64,
+        cost: StepCost | None = None,
+    ) -> None:
         if max_tokens < 1 or capacity < 1 or idle_steps < 1:
             raise ValueError("max_tokens, capacity and idle_steps must be at least 1")
         self.new_drafter = new_drafter
@@ -87,7 +97,9 @@ class SlotDrafters:
         self.tracked: list[_Tracked] = []
         self.built = 0  # drafters built from a row's tokens (new requests, or ones not recognised)
 
-    def propose(self, sampled: Sequence[Sequence[int]], num_tokens: np.ndarray, token_ids: np.ndarray) -> list[list[int]]:
+    def propose(
+        self, sampled: Sequence[Sequence[int]], num_tokens: np.ndarray, token_ids: np.ndarray
+    ) -> list[list[int]]:
         """One step: `sampled[i]` are the tokens slot i's request emitted this step (empty: a
         partial prefill, which gets no draft); `token_ids[i, :num_tokens[i]]` is its whole stream."""
         elapsed = self.cost.elapsed() if self.cost is not None else None

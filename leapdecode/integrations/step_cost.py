@@ -57,8 +57,9 @@ class StepCost:
     `rows` (the rows drafting now), and `call_ended()` last.
     """
 
-    def __init__(self, *, prior_slope: float = PRIOR_SLOPE, decay: float = DECAY,
-                 clock: Callable[[], float] = time.perf_counter) -> None:
+    def __init__(
+        self, *, prior_slope: float = PRIOR_SLOPE, decay: float = DECAY, clock: Callable[[], float] = time.perf_counter
+    ) -> None:
         if prior_slope < 0 or not 0 < decay <= 1:
             raise ValueError(f"need prior_slope >= 0 and 0 < decay <= 1, got {prior_slope}, {decay}")
         self.prior_slope = prior_slope

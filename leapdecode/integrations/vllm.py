@@ -73,14 +73,19 @@ class LeapdecodeProposer:
     def load_model(self, *args: Any, **kwargs: Any) -> None:
         """Nothing to load: the drafters read the text only."""
 
-    def propose(self, sampled_token_ids: list[list[int]], num_tokens_no_spec: Any, token_ids_cpu: Any,
-                slot_mappings: Any = None) -> list[list[int]]:
+    def propose(
+        self, sampled_token_ids: list[list[int]], num_tokens_no_spec: Any, token_ids_cpu: Any, slot_mappings: Any = None
+    ) -> list[list[int]]:
         """Drafts for every slot of the batch (`SlotDrafters.propose`)."""
         drafts = self.slots.propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu)
         cost = self.slots.cost
         if cost is not None and cost.steps and cost.steps % LOG_EVERY == 0:
-            logger.info("leapdecode proposer: vLLM's step fitted as %.1f ms + %.1f ms per scored token (%d steps)",
-                        1000 * cost.a, 1000 * cost.b, cost.steps)
+            logger.info(
+                "leapdecode proposer: vLLM's step fitted as %.1f ms + %.1f ms per scored token (%d steps)",
+                1000 * cost.a,
+                1000 * cost.b,
+                cost.steps,
+            )
         return drafts
 
 

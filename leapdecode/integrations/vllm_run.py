@@ -24,7 +24,11 @@ VLLM_CPU_ENV = {
     "VLLM_CPU_OMP_THREADS_BIND": "nobind",  # do not pin threads to cores (containers, shared machines)
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # engine core in this process: starts faster
 }
-SPEC_COUNTERS = ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens", "vllm:spec_decode_num_accepted_tokens")
+SPEC_COUNTERS = (
+    "vllm:spec_decode_num_drafts",
+    "vllm:spec_decode_num_draft_tokens",
+    "vllm:spec_decode_num_accepted_tokens",
+)
 
 
 @dataclass
@@ -75,8 +79,15 @@ class VllmResult:
 def run_in_subprocess(run: VllmRun, python: str = sys.executable, timeout: float = 1800.0) -> VllmResult:
     """Start an engine in a fresh process of `python` (which must have the `vllm` extra), run."""
     env = {**VLLM_CPU_ENV, **os.environ}
-    proc = subprocess.run([python, "-m", __name__], input=json.dumps(asdict(run)), capture_output=True, text=True,
-                          env=env, timeout=timeout, check=False)
+    proc = subprocess.run(
+        [python, "-m", __name__],
+        input=json.dumps(asdict(run)),
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
+        check=False,
+    )
     lines = proc.stdout.strip().splitlines()
     if proc.returncode != 0 or not lines:
         raise RuntimeError(f"the vLLM run failed (exit {proc.returncode}): {proc.stderr[-3000:]}")
@@ -98,10 +109,21 @@ def run_here(run: VllmRun) -> VllmResult:
         extra["speculative_config"] = run.speculative_config
     if extra:
         extra["per_request_spec_decode_metrics"] = "summary"
-    llm = LLM(model=run.model, dtype=run.dtype, enforce_eager=True, disable_log_stats=False, seed=0,
-              max_num_seqs=run.concurrency, max_model_len=run.max_model_len, **extra)
-    llm.generate([TokensPrompt(prompt_token_ids=run.prompts[0][:16])], SamplingParams(temperature=0, max_tokens=4),
-                 use_tqdm=False)  # warm-up
+    llm = LLM(
+        model=run.model,
+        dtype=run.dtype,
+        enforce_eager=True,
+        disable_log_stats=False,
+        seed=0,
+        max_num_seqs=run.concurrency,
+        max_model_len=run.max_model_len,
+        **extra,
+    )
+    llm.generate(
+        [TokensPrompt(prompt_token_ids=run.prompts[0][:16])],
+        SamplingParams(temperature=0, max_tokens=4),
+        use_tqdm=False,
+    )  # warm-up
     before = _counters(llm)
     prompts = [TokensPrompt(prompt_token_ids=p) for p in run.prompts]
     params = [SamplingParams(temperature=0, max_tokens=m) for m in run.max_tokens]
@@ -115,7 +137,9 @@ def run_here(run: VllmRun) -> VllmResult:
     latencies = [r.metrics.last_token_ts - r.metrics.queued_ts for r in results if r.metrics is not None]
     spec = [r.outputs[0].spec_decode_metrics for r in results]
     return VllmResult(
-        outputs=[list(r.outputs[0].token_ids) for r in results], seconds=seconds, latencies=latencies,
+        outputs=[list(r.outputs[0].token_ids) for r in results],
+        seconds=seconds,
+        latencies=latencies,
         counters={k: after.get(k, 0.0) - before.get(k, 0.0) for k in SPEC_COUNTERS},
         spec_steps=[sum(m.histogram) if m else 0 for m in spec],
         accepted=[sum(j * c for j, c in enumerate(m.histogram)) if m else 0 for m in spec],

@@ -48,7 +48,11 @@ def vllm_engine_args(spec: str | Method) -> dict[str, Any]:
     with the method `spec`."""
     method = vllm_method(spec)
     return {
-        "speculative_config": {"method": "custom_class", "model": PROPOSER, "num_speculative_tokens": method.draft_length},
+        "speculative_config": {
+            "method": "custom_class",
+            "model": PROPOSER,
+            "num_speculative_tokens": method.draft_length,
+        },
         "additional_config": {CONFIG_KEY: str(method)},
     }
 
@@ -61,6 +65,10 @@ def serve_command(source: str, spec: str | Method | None, extra: Sequence[str] =
     argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", source]
     if spec is not None:
         args = vllm_engine_args(spec)
-        argv += ["--speculative-config", json.dumps(args["speculative_config"]),
-                 "--additional-config", json.dumps(args["additional_config"])]
+        argv += [
+            "--speculative-config",
+            json.dumps(args["speculative_config"]),
+            "--additional-config",
+            json.dumps(args["additional_config"]),
+        ]
     return argv + list(extra)

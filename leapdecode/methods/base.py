@@ -22,8 +22,6 @@ from typing import TYPE_CHECKING, ClassVar, Literal
 from leapdecode.errors import MethodError
 
 if TYPE_CHECKING:
-    import torch
-
     from leapdecode.drafters.base import Drafter
     from leapdecode.engine.backend import Backend
     from leapdecode.engine.cost import ForwardCost, PassCost
@@ -85,8 +83,13 @@ class Method:
         return lambda sampling, noise: self.build_drafter()
 
     def prepare(
-        self, target: LoadedModel, *, draft_model: LoadedModel | None = None, log: Log | None = None,
-        backend: Backend | None = None, cost: ForwardCost | None = None,
+        self,
+        target: LoadedModel,
+        *,
+        draft_model: LoadedModel | None = None,
+        log: Log | None = None,
+        backend: Backend | None = None,
+        cost: ForwardCost | None = None,
     ) -> DrafterFactory:
         """The per-request drafter factory, cut by the cost of `backend`'s passes when the method
         has `cost_aware` set: `cost` when given (a curve measured once per model, e.g. by the
@@ -126,7 +129,8 @@ class Method:
         """The canonical string: every parameter, except switches left off and names left unset
         (a default of False or "")."""
         params = ",".join(
-            f"{f.name}={getattr(self, f.name)}" for f in dataclasses.fields(self)
+            f"{f.name}={getattr(self, f.name)}"
+            for f in dataclasses.fields(self)
             if not ((f.default is False or f.default == "") and getattr(self, f.name) == f.default)
         )
         return f"{self.name}:{params}" if params else self.name
@@ -134,7 +138,6 @@ class Method:
     def _require(self, ok: bool, message: str) -> None:
         if not ok:
             raise MethodError(f"{self.name}: {message}")
-
 
 
 def backend_for(target: LoadedModel) -> Backend:

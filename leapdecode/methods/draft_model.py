@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 from leapdecode.errors import MethodError, ModelLoadError
-from leapdecode.methods.base import Capabilities, DraftShape, DrafterFactory, Log, Method, cached_cost, logger
+from leapdecode.methods.base import Capabilities, DrafterFactory, DraftShape, Log, Method, cached_cost, logger
 
 if TYPE_CHECKING:
     from leapdecode.drafters.base import Drafter
@@ -17,7 +17,10 @@ if TYPE_CHECKING:
     from leapdecode.models.loading import LoadedModel
 
 SCHEDULES = ("constant", "heuristic")  # as `leapdecode.drafters.draft_model.SCHEDULES`
-PRECISIONS = ("int4", "own")  # the draft model's linear layers: the packed int4 kernel, or what the target's precision gives it
+PRECISIONS = (
+    "int4",
+    "own",
+)  # the draft model's linear layers: the packed int4 kernel, or what the target's precision gives it
 CASCADE_N = 5  # the n-gram order of ANPD at the bottom of the cascade
 MIN_VOCAB = 256  # a smaller draft vocabulary could not hold the end-of-turn and byte tokens a chat needs
 
@@ -54,14 +57,26 @@ class DraftModel(Method):
 
     def __post_init__(self) -> None:
         self._require(1 <= self.k <= 64, f"k must be between 1 and 64, got {self.k}")
-        self._require(self.schedule in SCHEDULES, f"schedule must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}")
+        self._require(
+            self.schedule in SCHEDULES, f"schedule must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}"
+        )
         self._require(0.0 <= self.threshold < 1.0, f"threshold must be in [0, 1), got {self.threshold}")
-        self._require(self.precision in PRECISIONS, f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
-        self._require(self.vocab == 0 or self.vocab >= MIN_VOCAB, f"vocab must be 0 (the whole output layer) or at least {MIN_VOCAB}, got {self.vocab}")
+        self._require(
+            self.precision in PRECISIONS, f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}"
+        )
+        self._require(
+            self.vocab == 0 or self.vocab >= MIN_VOCAB,
+            f"vocab must be 0 (the whole output layer) or at least {MIN_VOCAB}, got {self.vocab}",
+        )
 
     def prepare(
-        self, target: LoadedModel, *, draft_model: LoadedModel | None = None, log: Log | None = None,
-        backend: Backend | None = None, cost: ForwardCost | None = None,
+        self,
+        target: LoadedModel,
+        *,
+        draft_model: LoadedModel | None = None,
+        log: Log | None = None,
+        backend: Backend | None = None,
+        cost: ForwardCost | None = None,
     ) -> DrafterFactory:
         """The per-request drafter factory; with `cost_aware`, its drafters cut their own drafts
         by what a draft pass and a verification row cost (`cost`: the target's curve, measured
@@ -74,7 +89,9 @@ class DraftModel(Method):
     def drafter_factory(self, target: LoadedModel, *, draft_model: LoadedModel | None, log: Log) -> DrafterFactory:
         return self.build_factory(target, draft_model, log, None)
 
-    def build_factory(self, target: LoadedModel, draft_model: LoadedModel | None, log: Log, cost: ForwardCost | None) -> DrafterFactory:
+    def build_factory(
+        self, target: LoadedModel, draft_model: LoadedModel | None, log: Log, cost: ForwardCost | None
+    ) -> DrafterFactory:
         from leapdecode.drafters.cost_aware import AcceptanceEstimate
         from leapdecode.drafters.draft_model import DraftCost, DraftModelDrafter
         from leapdecode.engine.cost import measure_forward_cost
@@ -96,13 +113,19 @@ class DraftModel(Method):
 
         def factory(sampling: SamplingParams, noise: PositionNoise) -> Drafter:
             return DraftModelDrafter(
-                backend, self.k, sampling=sampling, noise=noise, coupled=self.coupled, schedule=self.schedule,
-                threshold=self.threshold, cascade_n=cascade_n, cost=draft_cost,
+                backend,
+                self.k,
+                sampling=sampling,
+                noise=noise,
+                coupled=self.coupled,
+                schedule=self.schedule,
+                threshold=self.threshold,
+                cascade_n=cascade_n,
+                cost=draft_cost,
                 estimate=shared if sampling.greedy else AcceptanceEstimate(),
             )
 
         return factory
-
 
     def load_draft(self, target: LoadedModel, log: Log) -> LoadedModel:
         """The draft model on its cheapest path: int4 (rounded from float32, whatever its file
@@ -113,7 +136,9 @@ class DraftModel(Method):
         from leapdecode.models.quantize import quantize_model
 
         if self.precision == "own" or target.device.type != "cpu":
-            return load_model(self.model, device=target.device, dtype=target.model.dtype, quantize=target.quantize, log=log)
+            return load_model(
+                self.model, device=target.device, dtype=target.model.dtype, quantize=target.quantize, log=log
+            )
         draft = load_model(self.model, device=target.device, dtype="float32", quantize="none", log=log)
         log(f"draft model {draft.name}: rounding its linear layers to int4 for drafting")
         quantize_model(draft.model, "int4")
@@ -129,7 +154,9 @@ class DraftModel(Method):
         size = target.model.config.get_text_config().vocab_size
         if self.vocab == 0 or self.vocab >= size:
             return TorchBackend(draft.model)
-        vocab, source = draft_vocabulary(target.tokenizer, self.vocab, size, sorted(target.eos_token_ids), default_cache_dir())
+        vocab, source = draft_vocabulary(
+            target.tokenizer, self.vocab, size, sorted(target.eos_token_ids), default_cache_dir()
+        )
         log(f"draft vocabulary: {len(vocab.ids)} of {size} tokens ({source})")
         return DraftHeadBackend(draft.model, vocab.ids)
 

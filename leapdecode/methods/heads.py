@@ -55,7 +55,10 @@ class _HeadMethod(Method):
 
     def _target_layers(self, target: LoadedModel) -> int:
         if target.backend != "torch":
-            raise MethodError(f"{self.name}: a trained head reads the target's hidden states: it runs on the torch backend, not {target.backend}")
+            raise MethodError(
+                f"{self.name}: a trained head reads the target's hidden states: it runs on the torch backend, not "
+                f"{target.backend}"
+            )
         return int(target.model.config.get_text_config().num_hidden_layers)
 
 
@@ -82,7 +85,9 @@ class Eagle3(_HeadMethod):
 
     @property
     def capabilities(self) -> Capabilities:
-        return Capabilities("tree" if self.suffix or self.width > 1 else "chain", cost_aware=self.cost_aware, head=self.head)
+        return Capabilities(
+            "tree" if self.suffix or self.width > 1 else "chain", cost_aware=self.cost_aware, head=self.head
+        )
 
     @property
     def pass_size(self) -> int:
@@ -99,10 +104,17 @@ class Eagle3(_HeadMethod):
         folder = head_folder(self.head, target, self.name)
         head = load_eagle3(folder, target.model)
         self._like_target(head, target, log)
-        log(f"eagle3 head from {folder}: layers {list(head.config.aux_layers)}, draft vocabulary {head.config.draft_vocab_size}")
+        log(
+            f"eagle3 head from {folder}: layers {list(head.config.aux_layers)}, draft vocabulary "
+            f"{head.config.draft_vocab_size}"
+        )
 
-        def factory(sampling: SamplingParams, noise: PositionNoise) -> Drafter:  # drafts are deterministic: exact under sampling too
-            drafter = Eagle3Drafter(head, depth=self.depth, width=self.width, nodes=self.tree_nodes, min_prob=self.min_prob)
+        def factory(
+            sampling: SamplingParams, noise: PositionNoise
+        ) -> Drafter:  # drafts are deterministic: exact under sampling too
+            drafter = Eagle3Drafter(
+                head, depth=self.depth, width=self.width, nodes=self.tree_nodes, min_prob=self.min_prob
+            )
             return HeadWithSuffix(drafter, SuffixDrafter(self.suffix_k)) if self.suffix else drafter
 
         return factory
@@ -113,7 +125,9 @@ class Medusa(_HeadMethod):
     """Medusa-1 (2401.10774): heads on the target's last state each guess one more token ahead."""
 
     name: ClassVar[str] = "medusa"
-    summary: ClassVar[str] = "Medusa: trained heads on the target's last state guess the next tokens, as a chain or a tree"
+    summary: ClassVar[str] = (
+        "Medusa: trained heads on the target's last state guess the next tokens, as a chain or a tree"
+    )
     head: str = ""
     depth: int = 4  # heads used (at most the checkpoint's)
     width: int = 1
@@ -138,6 +152,8 @@ class Medusa(_HeadMethod):
         log(f"medusa heads from {folder}: {heads.config.num_heads} heads of {heads.config.num_layers} layers")
 
         def factory(sampling: SamplingParams, noise: PositionNoise) -> Drafter:
-            return MedusaDrafter(heads, layers, tree=self.width > 1, nodes=self.tree_nodes, depth=depth, width=self.width)
+            return MedusaDrafter(
+                heads, layers, tree=self.width > 1, nodes=self.tree_nodes, depth=depth, width=self.width
+            )
 
         return factory

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 from leapdecode.early_exit.layer_sets import format_layer_set, parse_layer_set
 from leapdecode.errors import MethodError
-from leapdecode.methods.base import Capabilities, DraftShape, DrafterFactory, Log, Method, logger
+from leapdecode.methods.base import Capabilities, DrafterFactory, DraftShape, Log, Method, logger
 
 if TYPE_CHECKING:
     from leapdecode.drafters.base import Drafter
@@ -20,7 +20,9 @@ CALM_MEASURES = ("softmax", "state")  # as `leapdecode.early_exit.calm.MEASURES`
 def _num_layers(target: LoadedModel) -> int:
     """Decoder layers of a PyTorch model; layer-level methods cannot reach inside llama.cpp."""
     if target.backend != "torch":
-        raise MethodError(f"layer-level methods (self-spec, layerskip, calm) run on the torch backend, not {target.backend}")
+        raise MethodError(
+            f"layer-level methods (self-spec, layerskip, calm) run on the torch backend, not {target.backend}"
+        )
     return int(target.model.config.get_text_config().num_hidden_layers)
 
 
@@ -45,7 +47,9 @@ class _OwnLayerDrafting(Method):
     def drafter_factory(self, target: LoadedModel, *, draft_model: LoadedModel | None, log: Log) -> DrafterFactory:
         from leapdecode.drafters.self_draft import SelfDrafter
 
-        return lambda sampling, noise: SelfDrafter(self.k, self.threshold, sampling=sampling, noise=noise, coupled=self.coupled)
+        return lambda sampling, noise: SelfDrafter(
+            self.k, self.threshold, sampling=sampling, noise=noise, coupled=self.coupled
+        )
 
     def _backend(self, target: LoadedModel, draft_layers: tuple[int, ...]) -> Backend:
         from leapdecode.early_exit.backend import SelfDraftBackend
@@ -88,7 +92,8 @@ class SelfSpec(_OwnLayerDrafting):
                 skip = tuple(range(first, min(first + count, layers - 1)))
                 (log or logger.info)(
                     f"self-spec: {target.name!r} has no calibrated skip set; skipping the default, the middle layers "
-                    f"{format_layer_set(skip)} (run `leapdecode calibrate layer-skip --model {target.name}` to find a faster set)"
+                    f"{format_layer_set(skip)} (run `leapdecode calibrate layer-skip --model {target.name}` to find a "
+                    f"faster set)"
                 )
                 return skip
             calibration = LayerSkipCalibration.load(path)
@@ -110,7 +115,9 @@ class LayerSkip(_OwnLayerDrafting):
     """LayerSkip-style early-exit drafting (arXiv 2404.16710): draft from layer E, verify with the rest."""
 
     name: ClassVar[str] = "layerskip"
-    summary: ClassVar[str] = "early-exit drafting (LayerSkip): draft from the first E layers, the rest verify reusing their KV"
+    summary: ClassVar[str] = (
+        "early-exit drafting (LayerSkip): draft from the first E layers, the rest verify reusing their KV"
+    )
     exit: int = 0  # drafting layers: 0..exit-1, then the final norm and LM head
     k: int = 4
     threshold: float = 0.0
@@ -121,7 +128,10 @@ class LayerSkip(_OwnLayerDrafting):
         self._check_drafting()
 
     def make_backend(self, target: LoadedModel) -> Backend:
-        self._require(self.exit < _num_layers(target), f"exit must be below the model's {_num_layers(target)} layers, got {self.exit}")
+        self._require(
+            self.exit < _num_layers(target),
+            f"exit must be below the model's {_num_layers(target)} layers, got {self.exit}",
+        )
         return self._backend(target, tuple(range(self.exit)))
 
 
@@ -130,7 +140,9 @@ class Calm(Method):
     """CALM early exit (arXiv 2207.07061): each token leaves at the first confident layer. Lossy."""
 
     name: ClassVar[str] = "calm"
-    summary: ClassVar[str] = "CALM early exit (lossy): a token exits at the first layer whose confidence passes threshold"
+    summary: ClassVar[str] = (
+        "CALM early exit (lossy): a token exits at the first layer whose confidence passes threshold"
+    )
     lossless: ClassVar[bool] = False
     threshold: float = 0.9  # 1 never exits (plain decoding)
     measure: str = "softmax"  # softmax: top-1 minus top-2 probability; state: cosine to the previous layer
@@ -143,7 +155,9 @@ class Calm(Method):
 
     def __post_init__(self) -> None:
         self._require(0.0 <= self.threshold <= 1.0, f"threshold must be in [0, 1], got {self.threshold}")
-        self._require(self.measure in CALM_MEASURES, f"measure must be one of {', '.join(CALM_MEASURES)}, got {self.measure!r}")
+        self._require(
+            self.measure in CALM_MEASURES, f"measure must be one of {', '.join(CALM_MEASURES)}, got {self.measure!r}"
+        )
         self._require(self.first >= 0, f"first must be >= 0, got {self.first}")
         self._require(self.every >= 1, f"every must be >= 1, got {self.every}")
 

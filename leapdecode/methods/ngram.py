@@ -32,7 +32,9 @@ class Anpd(Method):
     def __post_init__(self) -> None:
         self._require(self.n >= 2, f"n must be >= 2 (an n-gram needs context), got {self.n}")
         self._require(self.k >= 1, f"k must be >= 1 (draft length), got {self.k}")
-        self._require(self.n <= 32 and self.k <= MAX_DRAFT, f"n <= 32 and k <= {MAX_DRAFT} expected, got n={self.n}, k={self.k}")
+        self._require(
+            self.n <= 32 and self.k <= MAX_DRAFT, f"n <= 32 and k <= {MAX_DRAFT} expected, got n={self.n}, k={self.k}"
+        )
 
     def build_drafter(self) -> Drafter:
         from leapdecode.drafters.ngram import AnpdDrafter
@@ -60,7 +62,10 @@ class PromptLookup(Method):
     def __post_init__(self) -> None:
         self._require(self.k >= 1, f"k must be >= 1, got {self.k}")
         self._require(self.k <= MAX_DRAFT, f"k must be <= {MAX_DRAFT}, got {self.k}")
-        self._require(1 <= self.min_ngram <= self.max_ngram, f"need 1 <= min_ngram <= max_ngram, got {self.min_ngram}, {self.max_ngram}")
+        self._require(
+            1 <= self.min_ngram <= self.max_ngram,
+            f"need 1 <= min_ngram <= max_ngram, got {self.min_ngram}, {self.max_ngram}",
+        )
         self._require(self.max_ngram <= 32, f"max_ngram must be <= 32, got {self.max_ngram}")
 
     def build_drafter(self) -> Drafter:

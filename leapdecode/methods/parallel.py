@@ -42,7 +42,9 @@ class Lookahead(Method):
     """Lookahead decoding (arXiv 2402.02057): a Jacobi window feeding an n-gram pool, verified in the same pass."""
 
     name: ClassVar[str] = "lookahead"
-    summary: ClassVar[str] = "Lookahead decoding: Jacobi window (w x n-1) fills an n-gram pool; g n-grams verified per pass"
+    summary: ClassVar[str] = (
+        "Lookahead decoding: Jacobi window (w x n-1) fills an n-gram pool; g n-grams verified per pass"
+    )
     shape: ClassVar[DraftShape] = "tree"
     w: int = 2
     n: int = 3

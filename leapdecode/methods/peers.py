@@ -60,7 +60,9 @@ class HfAssisted(Method):
     def __post_init__(self) -> None:
         self._require(bool(self.model), "needs model=NAME (a preset, folder, .gguf or hub id) for the draft model")
         self._require(1 <= self.tokens <= MAX_TOKENS, f"tokens must be between 1 and {MAX_TOKENS}, got {self.tokens}")
-        self._require(self.schedule in ("constant", "heuristic", "heuristic_transient"), f"unknown schedule {self.schedule!r}")
+        self._require(
+            self.schedule in ("constant", "heuristic", "heuristic_transient"), f"unknown schedule {self.schedule!r}"
+        )
         self._require(0.0 <= self.threshold < 1.0, f"threshold must be in [0, 1), got {self.threshold}")
 
 

@@ -19,8 +19,29 @@ from leapdecode.methods.trees import AnpdTree, Hybrid, Recycle, Rest, Trie
 
 # Every method, in the order `leapdecode methods` and error messages list them.
 METHODS: tuple[type[Method], ...] = (
-    Autoregressive, Anpd, PromptLookup, Suffix, AnpdTree, Trie, Recycle, Hybrid, Rest, Jacobi, Lookahead, DraftModel, Eagle3, Medusa, SelfSpec, LayerSkip, Calm,
-    ArcticSuffix, HfGenerate, HfPromptLookup, HfAssisted, LlamaCppPlain, LlamaCppPromptLookup,
+    Autoregressive,
+    Anpd,
+    PromptLookup,
+    Suffix,
+    AnpdTree,
+    Trie,
+    Recycle,
+    Hybrid,
+    Rest,
+    Jacobi,
+    Lookahead,
+    DraftModel,
+    Eagle3,
+    Medusa,
+    SelfSpec,
+    LayerSkip,
+    Calm,
+    ArcticSuffix,
+    HfGenerate,
+    HfPromptLookup,
+    HfAssisted,
+    LlamaCppPlain,
+    LlamaCppPromptLookup,
 )
 
 
@@ -39,7 +60,11 @@ def method_class(name: str) -> type[Method]:
 
 
 def _convert(cls: type[Method], field: dataclasses.Field[Any], raw: str) -> Any:
-    kind = field.type if isinstance(field.type, type) else {"int": int, "float": float, "str": str, "bool": bool}[str(field.type)]
+    kind = (
+        field.type
+        if isinstance(field.type, type)
+        else {"int": int, "float": float, "str": str, "bool": bool}[str(field.type)]
+    )
     try:
         if kind is bool:
             if raw.lower() not in ("1", "0", "true", "false", "yes", "no"):

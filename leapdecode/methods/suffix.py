@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar, Protocol
 
-from leapdecode.methods.base import MAX_DRAFT, Capabilities, DraftShape, DrafterFactory, Log, Method
+from leapdecode.methods.base import MAX_DRAFT, Capabilities, DrafterFactory, DraftShape, Log, Method
 
 if TYPE_CHECKING:
     from leapdecode.models.loading import LoadedModel
@@ -39,7 +39,10 @@ def check_suffix_fields(method: SuffixFields) -> None:
     method._require(0.0 < method.factor <= 64.0, f"factor must be in (0, 64], got {method.factor}")
     method._require(1 <= method.min_match <= 1024, f"min_match must be between 1 and 1024, got {method.min_match}")
     method._require(0.0 <= method.min_prob <= 1.0, f"min_prob must be between 0 and 1, got {method.min_prob}")
-    method._require(1024 <= method.index_tokens <= 1 << 24, f"index_tokens must be between 1024 and {1 << 24}, got {method.index_tokens}")
+    method._require(
+        1024 <= method.index_tokens <= 1 << 24,
+        f"index_tokens must be between 1024 and {1 << 24}, got {method.index_tokens}",
+    )
 
 
 @dataclass(frozen=True)
@@ -47,7 +50,9 @@ class Suffix(Method):
     """SuffixDecoding-style drafting: what followed earlier matches of the suffix, from a suffix automaton."""
 
     name: ClassVar[str] = "suffix"
-    summary: ClassVar[str] = "suffix automaton: a tree of what most often followed an earlier match (any length), optionally across requests"
+    summary: ClassVar[str] = (
+        "suffix automaton: a tree of what most often followed an earlier match (any length), optionally across requests"
+    )
     length_field: ClassVar[str] = "k"
     k: int = 16  # most tokens drafted per pass (the tree's nodes)
     factor: float = 1.0  # draft at most factor × match length + offset tokens
@@ -79,7 +84,13 @@ class Suffix(Method):
 
         index = SuffixIndex(self.index_tokens) if self.shared else None  # one per decoder, or none
         return lambda sampling, noise: SuffixDrafter(
-            self.k, self.factor, self.offset, self.min_match, index, min_prob=self.min_prob, tree=self.tree,
+            self.k,
+            self.factor,
+            self.offset,
+            self.min_match,
+            index,
+            min_prob=self.min_prob,
+            tree=self.tree,
         )
 
 
@@ -121,5 +132,9 @@ class ArcticSuffix(Method):
         suffix_cache(self.depth, 0)  # fails now, with a clear message, when the package is missing
         return lambda sampling, noise: ArcticSuffixDrafter(
             shared if shared is not None else suffix_cache(self.depth, 0),
-            self.k, self.factor, self.offset, self.min_prob, self.tree,
+            self.k,
+            self.factor,
+            self.offset,
+            self.min_prob,
+            self.tree,
         )

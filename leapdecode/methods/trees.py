@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
-from leapdecode.methods.base import Capabilities, DraftShape, DrafterFactory, Log, Method
+from leapdecode.methods.base import Capabilities, DrafterFactory, DraftShape, Log, Method
 from leapdecode.methods.suffix import check_suffix_fields
 
 if TYPE_CHECKING:
@@ -64,7 +64,9 @@ class Trie(_TreeMethod):
         self._check_tree()
         self._require(2 <= self.window <= 64, f"window must be between 2 and 64, got {self.window}")
         self._require(1 <= self.max_match < self.window, f"need 1 <= max_match < window, got {self.max_match}")
-        self._require(1 <= self.prompt_weight <= 1000, f"prompt_weight must be between 1 and 1000, got {self.prompt_weight}")
+        self._require(
+            1 <= self.prompt_weight <= 1000, f"prompt_weight must be between 1 and 1000, got {self.prompt_weight}"
+        )
 
     def build_drafter(self) -> Drafter:
         from leapdecode.drafters.trie import TrieDrafter
@@ -90,7 +92,10 @@ class Rest(_TreeMethod):
         self._require(bool(self.datastore), "needs datastore=DIR (build one with `leapdecode datastore build`)")
         self._check_tree()
         self._require(1 <= self.matches <= 4096, f"matches must be between 1 and 4096, got {self.matches}")
-        self._require(1 <= self.min_suffix <= self.max_suffix <= 16, f"need 1 <= min_suffix <= max_suffix <= 16, got {self.min_suffix}, {self.max_suffix}")
+        self._require(
+            1 <= self.min_suffix <= self.max_suffix <= 16,
+            f"need 1 <= min_suffix <= max_suffix <= 16, got {self.min_suffix}, {self.max_suffix}",
+        )
 
     def drafter_factory(self, target: LoadedModel, *, draft_model: LoadedModel | None, log: Log) -> DrafterFactory:
         from leapdecode.drafters.rest import Datastore, RestDrafter
@@ -98,7 +103,12 @@ class Rest(_TreeMethod):
         store = Datastore.load(self.datastore)
         store.check_tokenizer(target.tokenizer, target.name)
         return lambda sampling, noise: RestDrafter(
-            store, self.nodes, self.depth, self.matches, self.max_suffix, self.min_suffix,
+            store,
+            self.nodes,
+            self.depth,
+            self.matches,
+            self.max_suffix,
+            self.min_suffix,
         )
 
 
@@ -107,7 +117,9 @@ class Recycle(_TreeMethod):
     """Token Recycling: a tree from the top-k candidates the target already scored after each token."""
 
     name: ClassVar[str] = "recycle"
-    summary: ClassVar[str] = "Token Recycling: trees from the target's own top-k candidates of earlier passes (no repetition needed)"
+    summary: ClassVar[str] = (
+        "Token Recycling: trees from the target's own top-k candidates of earlier passes (no repetition needed)"
+    )
     k: int = 8
     nodes: int = 8
     depth: int = 4

@@ -16,14 +16,24 @@ if TYPE_CHECKING:
     from leapdecode.models.loading import LoadedModel, default_cache_dir, load_model
 
 _LAZY = {
-    "SmallBatchLinear": "leapdecode.models.linear", "use_small_batch_linear": "leapdecode.models.linear",
-    "LoadedModel": "leapdecode.models.loading", "default_cache_dir": "leapdecode.models.loading",
+    "SmallBatchLinear": "leapdecode.models.linear",
+    "use_small_batch_linear": "leapdecode.models.linear",
+    "LoadedModel": "leapdecode.models.loading",
+    "default_cache_dir": "leapdecode.models.loading",
     "load_model": "leapdecode.models.loading",
 }
 
 __all__ = [
-    "DEFAULT_MODEL", "PRESETS", "LoadedModel", "Preset", "SmallBatchLinear", "default_cache_dir", "get_preset", "load_model",
-    "pull", "use_small_batch_linear",
+    "DEFAULT_MODEL",
+    "PRESETS",
+    "LoadedModel",
+    "Preset",
+    "SmallBatchLinear",
+    "default_cache_dir",
+    "get_preset",
+    "load_model",
+    "pull",
+    "use_small_batch_linear",
 ]
 
 

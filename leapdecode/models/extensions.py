@@ -23,7 +23,11 @@ def build(name: str, source: str) -> Any | None:
     _find_ninja()
     try:
         module = cpp_extension.load(
-            name=f"leapdecode_{name}", sources=[str(Path(__file__).with_name(source))], extra_cflags=["-O3", "-fopenmp"], extra_ldflags=["-fopenmp"], verbose=False,
+            name=f"leapdecode_{name}",
+            sources=[str(Path(__file__).with_name(source))],
+            extra_cflags=["-O3", "-fopenmp"],
+            extra_ldflags=["-fopenmp"],
+            verbose=False,
         )
     except (OSError, RuntimeError, ImportError, cpp_extension.CalledProcessError) as exc:
         logger.warning("the %s kernel could not be built (%s)", name, exc)

@@ -39,7 +39,8 @@ class Blocks:
     factors: SuperScales | None = None  # the scales' super-block form, where the file has it (Q4_K)
 
     def groups(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """(qweight, scales, mins) as `quantize.quantize_weight` gives them (what `QuantizedLinear.from_groups` takes)."""
+        """(qweight, scales, mins) as `quantize.quantize_weight` gives them (what
+        `QuantizedLinear.from_groups` takes)."""
         if self.bits == 4:
             return pack_int4(self.q.to(torch.uint8)), self.scales, self.mins
         if self.bits == 6:
@@ -49,12 +50,19 @@ class Blocks:
     def layer(self, bias: torch.Tensor | None) -> QuantizedLinear:
         """A quantized layer of these groups (the super-block form where the file's scales have it)."""
         qweight, scales, mins = self.groups()
-        return QuantizedLinear.from_groups(qweight, self.factors if self.factors is not None else scales, mins, self.bits, bias)
+        return QuantizedLinear.from_groups(
+            qweight, self.factors if self.factors is not None else scales, mins, self.bits, bias
+        )
 
     def rows(self, index: torch.Tensor) -> Blocks:
         """The groups of the outputs `index` (a permutation)."""
-        return Blocks(self.bits, self.q[index], self.scales[index], None if self.mins is None else self.mins[index],
-                      None if self.factors is None else self.factors.rows(index))
+        return Blocks(
+            self.bits,
+            self.q[index],
+            self.scales[index],
+            None if self.mins is None else self.mins[index],
+            None if self.factors is None else self.factors.rows(index),
+        )
 
 
 def _f16(raw: np.ndarray) -> np.ndarray:
@@ -69,7 +77,12 @@ def read_blocks(data: np.ndarray, kind: str, rows: int, cols: int) -> Blocks | N
     raw = np.asarray(data, dtype=np.uint8).reshape(rows, -1)
     if kind == "Q8_0":  # 34 bytes: d (f16), 32 × int8
         b = raw.reshape(rows, -1, 34)
-        return Blocks(8, torch.from_numpy(b[..., 2:].copy().view(np.int8).astype(np.int16)), torch.from_numpy(_f16(b[..., :2])[..., 0]), None)
+        return Blocks(
+            8,
+            torch.from_numpy(b[..., 2:].copy().view(np.int8).astype(np.int16)),
+            torch.from_numpy(_f16(b[..., :2])[..., 0]),
+            None,
+        )
     if kind in ("Q4_0", "Q4_1"):  # d (f16), [m (f16)], 16 bytes: q[j] low nibble, q[j+16] high
         head = 2 if kind == "Q4_0" else 4
         b = raw.reshape(rows, -1, head + 16)
@@ -90,14 +103,26 @@ def read_blocks(data: np.ndarray, kind: str, rows: int, cols: int) -> Blocks | N
         scales = (d * sc.astype(np.float32)).reshape(rows, -1)
         mins = -(dmin * mn.astype(np.float32)).reshape(rows, -1)
         # the same values as d·sc and (−dmin)·m, one float32 product each: the super-block form exactly
-        factors = SuperScales(torch.from_numpy(np.ascontiguousarray(d[..., 0])), torch.from_numpy(sc.reshape(rows, -1).copy()),
-                              torch.from_numpy(np.ascontiguousarray(-dmin[..., 0])), torch.from_numpy(mn.reshape(rows, -1).astype(np.int8)))
-        return Blocks(4, torch.from_numpy(np.ascontiguousarray(q)), torch.from_numpy(scales), torch.from_numpy(mins), factors)
+        factors = SuperScales(
+            torch.from_numpy(np.ascontiguousarray(d[..., 0])),
+            torch.from_numpy(sc.reshape(rows, -1).copy()),
+            torch.from_numpy(np.ascontiguousarray(-dmin[..., 0])),
+            torch.from_numpy(mn.reshape(rows, -1).astype(np.int8)),
+        )
+        return Blocks(
+            4, torch.from_numpy(np.ascontiguousarray(q)), torch.from_numpy(scales), torch.from_numpy(mins), factors
+        )
     if kind == "Q6_K":  # 210 bytes per 256: 128 bytes of low nibbles, 64 of high pairs, 16 int8 scales, d (f16)
         b = raw.reshape(rows, -1, 210)
-        low = (b[..., :128].reshape(rows, -1, 2, 1, 64) >> np.array([0, 4], dtype=np.uint8).reshape(1, 1, 1, 2, 1)) & 0x0F
-        high = (b[..., 128:192].reshape(rows, -1, 2, 1, 32) >> np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 1, 1, 4, 1)) & 0x03
-        q = (low.reshape(rows, -1, GROUP) | (high.reshape(rows, -1, GROUP) << 4)).astype(np.uint8)  # [rows, groups, 32], 0..63
+        low = (
+            b[..., :128].reshape(rows, -1, 2, 1, 64) >> np.array([0, 4], dtype=np.uint8).reshape(1, 1, 1, 2, 1)
+        ) & 0x0F
+        high = (
+            b[..., 128:192].reshape(rows, -1, 2, 1, 32) >> np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 1, 1, 4, 1)
+        ) & 0x03
+        q = (low.reshape(rows, -1, GROUP) | (high.reshape(rows, -1, GROUP) << 4)).astype(
+            np.uint8
+        )  # [rows, groups, 32], 0..63
         sc = b[..., 192:208].copy().view(np.int8).reshape(rows, -1)  # [rows, groups · 2]: one per 16 weights
         d = _f16(b[..., 208:210])[..., 0]  # [rows, blocks]
         factors = SuperScales(torch.from_numpy(np.ascontiguousarray(d)), torch.from_numpy(sc), per_group=2)
@@ -109,7 +134,9 @@ def _row_keys(w: np.ndarray) -> list[bytes]:
     return [hashlib.blake2b(row.tobytes(), digest_size=16).digest() for row in w]
 
 
-def gguf_blocks_by_weight(path: Path, weights: dict[str, torch.Tensor], log: Callable[[str], None]) -> dict[str, Blocks]:
+def gguf_blocks_by_weight(
+    path: Path, weights: dict[str, torch.Tensor], log: Callable[[str], None]
+) -> dict[str, Blocks]:
     """For each named weight [out, in] of the model, the file's own groups when the file stores a
     tensor with exactly these values (up to a row permutation) in a layout that fits."""
     from gguf import GGUFReader, dequantize

@@ -93,8 +93,14 @@ def load_llamacpp(path: Path, *, n_threads: int | None = None, n_ctx: int = 4096
         raise ModelLoadError(f"llama.cpp could not create a context for {path}")
     vocab = llama_cpp.llama_model_get_vocab(model)
     loaded = LlamaCppModel(
-        path=path, n_threads=threads, n_ctx=int(params.n_ctx), n_batch=int(params.n_batch), model=model, ctx=ctx,
-        n_vocab=int(llama_cpp.llama_vocab_n_tokens(vocab)), n_ctx_train=n_ctx_train,
+        path=path,
+        n_threads=threads,
+        n_ctx=int(params.n_ctx),
+        n_batch=int(params.n_batch),
+        model=model,
+        ctx=ctx,
+        n_vocab=int(llama_cpp.llama_vocab_n_tokens(vocab)),
+        n_ctx_train=n_ctx_train,
     )
     weakref.finalize(loaded, _free, llama_cpp, ctx, model)
     return loaded
@@ -121,5 +127,3 @@ def tokenizer_for(gguf: Path, dequantized: Path | None) -> Any:
         return AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     except (OSError, ValueError, KeyError) as exc:
         raise ModelLoadError(f"could not read the tokenizer of {gguf}: {exc}") from exc
-
-

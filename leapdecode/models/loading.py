@@ -14,10 +14,10 @@ import logging
 import os
 import shutil
 import tempfile
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from collections.abc import Iterator
-from typing import Any, Callable, NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 from safetensors.torch import save_file
@@ -25,7 +25,14 @@ from safetensors.torch import save_file
 from leapdecode.errors import ModelLoadError
 from leapdecode.models import presets
 from leapdecode.models.linear import use_small_batch_linear
-from leapdecode.models.precision import Hardware, Source, check_choices, checkpoint_dtype, gguf_is_quantized, resolve_precision
+from leapdecode.models.precision import (
+    Hardware,
+    Source,
+    check_choices,
+    checkpoint_dtype,
+    gguf_is_quantized,
+    resolve_precision,
+)
 from leapdecode.models.quantize import load_quantized, quantize_model, save_quantized
 
 GGUF_MAGIC = b"GGUF"
@@ -65,7 +72,11 @@ def hardware_of(device: torch.device) -> Hardware:
         return Hardware("cuda", native_bf16=bool(torch.cuda.is_bf16_supported()), native_fp16=True)
     if device.type == "cpu":
         flags = cpu_flags()
-        return Hardware("cpu", native_bf16=bool(flags & {"avx512_bf16", "amx_bf16"}), native_fp16=bool(flags & {"avx512_fp16", "amx_fp16"}))
+        return Hardware(
+            "cpu",
+            native_bf16=bool(flags & {"avx512_bf16", "amx_bf16"}),
+            native_fp16=bool(flags & {"avx512_fp16", "amx_fp16"}),
+        )
     return Hardware("mps" if device.type == "mps" else "other", native_bf16=False, native_fp16=device.type == "mps")
 
 
@@ -159,7 +170,9 @@ class LoadedModel:
 
 
 # Config entries that say where or how a model was saved, not what it computes.
-_CONFIG_NOISE = frozenset({"_name_or_path", "transformers_version", "dtype", "torch_dtype", "_commit_hash", "architectures"})
+_CONFIG_NOISE = frozenset(
+    {"_name_or_path", "transformers_version", "dtype", "torch_dtype", "_commit_hash", "architectures"}
+)
 
 logger = logging.getLogger("leapdecode")
 
@@ -207,7 +220,9 @@ def load_model(
         return _load_llamacpp(src.gguf, src.sha256, cache, src.name, log)
     source_gguf, source_sha, name, source = src.gguf, src.sha256, src.name, src.source
     config = _load_config(source)
-    found = Source(gguf_quantized=source_gguf is not None and gguf_is_quantized(source_gguf), dtype=checkpoint_dtype(config))
+    found = Source(
+        gguf_quantized=source_gguf is not None and gguf_is_quantized(source_gguf), dtype=checkpoint_dtype(config)
+    )
     precision = resolve_precision(found, hardware, dtype, quantize, backend)
     log(f"running {precision.quantize if precision.quantize != 'none' else precision.dtype}: {precision.reason}")
     model, tokenizer = _from_pretrained(source, DTYPES[precision.dtype], log, config=config)
@@ -237,7 +252,9 @@ def _row_exact(model: Any, wanted: bool | None, device: torch.device, log: Calla
     """Turn the row-exact kernel on where asked, or (None) wherever it applies and builds."""
     applies = device.type == "cpu" and model.dtype in (torch.float32, torch.bfloat16)
     if wanted and not applies:
-        raise ModelLoadError(f"row_exact runs float32 or bfloat16 on CPU, not {str(model.dtype).removeprefix('torch.')} on {device.type}")
+        raise ModelLoadError(
+            f"row_exact runs float32 or bfloat16 on CPU, not {str(model.dtype).removeprefix('torch.')} on {device.type}"
+        )
     if wanted is None and applies:
         from leapdecode.models.row_exact import bf16_linear_available, kernel
 
@@ -261,7 +278,9 @@ class _Source(NamedTuple):
     sha256: str
 
 
-def _resolve(spec: str | os.PathLike[str], cache: Path, *, download: bool, log: Callable[[str], None], backend: str) -> _Source:
+def _resolve(
+    spec: str | os.PathLike[str], cache: Path, *, download: bool, log: Callable[[str], None], backend: str
+) -> _Source:
     """Find (and for a preset, install; for a GGUF file, de-quantize once) what `spec` names."""
     text = str(spec).strip()
     if not text:
@@ -297,7 +316,10 @@ def _resolve(spec: str | os.PathLike[str], cache: Path, *, download: bool, log: 
 
 
 def huggingface_source(
-    spec: str | os.PathLike[str], *, cache_dir: str | os.PathLike[str] | None = None, download: bool = True,
+    spec: str | os.PathLike[str],
+    *,
+    cache_dir: str | os.PathLike[str] | None = None,
+    download: bool = True,
     log: Callable[[str], None] = logger.info,
 ) -> str:
     """What another library that reads Hugging Face models (vLLM) should load for `spec`: a
@@ -348,7 +370,10 @@ def _load_llamacpp(gguf: Path, sha256: str, cache: Path, name: str, log: Callabl
     eos = int(llama_cpp.llama_vocab_eos(vocab))  # the GGUF's eos, as the PyTorch load's config has it
     stand_in = SimpleNamespace(generation_config=None, config=SimpleNamespace(eos_token_id=[eos] if eos >= 0 else []))
     return LoadedModel(
-        model=model, tokenizer=tokenizer, name=name, eos_token_ids=frozenset(end_of_turn_ids(stand_in, tokenizer)),
+        model=model,
+        tokenizer=tokenizer,
+        name=name,
+        eos_token_ids=frozenset(end_of_turn_ids(stand_in, tokenizer)),
         max_context=model.n_ctx,
     )
 
@@ -395,9 +420,7 @@ def _load_pretrained(source: str, dtype: torch.dtype, log: Callable[[str], None]
         model = AutoModelForCausalLM.from_pretrained(source, config=config, dtype=dtype)
     except ValueError as exc:
         if "Unrecognized configuration class" in str(exc):
-            raise ModelLoadError(
-                f"{source!r} is a {type(config).__name__} model, not a causal language model"
-            ) from exc
+            raise ModelLoadError(f"{source!r} is a {type(config).__name__} model, not a causal language model") from exc
         raise ModelLoadError(f"could not load model {source!r}: {_first_line(exc)}") from exc
     except (OSError, RuntimeError, KeyError) as exc:
         raise ModelLoadError(f"could not load model weights from {source!r}: {_first_line(exc)}") from exc
@@ -426,7 +449,9 @@ def _dequantized_folder(gguf: Path, sha256: str, cache: Path, log: Callable[[str
             tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
             model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
     except Exception as exc:  # a corrupt file can fail anywhere in the GGUF parser, with any error type
-        raise ModelLoadError(f"could not read GGUF {gguf}: {_first_line(exc)} (corrupt file or unsupported architecture?)") from exc
+        raise ModelLoadError(
+            f"could not read GGUF {gguf}: {_first_line(exc)} (corrupt file or unsupported architecture?)"
+        ) from exc
     folder.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".building-", dir=folder.parent))
     try:

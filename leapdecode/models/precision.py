@@ -73,7 +73,9 @@ def check_choices(dtype: object, quantize: str | None, backend: str, hardware: H
         raise ModelLoadError(f"unknown quantization {quantize!r}; choose one of {', '.join(QUANTIZE_CHOICES)}")
     if mode in ("int8", "int4"):
         if backend == "llama.cpp":
-            raise ModelLoadError("the llama.cpp backend runs the GGUF's own quantization; quantize is for the torch backend")
+            raise ModelLoadError(
+                "the llama.cpp backend runs the GGUF's own quantization; quantize is for the torch backend"
+            )
         if not hardware.cpu:
             raise ModelLoadError(f"quantized layers run on CPU, not {hardware.device}")
         if name not in ("auto", "float32"):
@@ -81,7 +83,9 @@ def check_choices(dtype: object, quantize: str | None, backend: str, hardware: H
     return name, mode
 
 
-def resolve_precision(source: Source, hardware: Hardware, dtype: object = "auto", quantize: str | None = "auto", backend: str = "torch") -> Precision:
+def resolve_precision(
+    source: Source, hardware: Hardware, dtype: object = "auto", quantize: str | None = "auto", backend: str = "torch"
+) -> Precision:
     """What runs for `source` on `hardware` given the user's choices (see the module's docstring)."""
     name, mode = check_choices(dtype, quantize, backend, hardware)
     if backend == "llama.cpp":

@@ -8,13 +8,13 @@ in order, and the result is checked against a known sha256.
 from __future__ import annotations
 
 import hashlib
-import logging
 import importlib.metadata
+import logging
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from leapdecode.errors import ModelLoadError
 

@@ -8,9 +8,10 @@ the layout of GGUF's Q4_1; Q4_0 and Q4_K fit it too). The scales are stored per 
 exactly, and what this module's own rounding produces), as 8-bit multiples of one float32 factor
 per output and run of 8 groups: a quarter fewer bytes per int4 weight, and a one-token pass reads
 every weight once, so it is that much faster. A GGUF's Q6_K weights (w = d·sc·(q − 32), an int8 sc
-per 16 weights) keep their 6 bits in that form too (`bits` 6). The output layer (LM head) is kept at int8
-in int4 mode (a GGUF's Q6_K one at its 6 bits), as llama.cpp's Q4_K_M keeps it at 6 bits. A model loaded from a GGUF file takes the
-file's own groups where they fit (`gguf_blocks`): the quantized model is the file's model. The
+per 16 weights) keep their 6 bits in that form too (`bits` 6). The output layer (LM head) is kept
+at int8 in int4 mode (a GGUF's Q6_K one at its 6 bits), as llama.cpp's Q4_K_M keeps it at 6 bits.
+A model loaded from a GGUF file takes the file's own groups where they fit (`gguf_blocks`): the
+quantized model is the file's model. The
 weights are held in the kernel's packed layout (`pack`: blocks of 8 outputs, one record per block
 and group, so a layer streams from memory in one sequential read). The kernel (`quant.cpp`) quantizes each
 row's activations to int8 per group at run time, so a group's dot product is an exact integer sum,
@@ -104,8 +105,13 @@ class SuperScales:
 
     def rows(self, index: torch.Tensor) -> SuperScales:
         """The factors of the outputs `index` (a permutation, for a GGUF's reordered rows)."""
-        return SuperScales(self.d[index], self.sc[index], None if self.dmin is None else self.dmin[index],
-                           None if self.m is None else self.m[index], self.per_group)
+        return SuperScales(
+            self.d[index],
+            self.sc[index],
+            None if self.dmin is None else self.dmin[index],
+            None if self.m is None else self.m[index],
+            self.per_group,
+        )
 
 
 def _per_group(factors: torch.Tensor, columns: int, repeat: int = SUPER) -> torch.Tensor:
@@ -163,7 +169,11 @@ def _round_int8(w: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
 
 def _round_int4(w: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor) -> torch.Tensor:
     """w [out, groups, 32], scales and mins [out, groups] → packed 4-bit q [out, in/2]."""
-    q = torch.round((w - mins.unsqueeze(-1)) / torch.where(scales > 0, scales, 1).unsqueeze(-1)).clamp(0, 15).to(torch.uint8)
+    q = (
+        torch.round((w - mins.unsqueeze(-1)) / torch.where(scales > 0, scales, 1).unsqueeze(-1))
+        .clamp(0, 15)
+        .to(torch.uint8)
+    )
     return pack_int4(q)
 
 
@@ -218,7 +228,9 @@ def pack(qweight: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor | None,
     8 scales (and 8 minimums) as float32. Outputs past `out` are zero padding."""
     blocks = -(-scales.shape[0] // BLOCK)
     parts = [_bodies(qweight, bits, *scales.shape)]
-    parts += [_lanes(values.float(), blocks).view(torch.uint8) for values in ((scales, mins) if bits == 4 else (scales,))]  # each [blocks, groups, 32]
+    parts += [
+        _lanes(values.float(), blocks).view(torch.uint8) for values in ((scales, mins) if bits == 4 else (scales,))
+    ]  # each [blocks, groups, 32]
     return torch.cat(parts, dim=-1).contiguous()
 
 
@@ -229,18 +241,26 @@ def pack_super(qweight: torch.Tensor, factors: SuperScales, bits: int) -> torch.
     the 8 sc (and 8 m) bytes."""
     n, groups = factors.sc.shape[0], factors.groups
     blocks = -(-n // BLOCK)
-    if (bits == 4) != (factors.dmin is not None and factors.m is not None) or factors.per_group != (2 if bits == 6 else 1):
-        raise ValueError(f"{bits}-bit super-block factors need {'d, sc, dmin and m' if bits == 4 else 'd and sc alone'}"
-                         f"{', sc per half group' if bits == 6 else ''}")
+    if (bits == 4) != (factors.dmin is not None and factors.m is not None) or factors.per_group != (
+        2 if bits == 6 else 1
+    ):
+        raise ValueError(
+            f"{bits}-bit super-block factors need {'d, sc, dmin and m' if bits == 4 else 'd and sc alone'}"
+            f"{', sc per half group' if bits == 6 else ''}"
+        )
     if bits == 6:  # the halves' scales: all 8 outputs' first, then all 8 outputs' second
         halves = factors.sc.view(torch.uint8).reshape(n, groups, 2)
         subs = [halves[..., 0], halves[..., 1]]
     else:
         subs = [factors.sc] + ([factors.m.view(torch.uint8)] if factors.m is not None else [])
-    records = torch.cat([_bodies(qweight, bits, n, groups), *(_lanes(v, blocks) for v in subs)], dim=-1)  # [blocks, groups, SUPER_RECORD]
+    records = torch.cat(
+        [_bodies(qweight, bits, n, groups), *(_lanes(v, blocks) for v in subs)], dim=-1
+    )  # [blocks, groups, SUPER_RECORD]
     records = nn.functional.pad(records, (0, 0, 0, -groups % SUPER)).reshape(blocks, -1, SUPER * SUPER_RECORD[bits])
     heads = [factors.d] + ([factors.dmin] if factors.dmin is not None else [])
-    headers = torch.cat([_lanes(f.float(), blocks).view(torch.uint8) for f in heads], dim=-1)  # [blocks, supers, SUPER_HEADER]
+    headers = torch.cat(
+        [_lanes(f.float(), blocks).view(torch.uint8) for f in heads], dim=-1
+    )  # [blocks, supers, SUPER_HEADER]
     packed = torch.cat([headers, records], dim=-1).reshape(blocks, -1)
     return packed[:, : block_bytes(bits, groups, True)].contiguous()
 
@@ -248,7 +268,9 @@ def pack_super(qweight: torch.Tensor, factors: SuperScales, bits: int) -> torch.
 def _bodies(qweight: torch.Tensor, bits: int, n: int, groups: int) -> torch.Tensor:
     """qweight (`quantize_weight`'s layout) → the records' weights [ceil(n/8), groups, BODY]."""
     blocks = -(-n // BLOCK)
-    q = unpack_int4(qweight) if bits == 4 else qweight.reshape(n, groups, GROUP)  # [out, groups, 32]: 0..15, 0..63 or int8 bytes
+    q = (
+        unpack_int4(qweight) if bits == 4 else qweight.reshape(n, groups, GROUP)
+    )  # [out, groups, 32]: 0..15, 0..63 or int8 bytes
     q = nn.functional.pad(q, (0, 0, 0, 0, 0, blocks * BLOCK - n))  # [blocks*8, groups, 32]
     chunks = q.reshape(blocks, BLOCK, groups, 8, 4).permute(0, 2, 3, 1, 4)  # [blocks, groups, chunk, j, e]
     if bits == 8:  # offset binary, q + 128 (see quant.cpp)
@@ -289,7 +311,9 @@ def _of_lanes(lanes: torch.Tensor, out_features: int) -> torch.Tensor:
     return lanes.transpose(1, 2).reshape(-1, lanes.shape[1])[:out_features].contiguous()
 
 
-def unpack(packed: torch.Tensor, bits: int, out_features: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+def unpack(
+    packed: torch.Tensor, bits: int, out_features: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """The inverse of `pack`: (qweight, scales, mins) in `quantize_weight`'s layout."""
     body = BODY[bits]
 
@@ -303,7 +327,9 @@ def unpack_super(packed: torch.Tensor, bits: int, out_features: int, groups: int
     """The inverse of `pack_super`: (qweight, the factors)."""
     blocks, header, record = packed.shape[0], SUPER_HEADER[bits], SUPER_RECORD[bits]
     supers = -(-groups // SUPER)
-    full = nn.functional.pad(packed, (0, supers * (header + SUPER * record) - packed.shape[1])).reshape(blocks, supers, -1)
+    full = nn.functional.pad(packed, (0, supers * (header + SUPER * record) - packed.shape[1])).reshape(
+        blocks, supers, -1
+    )
     records = full[..., header:].reshape(blocks, supers * SUPER, record)[:, :groups]  # [blocks, groups, record]
     body = BODY[bits]
 
@@ -316,7 +342,9 @@ def unpack_super(packed: torch.Tensor, bits: int, out_features: int, groups: int
     if bits == 4:
         factors = SuperScales(factor(0), subs(0), factor(1), subs(1).view(torch.int8))
     elif bits == 6:
-        factors = SuperScales(factor(0), torch.stack([subs(0), subs(1)], dim=-1).reshape(out_features, -1).view(torch.int8), per_group=2)
+        factors = SuperScales(
+            factor(0), torch.stack([subs(0), subs(1)], dim=-1).reshape(out_features, -1).view(torch.int8), per_group=2
+        )
     else:
         factors = SuperScales(factor(0), subs(0))
     return _q_of_bodies(records[..., :body], bits, out_features), factors
@@ -329,13 +357,27 @@ class QuantizedLinear(nn.Module):
 
     isa: int = BEST  # another path (PORTABLE, AVX2, AVX512_VNNI): for tests of other machines
 
-    def __init__(self, packed: torch.Tensor, bits: int, out_features: int, in_features: int, bias: torch.Tensor | None,
-                 super_blocks: bool = False) -> None:
+    def __init__(
+        self,
+        packed: torch.Tensor,
+        bits: int,
+        out_features: int,
+        in_features: int,
+        bias: torch.Tensor | None,
+        super_blocks: bool = False,
+    ) -> None:
         super().__init__()
-        if (bits not in BODY or (bits == 6 and not super_blocks) or in_features % GROUP or packed.dtype != torch.uint8
-                or packed.shape != packed_shape(bits, out_features, in_features, super_blocks)):
-            raise ValueError(f"packed weights {tuple(packed.shape)} do not fit a {bits}-bit {in_features}→{out_features} layer"
-                             f"{' with super-block scales' if super_blocks else ''}")
+        if (
+            bits not in BODY
+            or (bits == 6 and not super_blocks)
+            or in_features % GROUP
+            or packed.dtype != torch.uint8
+            or packed.shape != packed_shape(bits, out_features, in_features, super_blocks)
+        ):
+            raise ValueError(
+                f"packed weights {tuple(packed.shape)} do not fit a {bits}-bit {in_features}→{out_features} layer"
+                f"{' with super-block scales' if super_blocks else ''}"
+            )
         self.bits = bits
         self.super_blocks = super_blocks
         self.out_features = out_features
@@ -344,12 +386,25 @@ class QuantizedLinear(nn.Module):
         self.bias = nn.Parameter(bias.detach().float(), requires_grad=False) if bias is not None else None
 
     @classmethod
-    def from_groups(cls, qweight: torch.Tensor, scales: torch.Tensor | SuperScales, mins: torch.Tensor | None, bits: int,
-                    bias: torch.Tensor | None) -> QuantizedLinear:
+    def from_groups(
+        cls,
+        qweight: torch.Tensor,
+        scales: torch.Tensor | SuperScales,
+        mins: torch.Tensor | None,
+        bits: int,
+        bias: torch.Tensor | None,
+    ) -> QuantizedLinear:
         """From `quantize_weight`'s groups, or with `scales` a `SuperScales` (mins then None) from
         `quantize_weight_super`'s."""
         if isinstance(scales, SuperScales):
-            return cls(pack_super(qweight, scales, bits), bits, scales.sc.shape[0], scales.groups * GROUP, bias, super_blocks=True)
+            return cls(
+                pack_super(qweight, scales, bits),
+                bits,
+                scales.sc.shape[0],
+                scales.groups * GROUP,
+                bias,
+                super_blocks=True,
+            )
         return cls(pack(qweight, scales, mins, bits), bits, scales.shape[0], scales.shape[1] * GROUP, bias)
 
     @classmethod
@@ -380,12 +435,16 @@ class QuantizedLinear(nn.Module):
             flat = x.reshape(-1, x.shape[-1]).float()  # [rows, in]
             out = nn.functional.linear(_activations_reference(flat), self.weight_float(), self.bias)
             return out.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
-        out = module.quantized_linear(x.float(), self.packed, self.bits, self.super_blocks, self.out_features, self.bias, self.isa)  # [..., out]
+        out = module.quantized_linear(
+            x.float(), self.packed, self.bits, self.super_blocks, self.out_features, self.bias, self.isa
+        )  # [..., out]
         return out if x.dtype == torch.float32 else out.to(x.dtype)
 
     def extra_repr(self) -> str:
-        return (f"in_features={self.in_features}, out_features={self.out_features}, bits={self.bits}, "
-                f"super_blocks={self.super_blocks}, bias={self.bias is not None}")
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, bits={self.bits}, "
+            f"super_blocks={self.super_blocks}, bias={self.bias is not None}"
+        )
 
 
 def _activations_reference(x: torch.Tensor) -> torch.Tensor:
@@ -396,7 +455,9 @@ def _activations_reference(x: torch.Tensor) -> torch.Tensor:
     return (q * d).reshape(x.shape)
 
 
-def quantize_model(model: nn.Module, mode: str, file_blocks: Callable[[dict[str, torch.Tensor]], dict[str, Any]] | None = None) -> int:
+def quantize_model(
+    model: nn.Module, mode: str, file_blocks: Callable[[dict[str, torch.Tensor]], dict[str, Any]] | None = None
+) -> int:
     """Swap `model`'s linear layers for group-quantized ones (`mode` "int8" or "int4"; the output
     layer stays int8). Layers whose input is not a multiple of 32 stay float (logged). With
     `file_blocks` (for a GGUF source: `leapdecode.models.gguf_blocks.gguf_blocks_by_weight` on the
@@ -424,14 +485,20 @@ def quantize_model(model: nn.Module, mode: str, file_blocks: Callable[[dict[str,
         setattr(parent, name, layer)
         swapped += 1
     if kept:
-        logger.info("kept %d linear layers in float (input not a multiple of %d): %s", len(kept), GROUP, ", ".join(kept[:4]))
+        logger.info(
+            "kept %d linear layers in float (input not a multiple of %d): %s", len(kept), GROUP, ", ".join(kept[:4])
+        )
     return swapped
 
 
 def _linear_layers(model: nn.Module) -> dict[str, tuple[nn.Module, str, nn.Linear]]:
     """Every `nn.Linear` of `model` by its full name, with its parent and its attribute name there."""
-    return {f"{parent_name}.{name}".lstrip("."): (parent, name, child) for parent_name, parent in model.named_modules()
-            for name, child in parent.named_children() if isinstance(child, nn.Linear)}
+    return {
+        f"{parent_name}.{name}".lstrip("."): (parent, name, child)
+        for parent_name, parent in model.named_modules()
+        for name, child in parent.named_children()
+        if isinstance(child, nn.Linear)
+    }
 
 
 def save_quantized(model: nn.Module, path: Path) -> None:
@@ -442,7 +509,9 @@ def save_quantized(model: nn.Module, path: Path) -> None:
     for name, layer in model.named_modules():
         if isinstance(layer, QuantizedLinear):
             tensors[f"{name}.packed"] = layer.packed
-            tensors[f"{name}.shape"] = torch.tensor([layer.bits, layer.out_features, layer.in_features, layer.super_blocks], dtype=torch.int64)
+            tensors[f"{name}.shape"] = torch.tensor(
+                [layer.bits, layer.out_features, layer.in_features, layer.super_blocks], dtype=torch.int64
+            )
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_suffix(".partial")
     save_file(tensors, str(partial))
@@ -462,7 +531,11 @@ def load_quantized(model: nn.Module, path: Path) -> int:
         return 0
     names = {key.rsplit(".", 1)[0] for key in saved}
     linears = _linear_layers(model)
-    if not names or not names <= linears.keys() or any(f"{n}.packed" not in saved or f"{n}.shape" not in saved for n in names):
+    if (
+        not names
+        or not names <= linears.keys()
+        or any(f"{n}.packed" not in saved or f"{n}.shape" not in saved for n in names)
+    ):
         return 0
     layers = {}
     for name in names:
@@ -472,7 +545,9 @@ def load_quantized(model: nn.Module, path: Path) -> int:
             return 0
         bits, out_features, in_features, super_blocks = shape
         try:
-            layers[name] = QuantizedLinear(saved[f"{name}.packed"], bits, out_features, in_features, child.bias, bool(super_blocks))
+            layers[name] = QuantizedLinear(
+                saved[f"{name}.packed"], bits, out_features, in_features, child.bias, bool(super_blocks)
+            )
         except ValueError:
             return 0
     for name, layer in layers.items():

@@ -75,7 +75,12 @@ class RowExactLinear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // x.shape[-1]
-        if not 1 <= rows <= PASS_ROWS or x.device.type != "cpu" or x.dtype not in (torch.float32, torch.bfloat16) or x.dtype != self.weight.dtype:
+        if (
+            not 1 <= rows <= PASS_ROWS
+            or x.device.type != "cpu"
+            or x.dtype not in (torch.float32, torch.bfloat16)
+            or x.dtype != self.weight.dtype
+        ):
             return nn.functional.linear(x, self.weight, self.bias)
         flat = x.reshape(rows, x.shape[-1])  # [rows, in]
         module = kernel()
@@ -97,8 +102,15 @@ def bf16_linear_available() -> bool:
 
 
 def row_exact_attention(
-    module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask: torch.Tensor | None,
-    dropout: float = 0.0, scaling: float | None = None, is_causal: bool | None = None, **kwargs: Any,
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    is_causal: bool | None = None,
+    **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
     """Attention one query row at a time over exactly the keys it may see (see the module doc),
     prefills too: a prompt scored in chunks (`engine.batch`) then gives bitwise what it gives whole.
@@ -111,14 +123,22 @@ def row_exact_attention(
         return packed.attend(module, query, scaling, kwargs), None
     q_len, kv_len = query.shape[2], key.shape[2]
     if q_len > PASS_ROWS:  # a long input scored whole (a prefill outside the engine's chunks): by blocks of rows
-        return _by_row_blocks(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs), None
+        return _by_row_blocks(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs
+        ), None
     if attention_mask is not None and attention_mask.shape[0] != 1:
         raise ValueError("row-exact attention decodes one sequence at a time")
     seen = None if attention_mask is None else attention_mask[0, 0]  # [q, kv]: True where a row attends
     if seen is not None and seen.dtype != torch.bool:
         seen = seen == 0
-    compiled = (kernel() if query.dtype in (torch.float32, torch.bfloat16) and key.dtype == query.dtype and query.device.type == "cpu"
-                and query.shape[0] == 1 else None)
+    compiled = (
+        kernel()
+        if query.dtype in (torch.float32, torch.bfloat16)
+        and key.dtype == query.dtype
+        and query.device.type == "cpu"
+        and query.shape[0] == 1
+        else None
+    )
     if compiled is not None:  # the C++ kernel: no per-row Python, no host copy
         scale = scaling if scaling is not None else query.shape[-1] ** -0.5
         return compiled.row_exact_attention(query, key, value, seen, scale, False), None  # [batch, q, heads, dim]
@@ -132,15 +152,26 @@ def row_exact_attention(
     gqa = query.shape[1] != key.shape[1]
     outs = [
         nn.functional.scaled_dot_product_attention(
-            query[:, :, i : i + 1], key[:, :, visible], value[:, :, visible], dropout_p=dropout, scale=scaling, enable_gqa=gqa,
+            query[:, :, i : i + 1],
+            key[:, :, visible],
+            value[:, :, visible],
+            dropout_p=dropout,
+            scale=scaling,
+            enable_gqa=gqa,
         )
         for i, visible in enumerate(rows)
     ]  # each [batch, heads, 1, dim]
     return torch.cat(outs, dim=2).transpose(1, 2), None
 
 
-def _by_row_blocks(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                   attention_mask: torch.Tensor | None, **kwargs: Any) -> torch.Tensor:
+def _by_row_blocks(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    **kwargs: Any,
+) -> torch.Tensor:
     """`row_exact_attention` over blocks of `PASS_ROWS` query rows: each row is computed alone,
     so the bits are the same, and the kernel's scratch space stays [PASS_ROWS, keys] a task."""
     q_len, kv_len = query.shape[2], key.shape[2]
@@ -149,9 +180,13 @@ def _by_row_blocks(module: nn.Module, query: torch.Tensor, key: torch.Tensor, va
         end = min(q_len, start + PASS_ROWS)
         if attention_mask is None:  # causal: the block's rows see the keys up to their own position
             visible = kv_len - q_len + end
-            out, _ = row_exact_attention(module, query[:, :, start:end], key[:, :, :visible], value[:, :, :visible], None, **kwargs)
+            out, _ = row_exact_attention(
+                module, query[:, :, start:end], key[:, :, :visible], value[:, :, :visible], None, **kwargs
+            )
         else:
-            out, _ = row_exact_attention(module, query[:, :, start:end], key, value, attention_mask[:, :, start:end], **kwargs)
+            out, _ = row_exact_attention(
+                module, query[:, :, start:end], key, value, attention_mask[:, :, start:end], **kwargs
+            )
         outs.append(out)  # [batch, rows, heads, dim]
     return torch.cat(outs, dim=1)
 
@@ -170,7 +205,11 @@ class RowExactRMSNorm(nn.Module):
         self.variance_epsilon = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        module = kernel() if x.dtype == torch.float32 and x.device.type == "cpu" and self.weight.dtype == torch.float32 else None
+        module = (
+            kernel()
+            if x.dtype == torch.float32 and x.device.type == "cpu" and self.weight.dtype == torch.float32
+            else None
+        )
         if module is not None:
             return module.rms_norm(x, self.weight, self.variance_epsilon, self.portable)
         variance = x.float().pow(2).mean(-1, keepdim=True)
@@ -185,10 +224,25 @@ def _as_rms_norm(module: nn.Module) -> RowExactRMSNorm | None:
     float32 weight, an epsilon, and the same output on random rows (a LayerNorm, or Gemma's
     1 + weight form, is left alone)."""
     weight = getattr(module, "weight", None)
-    eps = next((getattr(module, name) for name in ("variance_epsilon", "eps", "epsilon") if isinstance(getattr(module, name, None), float)), None)
-    if (eps is None or not isinstance(weight, nn.Parameter) or weight.dim() != 1 or weight.dtype != torch.float32
-            or weight.device.type != "cpu" or getattr(module, "bias", None) is not None or next(module.children(), None) is not None
-            or module._forward_hooks or module._forward_pre_hooks):
+    eps = next(
+        (
+            getattr(module, name)
+            for name in ("variance_epsilon", "eps", "epsilon")
+            if isinstance(getattr(module, name, None), float)
+        ),
+        None,
+    )
+    if (
+        eps is None
+        or not isinstance(weight, nn.Parameter)
+        or weight.dim() != 1
+        or weight.dtype != torch.float32
+        or weight.device.type != "cpu"
+        or getattr(module, "bias", None) is not None
+        or next(module.children(), None) is not None
+        or module._forward_hooks
+        or module._forward_pre_hooks
+    ):
         return None
     candidate = RowExactRMSNorm(weight, eps)
     x = torch.randn(3, weight.shape[0], generator=torch.Generator().manual_seed(0)) * 4  # [3, dim]

@@ -75,7 +75,9 @@ class BatchWorker:
             loop.call_soon_threadsafe(on_done)
 
         run, backend = job.start()
-        submission = self.scheduler.submit(Submission(run, on_step, on_end, job.timeout_s, cancelled=job.cancel, backend=backend))
+        submission = self.scheduler.submit(
+            Submission(run, on_step, on_end, job.timeout_s, cancelled=job.cancel, backend=backend)
+        )
         return submission
 
     def _loop(self) -> None:
@@ -113,14 +115,20 @@ def start_batching(lm: LoadedModel, config: ServerConfig, metrics: Metrics) -> B
             raise InputError(f"--max-batch {config.max_batch}: {reason}")
         return one_at_a_time(backend, metrics, str(reason))
     sequences = config.max_batch or 8  # the curve is by rows; eight sequences share them as a busy batch would
-    logger.info("measuring the cost of shared passes (1..%d tokens over up to %d requests)", config.max_pass_rows, sequences)
+    logger.info(
+        "measuring the cost of shared passes (1..%d tokens over up to %d requests)", config.max_pass_rows, sequences
+    )
     cost = measure_batch_cost(backend, config.max_pass_rows, sequences)
     max_batch = config.max_batch or min(default_max_batch(cost), config.max_pass_rows)
     if max_batch == 1:
         return one_at_a_time(backend, metrics, "shared passes cost as much per token as passes of their own here")
     scheduler = BatchScheduler(backend, cost, max_batch=max_batch, max_rows=config.max_pass_rows)
-    logger.info("serving up to %d requests in shared passes of up to %d tokens (%d while requests decode)", max_batch,
-                config.max_pass_rows, scheduler.busy_rows)
+    logger.info(
+        "serving up to %d requests in shared passes of up to %d tokens (%d while requests decode)",
+        max_batch,
+        config.max_pass_rows,
+        scheduler.busy_rows,
+    )
     return BatchWorker(scheduler, metrics)
 
 

@@ -24,7 +24,14 @@ logger = logging.getLogger("leapdecode")
 class ApiError(Exception):
     """An error returned with an OpenAI-style body: {"error": {"message", "type", "param", "code"}}."""
 
-    def __init__(self, status: int, message: str, type_: str = "invalid_request_error", code: str | None = None, param: str | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        type_: str = "invalid_request_error",
+        code: str | None = None,
+        param: str | None = None,
+    ) -> None:
         super().__init__(message)
         self.status, self.message, self.type, self.code, self.param = status, message, type_, code, param
 
@@ -45,7 +52,9 @@ class AsciiJSONResponse(JSONResponse):
 
 def timeout_error(timeout_s: float) -> ApiError:
     """A request that ran past the server's time limit (streamed or not)."""
-    return ApiError(503, f"The request exceeded the server's time limit of {timeout_s:g} s.", type_="server_error", code="timeout")
+    return ApiError(
+        503, f"The request exceeded the server's time limit of {timeout_s:g} s.", type_="server_error", code="timeout"
+    )
 
 
 def generation_failure(exc: BaseException) -> ApiError:
@@ -61,7 +70,11 @@ def validation_error(exc: RequestValidationError) -> ApiError:
     """A body pydantic refused, named by the field at fault."""
     first = exc.errors()[0] if exc.errors() else {}
     # pydantic's location names validators and union members too ("function-after[...]", "str")
-    loc = ".".join(str(p) for p in first.get("loc", ()) if p != "body" and not any(c in str(p) for c in "[(") and p not in ("str", "int", "list"))
+    loc = ".".join(
+        str(p)
+        for p in first.get("loc", ())
+        if p != "body" and not any(c in str(p) for c in "[(") and p not in ("str", "int", "list")
+    )
     if first.get("type") == "json_invalid":
         return ApiError(400, "The request body is not valid JSON.")
     message = f"Invalid request: {loc + ': ' if loc else ''}{first.get('msg', 'invalid body')}"
@@ -84,8 +97,13 @@ def add_error_handlers(app: FastAPI, metrics: Metrics) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         metrics.requests.labels(metrics.endpoint(request.scope), str(exc.status_code)).inc()
-        messages = {404: f"No route {request.url.path}.", 405: f"Method {request.method} is not allowed on {request.url.path}."}
-        return ApiError(exc.status_code, messages.get(exc.status_code, str(exc.detail)), code=str(exc.status_code)).response()
+        messages = {
+            404: f"No route {request.url.path}.",
+            405: f"Method {request.method} is not allowed on {request.url.path}.",
+        }
+        return ApiError(
+            exc.status_code, messages.get(exc.status_code, str(exc.detail)), code=str(exc.status_code)
+        ).response()
 
     @app.exception_handler(Exception)
     async def _server_error(request: Request, exc: Exception) -> JSONResponse:

@@ -43,7 +43,9 @@ class Job:
     def siblings(self, n: int) -> list[Job]:
         """This job as `n` choices sharing one cancel: choice i samples with seed + i (choice 0
         is the n=1 response; without a seed each draws its own), greedy choices are equal."""
-        seeds = [None if self.seed is None else (self.seed + i + 2**63) % 2**64 - 2**63 for i in range(n)]  # wrapped to int64
+        seeds = [
+            None if self.seed is None else (self.seed + i + 2**63) % 2**64 - 2**63 for i in range(n)
+        ]  # wrapped to int64
         return [self if i == 0 else dataclasses.replace(self, seed=seed) for i, seed in enumerate(seeds)]
 
     def start(self) -> tuple[SequenceRun, Backend]:
@@ -52,8 +54,13 @@ class Job:
         decoder = self.decoder_for(self.method)
         self.method_name = str(decoder.method)
         run = decoder.start(
-            self.prompt_ids, max_new_tokens=self.max_tokens, stop=self.stop,
-            temperature=self.temperature, top_p=self.top_p, seed=self.seed, logprobs=self.logprobs,
+            self.prompt_ids,
+            max_new_tokens=self.max_tokens,
+            stop=self.stop,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            seed=self.seed,
+            logprobs=self.logprobs,
         )
         return run, decoder.backend
 

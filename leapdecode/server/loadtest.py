@@ -63,14 +63,28 @@ class LoadReport:
 ABANDON_AFTER_S = 0.3  # an abandoning client waits this long for a non-streaming answer, then leaves
 
 
-def _one(client: httpx.Client, model: str, index: int, disconnect: bool, max_tokens: int, report: LoadReport, lock: threading.Lock) -> None:
-    body = {"model": model, "messages": [{"role": "user", "content": f"Count from {index} to {index + 5}."}],
-            "max_tokens": max_tokens, "temperature": 0}
+def _one(
+    client: httpx.Client,
+    model: str,
+    index: int,
+    disconnect: bool,
+    max_tokens: int,
+    report: LoadReport,
+    lock: threading.Lock,
+) -> None:
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": f"Count from {index} to {index + 5}."}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+    }
     start = time.perf_counter()
     status, tokens, note = "error", 0, ""
     try:
         if index % 2 == 0:  # streaming
-            with client.stream("POST", "/v1/chat/completions", json={**body, "stream": True, "stream_options": {"include_usage": True}}) as resp:
+            with client.stream(
+                "POST", "/v1/chat/completions", json={**body, "stream": True, "stream_options": {"include_usage": True}}
+            ) as resp:
                 status = str(resp.status_code)
                 if resp.status_code == 200:
                     for line in resp.iter_lines():
@@ -86,7 +100,9 @@ def _one(client: httpx.Client, model: str, index: int, disconnect: bool, max_tok
                     resp.read()
         elif disconnect:  # non-streaming, abandoned: the server must stop decoding it
             try:
-                resp = client.post("/v1/chat/completions", json={**body, "max_tokens": max_tokens * 8}, timeout=ABANDON_AFTER_S)
+                resp = client.post(
+                    "/v1/chat/completions", json={**body, "max_tokens": max_tokens * 8}, timeout=ABANDON_AFTER_S
+                )
                 status = str(resp.status_code)
                 note = "done" if resp.status_code == 200 else ""
             except httpx.TimeoutException:
@@ -139,8 +155,15 @@ def _admitted(url: str, settle_s: float) -> int:
 
 
 def run_load(
-    url: str, model: str, clients: int = 8, requests: int = 10, disconnect_every: int = 4, max_tokens: int = 8,
-    timeout_s: float = 300, pid: int | None = None, settle_s: float = 30.0,
+    url: str,
+    model: str,
+    clients: int = 8,
+    requests: int = 10,
+    disconnect_every: int = 4,
+    max_tokens: int = 8,
+    timeout_s: float = 300,
+    pid: int | None = None,
+    settle_s: float = 30.0,
 ) -> LoadReport:
     """`clients` threads each send `requests` requests in turn; every `disconnect_every`-th
     streaming request disconnects after its first event, and every `disconnect_every`-th

@@ -32,7 +32,9 @@ class HostPort:
     def allows(self, other: HostPort, default_port: int) -> bool:
         """Whether this configured value accepts `other`: the same host, and the same port when
         this one names a port (a request without one is on the scheme's default port)."""
-        return self.host == other.host and (self.port is None or self.port == (other.port if other.port is not None else default_port))
+        return self.host == other.host and (
+            self.port is None or self.port == (other.port if other.port is not None else default_port)
+        )
 
 
 def parse_host(value: str) -> HostPort | None:
@@ -46,7 +48,7 @@ def parse_host(value: str) -> HostPort | None:
         host = inside
     else:
         host, _, rest = text.partition(":")
-        rest = text[len(host):]
+        rest = text[len(host) :]
         if not _NAME.fullmatch(host):
             return None
     if not rest:
@@ -81,7 +83,10 @@ def _refusal(error: ApiError, close: bool = False) -> tuple[Message, Message]:
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     if close:
         headers.append((b"connection", b"close"))
-    return {"type": "http.response.start", "status": error.status, "headers": headers}, {"type": "http.response.body", "body": body}
+    return {"type": "http.response.start", "status": error.status, "headers": headers}, {
+        "type": "http.response.body",
+        "body": body,
+    }
 
 
 class BodyLimit:
@@ -108,7 +113,9 @@ class BodyLimit:
             try:
                 message = await asyncio.wait_for(receive(), timeout=max(0.0, deadline - time.monotonic()))
             except TimeoutError:
-                error = ApiError(408, f"The request body did not arrive within {self.timeout_s:g} s.", code="request_timeout")
+                error = ApiError(
+                    408, f"The request body did not arrive within {self.timeout_s:g} s.", code="request_timeout"
+                )
                 await self._refuse(scope, send, error)
                 return
             if message["type"] == "http.disconnect":
@@ -132,7 +139,9 @@ class BodyLimit:
         await self.app(scope, replay, send)
 
     def _too_large(self) -> ApiError:
-        return ApiError(413, f"The request body exceeds the server's limit of {self.limit} bytes.", code="body_too_large")
+        return ApiError(
+            413, f"The request body exceeds the server's limit of {self.limit} bytes.", code="body_too_large"
+        )
 
     async def _refuse(self, scope: Scope, send: Send, error: ApiError) -> None:
         self.metrics.requests.labels(self.metrics.endpoint(scope), str(error.status)).inc()
@@ -172,6 +181,10 @@ class Guard:
             given = headers.get("authorization", "")
             token = given[7:] if given.lower().startswith("bearer ") else ""
             if not hmac.compare_digest(token.encode(), self.config.api_key.encode()):
-                return ApiError(401, "Incorrect or missing API key: send `Authorization: Bearer KEY`.",
-                                type_="authentication_error", code="invalid_api_key")
+                return ApiError(
+                    401,
+                    "Incorrect or missing API key: send `Authorization: Bearer KEY`.",
+                    type_="authentication_error",
+                    code="invalid_api_key",
+                )
         return None

@@ -27,6 +27,7 @@ class Choice:
     finish: str
     steps: Sequence[Step]
 
+
 SSE_DONE = "data: [DONE]\n\n"
 
 
@@ -55,8 +56,14 @@ def usage(prompt_tokens: int, steps: Sequence[Step]) -> dict[str, int]:
 def leapdecode_stats(method: str, steps: Sequence[Step]) -> dict[str, Any]:
     """The response's extra `leapdecode` field: the method that ran and why it was fast or slow."""
     stats = step_stats(steps)
-    return {"method": method, "forward_passes": stats.forward_passes, "drafted_tokens": stats.drafted_tokens,
-            "accepted_tokens": stats.accepted_tokens, "tau": stats.tau, "alpha": stats.alpha}
+    return {
+        "method": method,
+        "forward_passes": stats.forward_passes,
+        "drafted_tokens": stats.drafted_tokens,
+        "accepted_tokens": stats.accepted_tokens,
+        "tau": stats.tau,
+        "alpha": stats.alpha,
+    }
 
 
 def step_logprobs(steps: Sequence[Step]) -> list[TokenLogprob]:
@@ -74,8 +81,10 @@ def chat_logprobs(tokenizer: Any, records: Sequence[TokenLogprob]) -> dict[str, 
         text = token_text(tokenizer, token)
         return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
 
-    return {"content": [{**entry(r.token, r.logprob), "top_logprobs": [entry(t, v) for t, v in r.top]} for r in records],
-            "refusal": None}
+    return {
+        "content": [{**entry(r.token, r.logprob), "top_logprobs": [entry(t, v) for t, v in r.top]} for r in records],
+        "refusal": None,
+    }
 
 
 @dataclass
@@ -89,15 +98,28 @@ class CompletionFormat:
     created: int = field(default_factory=lambda: int(time.time()))
     offsets: dict[int, int] = field(default_factory=dict)  # per choice: characters of text before its next token
 
-    def chunk(self, text: str, finish: str | None, records: Sequence[TokenLogprob] = (), index: int = 0) -> dict[str, Any]:
-        return {"id": self.id, "object": "text_completion", "created": self.created, "model": self.model,
-                "choices": [self._choice(text, finish, records, index)]}
+    def chunk(
+        self, text: str, finish: str | None, records: Sequence[TokenLogprob] = (), index: int = 0
+    ) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "object": "text_completion",
+            "created": self.created,
+            "model": self.model,
+            "choices": [self._choice(text, finish, records, index)],
+        }
 
     def response(self, choices: Sequence[Choice], prompt_tokens: int, method: str) -> dict[str, Any]:
         steps = [s for c in choices for s in c.steps]
-        return {"id": self.id, "object": "text_completion", "created": self.created, "model": self.model,
-                "choices": [self._choice(c.text, c.finish, step_logprobs(c.steps), i) for i, c in enumerate(choices)],
-                "usage": usage(prompt_tokens, steps), "leapdecode": leapdecode_stats(method, steps)}
+        return {
+            "id": self.id,
+            "object": "text_completion",
+            "created": self.created,
+            "model": self.model,
+            "choices": [self._choice(c.text, c.finish, step_logprobs(c.steps), i) for i, c in enumerate(choices)],
+            "usage": usage(prompt_tokens, steps),
+            "leapdecode": leapdecode_stats(method, steps),
+        }
 
     def _choice(self, text: str, finish: str | None, records: Sequence[TokenLogprob], index: int) -> dict[str, Any]:
         logprobs = self._logprobs(records, index) if self.logprobs else None
@@ -111,8 +133,12 @@ class CompletionFormat:
             tokens.append(text)
             offsets.append(self.offsets.get(index, 0))
             self.offsets[index] = offsets[-1] + len(text)
-        return {"tokens": tokens, "token_logprobs": [r.logprob for r in records],
-                "top_logprobs": [{token_text(self.tokenizer, t): v for t, v in r.top} for r in records], "text_offset": offsets}
+        return {
+            "tokens": tokens,
+            "token_logprobs": [r.logprob for r in records],
+            "top_logprobs": [{token_text(self.tokenizer, t): v for t, v in r.top} for r in records],
+            "text_offset": offsets,
+        }
 
 
 @dataclass
@@ -126,7 +152,9 @@ class ChatFormat:
     created: int = field(default_factory=lambda: int(time.time()))
     started: set[int] = field(default_factory=set)  # choices whose first chunk (naming the role) was sent
 
-    def chunk(self, text: str, finish: str | None, records: Sequence[TokenLogprob] = (), index: int = 0) -> dict[str, Any]:
+    def chunk(
+        self, text: str, finish: str | None, records: Sequence[TokenLogprob] = (), index: int = 0
+    ) -> dict[str, Any]:
         delta: dict[str, Any] = {"content": text} if text or finish is None else {}
         if index not in self.started:
             delta["role"] = "assistant"
@@ -134,16 +162,32 @@ class ChatFormat:
         choice: dict[str, Any] = {"index": index, "delta": delta, "finish_reason": finish}
         if self.logprobs:
             choice["logprobs"] = chat_logprobs(self.tokenizer, records)
-        return {"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model, "choices": [choice]}
+        return {
+            "id": self.id,
+            "object": "chat.completion.chunk",
+            "created": self.created,
+            "model": self.model,
+            "choices": [choice],
+        }
 
     def response(self, choices: Sequence[Choice], prompt_tokens: int, method: str) -> dict[str, Any]:
         steps = [s for c in choices for s in c.steps]
         return {
-            "id": self.id, "object": "chat.completion", "created": self.created, "model": self.model,
-            "choices": [{"index": i, "message": {"role": "assistant", "content": c.text}, "finish_reason": c.finish,
-                         "logprobs": chat_logprobs(self.tokenizer, step_logprobs(c.steps)) if self.logprobs else None}
-                        for i, c in enumerate(choices)],
-            "usage": usage(prompt_tokens, steps), "leapdecode": leapdecode_stats(method, steps),
+            "id": self.id,
+            "object": "chat.completion",
+            "created": self.created,
+            "model": self.model,
+            "choices": [
+                {
+                    "index": i,
+                    "message": {"role": "assistant", "content": c.text},
+                    "finish_reason": c.finish,
+                    "logprobs": chat_logprobs(self.tokenizer, step_logprobs(c.steps)) if self.logprobs else None,
+                }
+                for i, c in enumerate(choices)
+            ],
+            "usage": usage(prompt_tokens, steps),
+            "leapdecode": leapdecode_stats(method, steps),
         }
 
 

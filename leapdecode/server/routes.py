@@ -16,9 +16,9 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from leapdecode.api import check_request, encode_prompt
 from leapdecode.server.errors import ApiError
+from leapdecode.server.jobs import Job
 from leapdecode.server.openai_format import ChatFormat, Choice, CompletionFormat, StreamText, final_text, finish_reason
 from leapdecode.server.schemas import ChatCompletionRequest, CompletionRequest
-from leapdecode.server.jobs import Job
 from leapdecode.server.worker import ServerState
 
 DEFAULT_CHAT_MAX_TOKENS = 512  # when a chat request sets no limit (the OpenAI API allows up to the context)
@@ -34,54 +34,96 @@ def state_of(request: Request) -> ServerState:
 
 def check_model(state: ServerState, name: str) -> None:
     if name not in (state.config.model_name, state.lm.name):
-        raise ApiError(404, f"The model '{name}' does not exist; this server serves '{state.config.model_name}'.",
-                       code="model_not_found", param="model")
+        raise ApiError(
+            404,
+            f"The model '{name}' does not exist; this server serves '{state.config.model_name}'.",
+            code="model_not_found",
+            param="model",
+        )
 
 
 def check_body(state: ServerState, body: CompletionRequest | ChatCompletionRequest) -> None:
     check_model(state, body.model)
     if body.stream_options is not None and not body.stream:  # as the OpenAI API answers
-        raise ApiError(400, "The 'stream_options' parameter is only allowed when 'stream' is enabled.", param="stream_options",
-                       code="invalid_value")
+        raise ApiError(
+            400,
+            "The 'stream_options' parameter is only allowed when 'stream' is enabled.",
+            param="stream_options",
+            code="invalid_value",
+        )
     unsupported = body.unsupported()
     if unsupported:
-        raise ApiError(400, f"{', '.join(unsupported)} {'is' if len(unsupported) == 1 else 'are'} not supported by this server",
-                       param=unsupported[0], code="unsupported_parameter")
+        raise ApiError(
+            400,
+            f"{', '.join(unsupported)} {'is' if len(unsupported) == 1 else 'are'} not supported by this server",
+            param=unsupported[0],
+            code="unsupported_parameter",
+        )
 
 
-def make_jobs(state: ServerState, body: CompletionRequest | ChatCompletionRequest, prompt_ids: list[int], max_tokens: int | None) -> list[Job]:
+def make_jobs(
+    state: ServerState, body: CompletionRequest | ChatCompletionRequest, prompt_ids: list[int], max_tokens: int | None
+) -> list[Job]:
     """The request's generations (one per choice, `n`), checked against the model's context
     before they are admitted."""
     lm, config = state.lm, state.config
     method = state.choose_method(body.leapdecode.method if body.leapdecode else None)
     if len(prompt_ids) >= lm.max_context:
-        raise ApiError(400, f"The prompt is too long: {len(prompt_ids)} tokens; model {config.model_name!r} takes at most "
-                       f"{lm.max_context - 1}.", param="messages" if isinstance(body, ChatCompletionRequest) else "prompt",
-                       code="context_length_exceeded")
+        raise ApiError(
+            400,
+            f"The prompt is too long: {len(prompt_ids)} tokens; model {config.model_name!r} takes at most "
+            f"{lm.max_context - 1}.",
+            param="messages" if isinstance(body, ChatCompletionRequest) else "prompt",
+            code="context_length_exceeded",
+        )
     if max_tokens is None:
         max_tokens = min(DEFAULT_CHAT_MAX_TOKENS, lm.max_context - len(prompt_ids))
     if max_tokens <= 0:
         raise ApiError(400, f"max_tokens must be at least 1, got {max_tokens}", param="max_tokens")
     check_request(lm, prompt_ids, max_tokens)
     if body.n > config.max_queue:
-        raise ApiError(400, f"n={body.n} choices exceed what this server admits at once ({config.max_queue}, --max-queue)", param="n")
-    job = Job(method, state.decoder_for, prompt_ids, max_tokens, list(body.stop or []), body.temperature, body.top_p, body.seed,
-              timeout_s=config.timeout_s, logprobs=body.logprob_count)
+        raise ApiError(
+            400,
+            f"n={body.n} choices exceed what this server admits at once ({config.max_queue}, --max-queue)",
+            param="n",
+        )
+    job = Job(
+        method,
+        state.decoder_for,
+        prompt_ids,
+        max_tokens,
+        list(body.stop or []),
+        body.temperature,
+        body.top_p,
+        body.seed,
+        timeout_s=config.timeout_s,
+        logprobs=body.logprob_count,
+    )
     return job.siblings(body.n)
 
 
 async def respond(
-    state: ServerState, jobs: list[Job], body: CompletionRequest | ChatCompletionRequest, form: CompletionFormat | ChatFormat,
-    endpoint: str, request: Request,
+    state: ServerState,
+    jobs: list[Job],
+    body: CompletionRequest | ChatCompletionRequest,
+    form: CompletionFormat | ChatFormat,
+    endpoint: str,
+    request: Request,
 ) -> Any:
     """Stream the choices' chunks, or run them to the end and return the whole response."""
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        texts = [StreamText(state.lm.tokenizer, job.stop, functools.partial(form.chunk, index=i)) for i, job in enumerate(jobs)]
+        texts = [
+            StreamText(state.lm.tokenizer, job.stop, functools.partial(form.chunk, index=i))
+            for i, job in enumerate(jobs)
+        ]
         events = state.stream(jobs, texts, include_usage, endpoint)
         return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
     steps = await state.complete(jobs, endpoint, request)
-    choices = [Choice(final_text(state.lm.tokenizer, s, job.stop), finish_reason(job.finish_reason), s) for job, s in zip(jobs, steps)]
+    choices = [
+        Choice(final_text(state.lm.tokenizer, s, job.stop), finish_reason(job.finish_reason), s)
+        for job, s in zip(jobs, steps)
+    ]
     return form.response(choices, len(jobs[0].prompt_ids), jobs[0].method_name)
 
 
@@ -89,13 +131,20 @@ async def respond(
 @router.head("/health", include_in_schema=False)  # HEAD wherever GET is served
 async def health(request: Request) -> dict[str, Any]:
     state = state_of(request)
-    return {"status": "ok", "model": state.config.model_name, "admitted": state.admitted, "max_queue": state.config.max_queue}
+    return {
+        "status": "ok",
+        "model": state.config.model_name,
+        "admitted": state.admitted,
+        "max_queue": state.config.max_queue,
+    }
 
 
 @router.get("/metrics")
 @router.head("/metrics", include_in_schema=False)  # HEAD wherever GET is served
 async def prometheus(request: Request) -> PlainTextResponse:
-    return PlainTextResponse(generate_latest(state_of(request).metrics.registry).decode(), media_type=CONTENT_TYPE_LATEST)
+    return PlainTextResponse(
+        generate_latest(state_of(request).metrics.registry).decode(), media_type=CONTENT_TYPE_LATEST
+    )
 
 
 @router.get("/v1/models")
@@ -118,7 +167,9 @@ async def model_card(model_id: str, request: Request) -> dict[str, Any]:
 async def completions(body: CompletionRequest, request: Request) -> Any:
     state = state_of(request)
     check_body(state, body)
-    prompt_ids = await asyncio.to_thread(encode_prompt, state.lm, body.prompt)  # a long prompt must not stall the event loop
+    prompt_ids = await asyncio.to_thread(
+        encode_prompt, state.lm, body.prompt
+    )  # a long prompt must not stall the event loop
     jobs = make_jobs(state, body, prompt_ids, body.max_tokens)
     form = CompletionFormat(state.config.model_name, state.lm.tokenizer, jobs[0].logprobs is not None)
     return await respond(state, jobs, body, form, "/v1/completions", request)

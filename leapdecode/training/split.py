@@ -108,7 +108,9 @@ class BenchmarkFilter:
                 n = min(len(ids), shingle)
                 tables.setdefault(n, []).append(_window_hashes(ids, _prefix(ids), n))
         self._lengths = sorted(tables, reverse=True)  # run lengths to hash: 12, then shorter prompts' own
-        self._table = np.unique(np.concatenate([h for parts in tables.values() for h in parts] or [np.empty(0, np.uint64)]))
+        self._table = np.unique(
+            np.concatenate([h for parts in tables.values() for h in parts] or [np.empty(0, np.uint64)])
+        )
         self._marks = np.zeros(int(_MARK_MASK) + 1, dtype=bool)
         self._marks[self._table & _MARK_MASK] = True
 
@@ -167,7 +169,10 @@ def _is_count(value: object, least: int) -> bool:
 
 
 def _hold_out(
-    kept: list[Conversation], seed: int, held_out: float, count: int | None,
+    kept: list[Conversation],
+    seed: int,
+    held_out: float,
+    count: int | None,
 ) -> tuple[list[Conversation], list[Conversation], int]:
     """(train, held out, set aside): by fraction, every part of a chat keyed below it; by count,
     the first part of each of the `count` lowest-keyed chats, their later parts set aside."""
@@ -188,8 +193,13 @@ def _hold_out(
 
 
 def training_conversations(
-    source: str, *, limit: int | None = None, seed: int = 0, held_out: float = 0.02,
-    held_out_count: int | None = None, benchmark: BenchmarkFilter | None = None,
+    source: str,
+    *,
+    limit: int | None = None,
+    seed: int = 0,
+    held_out: float = 0.02,
+    held_out_count: int | None = None,
+    benchmark: BenchmarkFilter | None = None,
 ) -> tuple[list[Conversation], list[Conversation], SplitReport]:
     """(train, held_out, report) from `source` ("sharegpt" or a .jsonl path), benchmark prompts
     dropped; the whole source is read. Held out: every conversation whose `held_out_key` is below

@@ -19,11 +19,11 @@ from leapdecode.errors import InputError
 
 if TYPE_CHECKING:
     from leapdecode.drafters.base import Drafter
-    from leapdecode.training.data import Conversation
     from leapdecode.heads.vocabulary import DraftVocabulary
+    from leapdecode.models.loading import LoadedModel
+    from leapdecode.training.data import Conversation
     from leapdecode.training.features import Example
     from leapdecode.training.settings import Progress, TrainSettings
-    from leapdecode.models.loading import LoadedModel
 
 
 class Trainer(ABC):
@@ -43,7 +43,9 @@ class Trainer(ABC):
         self.mixed = settings.mixed_precision and hardware_of(target.device).native_bf16
 
     def _optimizer(self) -> None:
-        self.optimizer = torch.optim.AdamW(self.module.parameters(), lr=self.settings.lr, betas=(0.9, 0.95), weight_decay=0.0)
+        self.optimizer = torch.optim.AdamW(
+            self.module.parameters(), lr=self.settings.lr, betas=(0.9, 0.95), weight_decay=0.0
+        )
 
     def features(self, input_ids: list[int], loss_mask: list[bool]) -> Example:
         from leapdecode.training.features import target_example
@@ -91,7 +93,14 @@ class Trainer(ABC):
             if prompt is None:
                 continue
             stop = StopCriteria(self.target.eos_token_ids, settings.eval_tokens)
-            steps = decode(backend, prompt, self.drafter(), stop, lambda d, lg, q, position: verify_greedy(d, lg), lambda d, t, lg, position: verify_tree_greedy(d, t, lg))
+            steps = decode(
+                backend,
+                prompt,
+                self.drafter(),
+                stop,
+                lambda d, lg, q, position: verify_greedy(d, lg),
+                lambda d, t, lg, position: verify_tree_greedy(d, t, lg),
+            )
             for i, step in enumerate(steps):
                 if i:
                     tokens += len(step.tokens)
@@ -109,22 +118,43 @@ class Trainer(ABC):
         """A short model card: what the head drafts for, from what, how long, how well."""
         last = progress.evals[-1] if progress.evals else {}
         tokens = "" if not progress.losses else f", final loss {progress.losses[-1]:.3f}"
-        return "\n".join([
-            f"# {self.method} head for {self.target.name}", "",
-            f"- target: `{self.target.name}` ({self.target.describe}), fingerprint `{self.target.fingerprint}`",
-            f"- data: {settings.data} ({report}); benchmark prompts (Spec-Bench, MT-Bench, HumanEval) excluded",
-            f"- steps: {progress.step} of one sequence (at most {settings.max_tokens} tokens) each, {progress.seconds / 60:.1f} CPU minutes{tokens}",
-            f"- held-out tau (greedy, {settings.eval_tokens} new tokens per held-out prompt): {last.get('tau', 'not measured')}",
-            f"- seed {settings.seed}; reproduce: `{reproduce(self.target.name, settings)}`",
-            "", "Settings:", "", "```json", json.dumps(asdict(settings), indent=2), "```", "",
-        ])
+        return "\n".join(
+            [
+                f"# {self.method} head for {self.target.name}",
+                "",
+                f"- target: `{self.target.name}` ({self.target.describe}), fingerprint `{self.target.fingerprint}`",
+                f"- data: {settings.data} ({report}); benchmark prompts (Spec-Bench, MT-Bench, HumanEval) excluded",
+                f"- steps: {progress.step} of one sequence (at most {settings.max_tokens} tokens) each, "
+                f"{progress.seconds / 60:.1f} CPU minutes{tokens}",
+                f"- held-out tau (greedy, {settings.eval_tokens} new tokens per held-out prompt): "
+                f"{last.get('tau', 'not measured')}",
+                f"- seed {settings.seed}; reproduce: `{reproduce(self.target.name, settings)}`",
+                "",
+                "Settings:",
+                "",
+                "```json",
+                json.dumps(asdict(settings), indent=2),
+                "```",
+                "",
+            ]
+        )
 
 
 # TrainSettings fields -> train-drafter options, where they differ
 OPTIONS = {
-    "method": "--method", "data": "--data", "steps": "--steps", "lr": "--lr", "max_tokens": "--max-tokens", "ttt_steps": "--ttt-steps",
-    "draft_vocab": "--draft-vocab", "intermediate_size": "--intermediate-size", "medusa_heads": "--heads", "limit": "--limit",
-    "eval_every": "--eval-every", "checkpoint_every": "--checkpoint-every", "seed": "--seed",
+    "method": "--method",
+    "data": "--data",
+    "steps": "--steps",
+    "lr": "--lr",
+    "max_tokens": "--max-tokens",
+    "ttt_steps": "--ttt-steps",
+    "draft_vocab": "--draft-vocab",
+    "intermediate_size": "--intermediate-size",
+    "medusa_heads": "--heads",
+    "limit": "--limit",
+    "eval_every": "--eval-every",
+    "checkpoint_every": "--checkpoint-every",
+    "seed": "--seed",
 }
 
 
@@ -134,8 +164,11 @@ def reproduce(model: str, settings: TrainSettings) -> str:
     from leapdecode.training.settings import TrainSettings
 
     default = TrainSettings()
-    shown = [f"{flag} {getattr(settings, field)}" for field, flag in OPTIONS.items()
-             if field in ("method", "data", "steps", "seed") or getattr(settings, field) != getattr(default, field)]
+    shown = [
+        f"{flag} {getattr(settings, field)}"
+        for field, flag in OPTIONS.items()
+        if field in ("method", "data", "steps", "seed") or getattr(settings, field) != getattr(default, field)
+    ]
     return f"leapdecode train-drafter --model {model} " + " ".join(shown)
 
 
@@ -167,15 +200,24 @@ class Eagle3Trainer(Trainer):
         text = target.model.config.get_text_config()
         heads = int(text.num_attention_heads)
         config = Eagle3Config(
-            hidden_size=int(text.hidden_size), intermediate_size=settings.intermediate_size or int(text.intermediate_size),
-            num_attention_heads=heads, num_key_value_heads=int(getattr(text, "num_key_value_heads", None) or heads),
-            vocab_size=int(text.vocab_size), draft_vocab_size=len(vocab.ids), aux_layers=default_aux_layers(int(text.num_hidden_layers)),
-            head_dim=int(getattr(text, "head_dim", None) or 0), rms_norm_eps=float(getattr(text, "rms_norm_eps", 1e-6)),
-            rope_theta=float((getattr(text, "rope_parameters", None) or {}).get("rope_theta") or getattr(text, "rope_theta", 10000.0)),
+            hidden_size=int(text.hidden_size),
+            intermediate_size=settings.intermediate_size or int(text.intermediate_size),
+            num_attention_heads=heads,
+            num_key_value_heads=int(getattr(text, "num_key_value_heads", None) or heads),
+            vocab_size=int(text.vocab_size),
+            draft_vocab_size=len(vocab.ids),
+            aux_layers=default_aux_layers(int(text.num_hidden_layers)),
+            head_dim=int(getattr(text, "head_dim", None) or 0),
+            rms_norm_eps=float(getattr(text, "rms_norm_eps", 1e-6)),
+            rope_theta=float(
+                (getattr(text, "rope_parameters", None) or {}).get("rope_theta") or getattr(text, "rope_theta", 10000.0)
+            ),
             max_position_embeddings=int(getattr(text, "max_position_embeddings", 32768)),
         )
         torch.manual_seed(settings.seed)
-        self.head = random_head(config, target.model.get_input_embeddings(), seed=settings.seed, scale=0.02).to(target.device)
+        self.head = random_head(config, target.model.get_input_embeddings(), seed=settings.seed, scale=0.02).to(
+            target.device
+        )
         with torch.no_grad():
             self.head.d2t.copy_(vocab.d2t())
             self.head.t2d.copy_(vocab.t2d())
@@ -216,15 +258,25 @@ class MedusaTrainer(Trainer):
 
         super().__init__(target, settings, vocab)
         text = target.model.config.get_text_config()
-        config = MedusaConfig(hidden_size=int(text.hidden_size), vocab_size=int(text.vocab_size), num_heads=settings.medusa_heads, num_layers=settings.medusa_layers)
+        config = MedusaConfig(
+            hidden_size=int(text.hidden_size),
+            vocab_size=int(text.vocab_size),
+            num_heads=settings.medusa_heads,
+            num_layers=settings.medusa_layers,
+        )
         torch.manual_seed(settings.seed)
         self.num_layers = int(text.num_hidden_layers)
         own = target_output_weight(target.model)  # [vocab, H] float, or None
         if len(vocab.ids) < config.vocab_size:
             if own is None:
-                raise InputError("train-drafter: a Medusa draft vocabulary shares the target's LM head, and this target's could not be read")
+                raise InputError(
+                    "train-drafter: a Medusa draft vocabulary shares the target's LM head, and this target's could not "
+                    "be read"
+                )
             token_map = torch.tensor(vocab.ids, dtype=torch.long)  # [rows]: target ids, draft order
-            self.heads = random_medusa(config, seed=settings.seed, shared_lm_head=own[token_map].float().contiguous(), token_map=token_map)
+            self.heads = random_medusa(
+                config, seed=settings.seed, shared_lm_head=own[token_map].float().contiguous(), token_map=token_map
+            )
             with torch.no_grad():
                 for parameter in self.heads.parameters():
                     parameter.zero_()  # x + SiLU(0) = x: each head starts as the target's own next-token head
@@ -253,7 +305,8 @@ class MedusaTrainer(Trainer):
         from leapdecode.heads.medusa_format import save_medusa
 
         # Medusa's own format has no token map: heads over a draft vocabulary are written in vLLM's
-        save_medusa(self.heads, folder, format="medusa" if self.heads.token_map is None else "vllm", base_model=self.target.name)
+        save_medusa(
+            self.heads, folder, format="medusa" if self.heads.token_map is None else "vllm", base_model=self.target.name
+        )
         (folder / "README.md").write_text(self.card(settings, progress, report))
         return folder
-

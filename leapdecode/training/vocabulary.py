@@ -16,12 +16,16 @@ from leapdecode.training.data import tokenize_conversation
 from leapdecode.training.split import training_conversations
 
 
-def count_answer_tokens(tokenizer: Any, source: str = "sharegpt", conversations: int = 2000, max_tokens: int = 2048) -> list[int]:
+def count_answer_tokens(
+    tokenizer: Any, source: str = "sharegpt", conversations: int = 2000, max_tokens: int = 2048
+) -> list[int]:
     """Every token of the answers of `conversations` training conversations of `source`, most
     used first."""
     train, _, _ = training_conversations(source, limit=conversations)
     examples = (tokenize_conversation(tokenizer, c, max_tokens) for c in train)
-    return count_ranking([t for t, m in zip(e.input_ids, e.loss_mask, strict=True) if m] for e in examples if e is not None)
+    return count_ranking(
+        [t for t, m in zip(e.input_ids, e.loss_mask, strict=True) if m] for e in examples if e is not None
+    )
 
 
 def write_ranking(tokenizer: Any, cache: Path, source: str = "sharegpt", conversations: int = 2000) -> tuple[Path, int]:

@@ -10,6 +10,12 @@ from leapdecode.verifiers.tree import verify_tree_greedy, verify_tree_speculativ
 from leapdecode.verifiers.verdict import TokenLogprob, Verdict
 
 __all__ = [
-    "SamplingParams", "TokenLogprob", "Verdict", "logits_to_probs", "verify_greedy", "verify_speculative", "verify_tree_greedy",
+    "SamplingParams",
+    "TokenLogprob",
+    "Verdict",
+    "logits_to_probs",
+    "verify_greedy",
+    "verify_speculative",
+    "verify_tree_greedy",
     "verify_tree_speculative",
 ]

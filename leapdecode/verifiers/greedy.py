@@ -10,7 +10,11 @@ from collections.abc import Sequence
 import torch
 
 from leapdecode.verifiers.verdict import (
-    Verdict, emitted_logprobs, greedy_transfer, host_tokens, split_candidates,
+    Verdict,
+    emitted_logprobs,
+    greedy_transfer,
+    host_tokens,
+    split_candidates,
 )
 
 

@@ -19,7 +19,13 @@ from leapdecode.engine.noise import PositionNoise, Stream, choose
 from leapdecode.engine.sampling import SamplingParams, logits_to_probs
 from leapdecode.engine.tree import TreeLayout
 from leapdecode.verifiers.verdict import (
-    Verdict, emitted_logprobs, greedy_transfer, host_tokens, log_probs, split_candidates, top_logprobs,
+    Verdict,
+    emitted_logprobs,
+    greedy_transfer,
+    host_tokens,
+    log_probs,
+    split_candidates,
+    top_logprobs,
 )
 
 
@@ -97,5 +103,7 @@ def verify_tree_speculative(
         return Verdict(path, emitted, predicted_h)
     scored_at = [0, *(i + 1 for i in path)]  # the row that decided each emitted token: its parent node
     base = 2 * num_nodes
-    record = emitted_logprobs(emitted, scored_at, [host[base + r] for r in scored_at], host[base + num_nodes :], logprobs)
+    record = emitted_logprobs(
+        emitted, scored_at, [host[base + r] for r in scored_at], host[base + num_nodes :], logprobs
+    )
     return Verdict(path, emitted, predicted_h, record)

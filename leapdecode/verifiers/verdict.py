@@ -27,7 +27,6 @@ from typing import NamedTuple
 
 import torch
 
-
 MAX_TOP_LOGPROBS = 20  # the OpenAI API's bound on top_logprobs
 
 
@@ -44,7 +43,9 @@ class Verdict(NamedTuple):
     tokens: list[int]  # emitted: the accepted tokens, then the bonus token ([A+1])
     predicted: list[int]  # the target's greedy token after each scored row ([D+1])
     logprobs: list[TokenLogprob] | None = None  # one per emitted token, when asked for ([A+1])
-    candidates: list[list[int]] | None = None  # the target's top-k token ids at every scored row, when asked for ([D+1][k])
+    candidates: list[list[int]] | None = (
+        None  # the target's top-k token ids at every scored row, when asked for ([D+1][k])
+    )
 
     @property
     def num_accepted(self) -> int:
@@ -71,7 +72,10 @@ def top_logprobs(logp: torch.Tensor, top: int) -> torch.Tensor:  # [(D+1) * 2 * 
 
 
 def greedy_transfer(
-    target_logits: torch.Tensor, argmax: torch.Tensor, logprobs: int | None, candidates: int,
+    target_logits: torch.Tensor,
+    argmax: torch.Tensor,
+    logprobs: int | None,
+    candidates: int,
 ) -> tuple[list[int], list[float]]:
     """The greedy verifiers' one device-to-host copy: every row's argmax ([D+1]), then on request
     the argmax's log-probability per row and each row's top `logprobs` (`top_logprobs`), then each
@@ -99,12 +103,20 @@ def split_candidates(host_tail: Sequence[float], rows: int, k: int) -> list[list
 
 
 def emitted_logprobs(
-    tokens: Sequence[int], rows: Sequence[int], chosen: Sequence[float], top_flat: Sequence[float], top: int,
+    tokens: Sequence[int],
+    rows: Sequence[int],
+    chosen: Sequence[float],
+    top_flat: Sequence[float],
+    top: int,
 ) -> list[TokenLogprob]:
     """Assemble the host-side record: emitted token j was scored at row `rows[j]` with log-probability
     `chosen[j]`; `top_flat` is `top_logprobs`'s output, copied to the host."""
     out = []
     for token, row, logprob in zip(tokens, rows, chosen, strict=True):
         pairs = top_flat[row * 2 * top : (row + 1) * 2 * top]
-        out.append(TokenLogprob(int(token), float(logprob), tuple((int(t), float(v)) for v, t in zip(pairs[:top], pairs[top:]))))
+        out.append(
+            TokenLogprob(
+                int(token), float(logprob), tuple((int(t), float(v)) for v, t in zip(pairs[:top], pairs[top:]))
+            )
+        )
     return out
