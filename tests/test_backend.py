@@ -39,13 +39,13 @@ def test_rollback_refuses_to_grow_or_go_negative(tiny_model) -> None:
     assert seq.length == 3
 
 
-def test_prefill_scores_only_the_last_position_and_forward_can_return_hidden_states(tiny_model) -> None:
+def test_prefill_scores_only_the_last_position_and_forward_can_return_layer_states(tiny_model) -> None:
     backend = TorchBackend(tiny_model)
     seq, scores = backend.prefill([5, 6, 7, 8])
     assert scores.logits.shape == (1, backend.vocab_size)
-    out = backend.forward(seq, [9, 10], hidden=True)
+    out = backend.forward(seq, [9, 10], features=(1, 2))
     assert out.logits.shape == (2, backend.vocab_size)
-    assert out.hidden.shape == (2, tiny_model.config.hidden_size)
+    assert out.features.shape == (2, 2 * tiny_model.config.hidden_size)
 
 
 def test_the_cache_appends_in_place_and_grows_past_its_capacity(tiny_model) -> None:

@@ -96,3 +96,14 @@ def test_demo_runs_and_reports_identical_outputs() -> None:
     result = runner.invoke(app, ["demo", "-n", "16"])
     assert result.exit_code == 0, result.output
     assert "outputs identical: yes" in result.output and "overall speed-up" in result.output
+
+
+def test_help_reflows_docstrings_instead_of_breaking_lines_mid_sentence() -> None:
+    """A command's docstring is one paragraph: its hard line breaks are not shown."""
+    wide = CliRunner().invoke(app, ["--help"], env={"COLUMNS": "240"})
+    assert wide.exit_code == 0
+    assert any("speed-up and equality (on the model's fastest path" in line for line in wide.output.splitlines())
+    bench = CliRunner().invoke(app, ["bench", "--help"], env={"COLUMNS": "240"})
+    assert any(
+        "write tables and plots. --backend, --dtype and --quantize" in line for line in bench.output.splitlines()
+    )

@@ -381,7 +381,8 @@ def readme_table(samples: Sequence[Sample], meta: dict[str, object]) -> str:
     peers = len(peer_differences(samples))
     note = (
         f"\n\n`{meta.get('model')}`, {meta.get('prompts')} prompts ({meta.get('dataset')}, limit {meta.get('limit')}), "
-        f"{meta.get('max_new_tokens')} new tokens, greedy, one run on {meta.get('machine')}. Speed-up against this "
+        f"{meta.get('max_new_tokens')} new tokens, {meta.get('decoding', 'greedy')}, one run on {meta.get('machine')}. "
+        "Speed-up against this "
         f"project's plain decoding (`{short_label(BASELINE, backend)}`) in the same run; lossless check: "
         + (
             f"all {checked} samples identical to plain decoding."

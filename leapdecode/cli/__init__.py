@@ -16,6 +16,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode="markdown",  # a docstring's lines are one paragraph, reflowed to the terminal
 )
 for _module in (core, bench, calibrate, serve, train, vllm):
     _module.register(app)

@@ -16,7 +16,8 @@ probable than its parent, so it is closed under ancestors). `width=1` drafts a c
 
 Drafting entries live in the head's cache only while drafting: `propose` cuts them before it
 commits the target's states, as the target's cache drops rejected drafts. Per pass the head does
-work proportional to the draft, and the draft comes to the host in one transfer.
+work proportional to the draft, and the draft comes to the host in one transfer (with
+`min_prob`, each level's best score too: one scalar a level, to stop growing).
 """
 
 from __future__ import annotations

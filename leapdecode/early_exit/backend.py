@@ -63,7 +63,6 @@ class LayerBackend:
         seq: CacheState,
         token_ids: list[int],
         *,
-        hidden: bool = False,
         tree: TreeLayout | None = None,
         features: tuple[int, ...] = (),
     ) -> Scores:
@@ -74,11 +73,11 @@ class LayerBackend:
             positions = seq.length + tree.depth_on(self.device)[None]  # [1, n]
         states = self.runner.run(seq.cache, self.runner.embed(token_ids), self.all_layers, positions, tree)
         seq.length += len(token_ids)
-        return self._scores(states, hidden)
+        return self._scores(states)
 
-    def _scores(self, states: torch.Tensor, hidden: bool) -> Scores:
+    def _scores(self, states: torch.Tensor) -> Scores:
         normed = self.runner.norm(states)  # [1, n, hidden]
-        return Scores(logits=self.runner.lm_head(normed)[0], hidden=normed[0] if hidden else None)
+        return Scores(logits=self.runner.lm_head(normed)[0])
 
     def _drop_draft(self, seq: CacheState) -> None:
         """Cut every cache layer back to the sequence's length (drop draft-only entries)."""
@@ -135,7 +134,6 @@ class SelfDraftBackend(LayerBackend):
         seq: CacheState,
         token_ids: list[int],
         *,
-        hidden: bool = False,
         tree: TreeLayout | None = None,
         features: tuple[int, ...] = (),
     ) -> Scores:
@@ -143,7 +141,7 @@ class SelfDraftBackend(LayerBackend):
         prefix over the rest, then the remaining layers over all of them in one pass."""
         no_features(features)
         if not isinstance(seq, LayeredSequence) or not seq.drafted or (tree is not None and not tree.is_chain):
-            return super().forward(seq, token_ids, hidden=hidden, tree=tree)
+            return super().forward(seq, token_ids, tree=tree)
         reused = 0
         while reused < min(len(seq.drafted), len(token_ids)) and seq.drafted[reused] == token_ids[reused]:
             reused += 1
@@ -161,4 +159,4 @@ class SelfDraftBackend(LayerBackend):
             states = torch.cat([states, fresh], dim=1)  # [1, n, hidden]
         states = self.runner.run(seq.cache, states, self.rest_layers, self.runner.positions(start, len(token_ids)))
         seq.length += len(token_ids)
-        return self._scores(states, hidden)
+        return self._scores(states)

@@ -67,13 +67,12 @@ class CalmBackend(LayerBackend):
         seq: CacheState,
         token_ids: list[int],
         *,
-        hidden: bool = False,
         tree: TreeLayout | None = None,
         features: tuple[int, ...] = (),
     ) -> Scores:
         no_features(features)
-        if len(token_ids) != 1 or self.threshold >= 1.0 or hidden or tree is not None:
-            scores = super().forward(seq, token_ids, hidden=hidden, tree=tree)
+        if len(token_ids) != 1 or self.threshold >= 1.0 or tree is not None:
+            scores = super().forward(seq, token_ids, tree=tree)
             self._record(seq, self.runner.num_layers)
             return scores
         runner = self.runner

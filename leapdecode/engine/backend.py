@@ -32,7 +32,6 @@ class Scores:
     """What one forward pass returns."""
 
     logits: torch.Tensor  # [n, vocab]: logits[i] predicts the token after input i
-    hidden: torch.Tensor | None = None  # [n, hidden] last-layer states, when asked for
     # [n, len(layers) * hidden]: the states named by `features=` side by side, for every input
     # position (a prefill's too), when asked for
     features: torch.Tensor | None = None
@@ -54,7 +53,6 @@ class Backend(Protocol):
         seq: CacheState,
         token_ids: list[int],
         *,
-        hidden: bool = False,
         tree: TreeLayout | None = None,
         features: tuple[int, ...] = (),
     ) -> Scores:
@@ -159,7 +157,6 @@ class TorchBackend:
         seq: CacheState,
         token_ids: list[int],
         logits_to_keep: int,
-        hidden: bool,
         tree: TreeLayout | None = None,
         features: tuple[int, ...] = (),
     ) -> Scores:
@@ -183,14 +180,13 @@ class TorchBackend:
             input_ids=input_ids,
             use_cache=True,
             logits_to_keep=logits_to_keep,
-            output_hidden_states=hidden or bool(features),
+            output_hidden_states=bool(features),
             **{self.cache_argument: seq.cache},
             **extra,
         )
         seq.length += len(token_ids)
-        states = out.hidden_states[-1][0] if hidden else None  # [n, hidden]
         chosen = torch.cat([out.hidden_states[i][0] for i in features], dim=-1) if features else None  # [n, F]
-        return Scores(logits=out.logits[0], hidden=states, features=chosen)  # logits: [n or 1, vocab]
+        return Scores(logits=out.logits[0], features=chosen)  # logits: [n or 1, vocab]
 
     @torch.inference_mode()
     def prefill(self, prompt_ids: list[int], *, features: tuple[int, ...] = ()) -> tuple[CacheState, Scores]:
@@ -204,7 +200,7 @@ class TorchBackend:
         size = self.prefill_chunk or max(1, len(prompt_ids))
         chunks = [prompt_ids[i : i + size] for i in range(0, len(prompt_ids), size)] or [prompt_ids]
         # Only the last position's logits are needed: skips a [prompt, vocab] matmul.
-        scored = [self._run(seq, chunk, logits_to_keep=1, hidden=False, features=features) for chunk in chunks]
+        scored = [self._run(seq, chunk, logits_to_keep=1, features=features) for chunk in chunks]
         if len(scored) == 1:
             return seq, scored[0]
         states = torch.cat([s.features for s in scored if s.features is not None]) if features else None  # [prompt, F]
@@ -223,11 +219,10 @@ class TorchBackend:
         seq: CacheState,
         token_ids: list[int],
         *,
-        hidden: bool = False,
         tree: TreeLayout | None = None,
         features: tuple[int, ...] = (),
     ) -> Scores:
-        return self._run(seq, token_ids, logits_to_keep=0, hidden=hidden, tree=tree, features=features)
+        return self._run(seq, token_ids, logits_to_keep=0, tree=tree, features=features)
 
     def rollback(self, seq: CacheState, length: int) -> None:
         rollback_cache(seq, length)

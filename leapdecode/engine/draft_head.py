@@ -59,11 +59,10 @@ class DraftHeadBackend(TorchBackend):
         seq: CacheState,
         token_ids: list[int],
         logits_to_keep: int,
-        hidden: bool,
         tree: TreeLayout | None = None,
         features: tuple[int, ...] = (),
     ) -> Scores:
-        if (tree is not None and not tree.is_chain) or features or hidden:
+        if (tree is not None and not tree.is_chain) or features:
             raise InputError("a draft vocabulary's backend scores chains only, without states")
         input_ids = torch.tensor([token_ids], dtype=torch.long, device=self.device)  # [1, n]
         out = self.body(input_ids=input_ids, use_cache=True, **{self.body_cache_argument: seq.cache})

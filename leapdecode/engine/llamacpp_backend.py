@@ -195,14 +195,11 @@ class LlamaCppBackend:
         seq: CacheState,
         token_ids: list[int],
         *,
-        hidden: bool = False,
         tree: TreeLayout | None = None,
         features: tuple[int, ...] = (),
     ) -> Scores:
         no_features(features)
         state = self._check(seq)
-        if hidden:
-            raise InputError("the llama.cpp backend does not return hidden states")
         n = len(token_ids)
         if tree is None or tree.is_chain:
             state.leaf_of = {}

@@ -6,6 +6,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from leapdecode.verifiers.verdict import MAX_TOP_LOGPROBS
+
 MAX_STOP_STRINGS = 4  # as in the OpenAI API
 MAX_SEED = 2**63 - 1  # what a torch generator takes
 MAX_CHOICES = 128  # `n`, as in the OpenAI API
@@ -25,7 +27,7 @@ UNSUPPORTED = (
     "functions",
     "function_call",
 )
-MAX_TOP_LOGPROBS = 20  # as in the OpenAI API (chat); completions' `logprobs` takes the same bound here
+# MAX_TOP_LOGPROBS (verifiers.verdict), as in the OpenAI API (chat); completions' `logprobs` takes the same bound
 
 
 def _valid_unicode(value: str) -> str:
