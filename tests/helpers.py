@@ -9,6 +9,7 @@ from collections.abc import Sequence
 import torch
 
 from leapdecode.drafters import Draft, Drafter
+from leapdecode.drafters.base import CALL_ORDER, Delegating
 from leapdecode.verifiers import SamplingParams, logits_to_probs, verify_greedy, verify_tree_greedy
 
 TINY_VOCAB = 96
@@ -223,3 +224,58 @@ def drafted_matching_plain(lm, decoder, prompts: list[str], max_new_tokens: int)
         assert fast.token_ids == plain.token_ids, (str(decoder.method), prompt)
         drafted += sum(len(s.drafted) for s in fast.steps)
     return drafted
+
+
+class CheckedDrafter(Delegating):
+    """Wraps a drafter and fails on any call out of the legal order (`drafters.base.CALL_ORDER`)."""
+
+    def __init__(self, inner: Drafter) -> None:
+        super().__init__(inner)
+        self.state = "new"
+        self.calls: list[str] = []
+
+    def _call(self, name: str) -> None:
+        legal = CALL_ORDER[self.state]
+        assert name in legal, f"{name} in state {self.state} (after {self.calls[-6:]}); legal: {sorted(legal)}"
+        self.calls.append(name)
+        self.state = legal[name]
+
+    def reset(self, prompt_ids):
+        self._call("reset")
+        super().reset(prompt_ids)
+
+    def attach(self, backend, seq):
+        self._call("attach")
+        super().attach(backend, seq)
+
+    def take_features(self, states):
+        self._call("take_features")
+        super().take_features(states)
+
+    def update(self, tokens, num_accepted):
+        self._call("update")
+        super().update(tokens, num_accepted)
+
+    def propose(self, max_tokens):
+        self._call("propose")
+        return super().propose(max_tokens)
+
+    def offer(self, max_tokens):
+        self._call("offer")
+        return super().offer(max_tokens)
+
+    def take(self, offer, kept):
+        self._call("take")
+        return super().take(offer, kept)
+
+    def cut(self, kept):
+        self._call("cut")
+        super().cut(kept)
+
+    def observe(self, predicted, candidates=None):
+        self._call("observe")
+        super().observe(predicted, candidates)
+
+    def finish(self):
+        self._call("finish")
+        super().finish()

@@ -20,7 +20,7 @@ from leapdecode.api import Decoder
 from leapdecode.engine.reference import greedy_reference
 from leapdecode.methods import METHODS, Method, parse_method
 from leapdecode.models import LoadedModel
-from tests.helpers import TINY_VOCAB, make_tiny_model, prompts, tiny_lm
+from tests.helpers import TINY_VOCAB, CheckedDrafter, make_tiny_model, prompts, tiny_lm
 
 Fixture = Callable[[Path, LoadedModel], tuple[str, "LoadedModel | None"]]
 
@@ -92,6 +92,14 @@ def test_every_method_decodes_as_plain_decoding_or_reports_its_agreement(cls, ti
     target = tiny_lm(tiny_model)
     method, draft = example(cls, tmp_path, target)
     decoder = Decoder(target, method, draft_model=draft)
+    checked: list[CheckedDrafter] = []
+    factory = decoder._new_drafter  # every drafter it builds is checked for the legal call order
+
+    def build(sampling, noise):
+        checked.append(CheckedDrafter(factory(sampling, noise)))
+        return checked[-1]
+
+    decoder._new_drafter = build
     plain = Decoder(target, "ar")
     agreement = []
     for prompt in prompts(3, seed=11):
@@ -107,6 +115,7 @@ def test_every_method_decodes_as_plain_decoding_or_reports_its_agreement(cls, ti
                 sampled = decoder.generate(prompt, max_new_tokens=16, temperature=0.9, top_p=0.95, seed=seed)
                 want = plain.generate(prompt, max_new_tokens=16, temperature=0.9, top_p=0.95, seed=seed)
                 assert sampled.token_ids == want.token_ids, f"{method}: seeded sampling differs from plain sampling's"
+    assert checked and all(d.state == "done" for d in checked)  # every request ended with `finish`
     if not method.lossless:
         assert all(0.0 <= a <= 1.0 for a in agreement)
         print(f"{method}: agreement with plain greedy decoding {sum(agreement) / len(agreement):.2f}")
@@ -128,3 +137,59 @@ def test_a_lossy_method_at_its_exact_setting_is_plain_decoding(cls, tiny_model) 
     for prompt in prompts(2, seed=12):
         with torch.inference_mode():
             assert decoder.generate(prompt, max_new_tokens=16).token_ids == greedy_reference(tiny_model, prompt, 16)
+
+
+@pytest.mark.parametrize("cls", [pytest.param(m, marks=marks(m), id=m.name) for m in ENGINE])
+def test_every_method_keeps_the_call_order_and_its_output_in_shared_passes(cls, tmp_path) -> None:
+    """Several requests of each method in the scheduler's shared passes (offer, take, cuts across
+    requests), on a row-exact tiny model: each output is the request's alone, and every drafter
+    hears its calls in the legal order."""
+    import dataclasses
+
+    from leapdecode.engine.cost import ForwardCost
+    from leapdecode.engine.scheduler import BatchScheduler, Submission
+    from leapdecode.models.row_exact import use_row_exact
+
+    model = make_tiny_model()
+    use_row_exact(model)
+    target = dataclasses.replace(tiny_lm(model), row_exact=True)
+    method, draft = example(cls, tmp_path, target)
+    decoder = Decoder(target, method, draft_model=draft)
+    scheduler = BatchScheduler(
+        Decoder(target, "ar").backend,
+        ForwardCost(tuple(0.01 + 0.001 * n for n in range(1, 65))),
+        max_batch=3,
+        max_rows=32,
+    )
+    outputs: list[list[int]] = [[] for _ in range(3)]
+    runs = []
+    for i, prompt in enumerate(prompts(3, seed=13)):
+        run = decoder.start(prompt, max_new_tokens=20)
+        run.drafter = CheckedDrafter(run.drafter)
+        runs.append(run)
+        scheduler.submit(
+            Submission(
+                run, lambda step, i=i: outputs[i].extend(step.tokens), lambda reason: None, backend=decoder.backend
+            )
+        )
+    while not scheduler.idle:
+        scheduler.step()
+    for run, out, prompt in zip(runs, outputs, prompts(3, seed=13)):
+        assert run.drafter.state == "done"
+        if method.lossless:
+            assert out == greedy_reference(model, prompt, 20), f"{method} in shared passes"
+
+
+def test_the_call_order_check_refuses_what_the_loop_never_does() -> None:
+    from leapdecode.drafters import NoDrafter
+
+    drafter = CheckedDrafter(NoDrafter())
+    with pytest.raises(AssertionError, match="propose in state new"):
+        drafter.propose(4)
+    drafter.reset([1, 2])
+    with pytest.raises(AssertionError, match="update in state reset"):
+        drafter.update([3], 0)  # before attach
+    drafter.attach(None, None)  # type: ignore[arg-type]
+    drafter.update([3], 0)
+    with pytest.raises(AssertionError, match="take in state heard"):
+        drafter.take(None, [])  # type: ignore[arg-type]

@@ -147,6 +147,63 @@ class Drafter(ABC):
         they learned with later requests of the same decoder commit it here."""
 
 
+class Delegating(Drafter):
+    """A drafter that wraps another: every hook and capability goes to `inner` unless the wrapper
+    overrides it, so a wrapper writes only what it changes and cannot forget a hook."""
+
+    def __init__(self, inner: Drafter) -> None:
+        self.inner = inner
+        self.candidates = inner.candidates
+        self.observes_target = inner.observes_target
+        self.feature_layers = inner.feature_layers
+
+    def reset(self, prompt_ids: Sequence[int]) -> None:
+        self.inner.reset(prompt_ids)
+
+    def propose(self, max_tokens: int) -> Draft:
+        return self.inner.propose(max_tokens)
+
+    def update(self, tokens: Sequence[int], num_accepted: int) -> None:
+        self.inner.update(tokens, num_accepted)
+
+    def offer(self, max_tokens: int) -> Offer:
+        return self.inner.offer(max_tokens)
+
+    def take(self, offer: Offer, kept: Sequence[int]) -> Draft:
+        return self.inner.take(offer, kept)
+
+    def attach(self, backend: Backend, seq: CacheState) -> None:
+        self.inner.attach(backend, seq)
+
+    def observe(self, predicted: Sequence[int], candidates: Sequence[Sequence[int]] | None = None) -> None:
+        self.inner.observe(predicted, candidates)
+
+    def take_features(self, states: torch.Tensor) -> None:
+        self.inner.take_features(states)
+
+    def cut(self, kept: Sequence[int]) -> None:
+        self.inner.cut(kept)
+
+    def finish(self) -> None:
+        self.inner.finish()
+
+
+# The legal order of a drafter's calls, as the loop and the scheduler make them: state -> call ->
+# next state. A request: reset, attach, the prompt's states (heads), then per pass: what the last
+# pass emitted (update), a draft (propose, or offer then take; cuts), the pass's states and the
+# target's predictions (heads, observing drafters); finish when it ends (not when abandoned).
+CALL_ORDER: dict[str, dict[str, str]] = {
+    "new": {"reset": "reset"},
+    "reset": {"attach": "attached"},
+    "attached": {"take_features": "attached", "update": "heard", "finish": "done"},
+    "heard": {"propose": "drafted", "offer": "offered"},
+    "offered": {"take": "drafted", "cut": "offered"},
+    "drafted": {"cut": "drafted", "take_features": "scored", "observe": "scored", "update": "heard", "finish": "done"},
+    "scored": {"observe": "scored", "update": "heard", "finish": "done"},
+    "done": {"reset": "reset"},
+}
+
+
 class NoDrafter(Drafter):
     """Plain autoregressive decoding: never drafts, so each pass emits exactly one token."""
 

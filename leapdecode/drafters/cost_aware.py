@@ -26,10 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
 
-import torch
-
-from leapdecode.drafters.base import Draft, Drafter, Offer
-from leapdecode.engine.backend import Backend, CacheState
+from leapdecode.drafters.base import Delegating, Draft, Drafter, Offer
 from leapdecode.engine.cost import PassCost, allocate
 
 
@@ -69,15 +66,12 @@ class RequestEstimate:
         self.local.observe(bucket, accepted)
 
 
-class CostAwareDrafter(Drafter):
+class CostAwareDrafter(Delegating):
     """Cuts the inner drafter's chain or tree to the part with the best expected tokens per second."""
 
     def __init__(self, inner: Drafter, cost: PassCost, estimate: AcceptanceEstimate | None = None) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.cost = cost
-        self.candidates = inner.candidates
-        self.observes_target = inner.observes_target  # as the inner drafter does
-        self.feature_layers = inner.feature_layers
         self.estimate = estimate if estimate is not None else AcceptanceEstimate()  # shared by a decoder's requests
         self.request = RequestEstimate(self.estimate)  # this request's own outcomes, the shared rate as prior
         self._full = Draft()
@@ -91,15 +85,6 @@ class CostAwareDrafter(Drafter):
         self._full, self._parents, self._buckets, self._kept = Draft(), (), [], []
         self.kept_lengths = []
         self.request = RequestEstimate(self.estimate)
-
-    def attach(self, backend: Backend, seq: CacheState) -> None:
-        self.inner.attach(backend, seq)
-
-    def finish(self) -> None:
-        self.inner.finish()
-
-    def take_features(self, states: torch.Tensor) -> None:
-        self.inner.take_features(states)
 
     def buckets(self, draft: Draft, parents: Sequence[int]) -> list[Hashable]:
         if draft.evidence is not None:

@@ -13,28 +13,33 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-import torch
-
-from leapdecode.drafters.base import Draft, Drafter
+from leapdecode.drafters.base import Delegating, Draft, Drafter, Offer
 from leapdecode.drafters.hybrid import graft
 from leapdecode.drafters.suffix import SuffixDrafter
 
 SUFFIX_EVIDENCE = 16  # added to the suffix branch's evidence: above every head token's (0-9)
 
 
-class HeadWithSuffix(Drafter):
-    """A head's draft with a suffix match's continuations grafted on (see the module doc)."""
+class HeadWithSuffix(Delegating):
+    """A head's draft with a suffix match's continuations grafted on (see the module doc); the
+    head is the inner drafter: what this class does not override goes to it."""
 
     def __init__(self, head: Drafter, suffix: SuffixDrafter) -> None:
+        super().__init__(head)
         self.head, self.suffix = head, suffix
-        self.feature_layers = head.feature_layers
 
     def reset(self, prompt_ids: Sequence[int]) -> None:
         self.head.reset(prompt_ids)
         self.suffix.reset(prompt_ids)
 
-    def take_features(self, states: torch.Tensor) -> None:
-        self.head.take_features(states)
+    def offer(self, max_tokens: int) -> Offer:
+        return Offer(self.propose(max_tokens))  # the grafted tree, not the head's alone
+
+    def take(self, offer: Offer, kept: Sequence[int]) -> Draft:
+        return Drafter.take(self, offer, kept)
+
+    def cut(self, kept: Sequence[int]) -> None:
+        pass  # neither the head nor the suffix match keeps state per drafted row
 
     def update(self, tokens: Sequence[int], num_accepted: int) -> None:
         self.head.update(tokens, num_accepted)

@@ -66,7 +66,7 @@ class HybridDrafter(Drafter):
         branch = self.suffix.propose(max_tokens)
         marks = tuple(SUFFIX_EVIDENCE + e for e in branch.evidence or (0,) * len(branch))
         draft = graft(tree, dataclasses.replace(branch, evidence=marks))
-        self.recycle.rows = [self.recycle.rows[0], *draft.tokens]  # every scored row teaches the table
+        self.recycle.scoring(draft.tokens)
         return draft
 
     def cut(self, kept: Sequence[int]) -> None:

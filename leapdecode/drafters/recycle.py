@@ -80,6 +80,11 @@ class RecycleDrafter(Drafter):
         self.rows = [self.stream[-1], *tokens]
         return Draft(tokens, parents=tuple(parents), evidence=tuple(evidence)) if tokens else Draft()
 
+    def scoring(self, tokens: Sequence[int]) -> None:
+        """The next pass scores these drafted tokens instead of this drafter's own (a drafter that
+        grafts onto its tree, `hybrid`): every scored row teaches the table."""
+        self.rows = [self.rows[0], *tokens]
+
     def cut(self, kept: Sequence[int]) -> None:
         self.rows = [self.rows[0], *(self.rows[i + 1] for i in kept)]
 
