@@ -22,6 +22,7 @@ LAYERS = {
     "errors": 0,
     "textstream": 0,
     "data": 0,
+    "choices": 0,
     "models": 1,
     "engine": 2,
     "early_exit": 3,
@@ -183,16 +184,18 @@ def test_pld_reports_its_draft_length() -> None:
     assert parse_method("pld:k=4,cost_aware=true").draft_length == 4
 
 
-def test_method_choices_match_their_drafters() -> None:
-    """The method modules repeat a few parameter domains so that they import no torch."""
-    from leapdecode.drafters import draft_model, jacobi
-    from leapdecode.early_exit import calm
-    from leapdecode.methods import draft_model as draft_method
-    from leapdecode.methods import layers, parallel
+def test_a_bad_choice_is_refused_when_the_method_string_is_parsed() -> None:
+    """The value lists live once (`leapdecode.choices`): parsing checks them, no torch needed."""
+    from leapdecode.errors import MethodError
 
-    assert draft_method.SCHEDULES == draft_model.SCHEDULES
-    assert (parallel.JACOBI_MODES, parallel.JACOBI_INITS) == (jacobi.MODES, jacobi.INITS)
-    assert layers.CALM_MEASURES == calm.MEASURES
+    for bad in (
+        "draft:model=m,schedule=sometimes",
+        "jacobi:mode=diagonal",
+        "jacobi:init=zeros",
+        "calm:measure=entropy",
+    ):
+        with pytest.raises(MethodError, match="must be one of"):
+            parse_method(bad)
 
 
 def _app():  # noqa: ANN202 - typer app

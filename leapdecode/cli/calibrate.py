@@ -115,9 +115,9 @@ def calibrate_calm_cmd(
     import torch
 
     from leapdecode.api import wrap
+    from leapdecode.choices import CALM_MEASURES as MEASURES
     from leapdecode.early_exit.backend import LayerBackend
     from leapdecode.early_exit.calm import (
-        MEASURES,
         exit_candidates,
         layer_confidences,
         pick_threshold,

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 
 import torch
 
+from leapdecode.choices import DRAFT_SCHEDULES
 from leapdecode.drafters.base import Draft, Drafter
 from leapdecode.drafters.cost_aware import AcceptanceEstimate, RequestEstimate
 from leapdecode.drafters.ngram import NGramModule
@@ -46,7 +47,6 @@ from leapdecode.engine.noise import PositionNoise, Stream
 from leapdecode.engine.sampling import SamplingParams, logits_to_probs
 from leapdecode.verifiers import Verdict, verify_greedy, verify_speculative
 
-SCHEDULES = ("constant", "heuristic")
 PROBE_EVERY = 8  # silent steps (no draft: the first token did not pay) before one token is drafted anyway
 MAX_DEPTH_BUCKET = 8
 
@@ -87,8 +87,8 @@ class DraftModelDrafter(Drafter):
     ) -> None:
         if k < 1:
             raise ValueError(f"k must be >= 1, got {k}")
-        if schedule not in SCHEDULES:
-            raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
+        if schedule not in DRAFT_SCHEDULES:
+            raise ValueError(f"schedule must be one of {DRAFT_SCHEDULES}, got {schedule!r}")
         self.backend = backend
         self.k = k
         self.k_max = 4 * k

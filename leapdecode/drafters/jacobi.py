@@ -21,18 +21,16 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 
+from leapdecode.choices import JACOBI_INITS, JACOBI_MODES
 from leapdecode.drafters.base import Draft, Drafter
 from leapdecode.drafters.ngram import NGramModule
-
-MODES = ("sliding", "block")
-INITS = ("repeat", "random", "ngram")
 
 
 class JacobiDrafter(Drafter):
     observes_target = True
 
     def __init__(self, block: int = 3, mode: str = "sliding", init: str = "repeat", seed: int = 0) -> None:
-        if mode not in MODES or init not in INITS or block < 1:
+        if mode not in JACOBI_MODES or init not in JACOBI_INITS or block < 1:
             raise ValueError(f"bad Jacobi settings: block={block}, mode={mode!r}, init={init!r}")
         self.block = block
         self.mode = mode

@@ -22,13 +22,12 @@ from typing import Any
 
 import torch
 
+from leapdecode.choices import CALM_MEASURES
 from leapdecode.early_exit.backend import LayerBackend, LayeredSequence
 from leapdecode.engine.backend import CacheState, Scores, no_features
 from leapdecode.engine.reference import agreement
 from leapdecode.engine.tree import TreeLayout
 from leapdecode.errors import MethodError
-
-MEASURES = ("softmax", "state")
 
 
 def confidence(measure: str, logits: torch.Tensor | None, hidden: torch.Tensor, previous: torch.Tensor) -> torch.Tensor:
@@ -40,7 +39,7 @@ def confidence(measure: str, logits: torch.Tensor | None, hidden: torch.Tensor, 
         return top[:, 0] - top[:, 1]
     if measure == "state":
         return torch.nn.functional.cosine_similarity(hidden.float(), previous.float(), dim=-1)
-    raise MethodError(f"calm: measure must be one of {', '.join(MEASURES)}, got {measure!r}")
+    raise MethodError(f"calm: measure must be one of {', '.join(CALM_MEASURES)}, got {measure!r}")
 
 
 def exit_candidates(num_layers: int, first: int, every: int) -> tuple[int, ...]:
@@ -53,8 +52,8 @@ class CalmBackend(LayerBackend):
 
     def __init__(self, model: Any, measure: str, threshold: float, first: int = 0, every: int = 1) -> None:
         super().__init__(model)
-        if measure not in MEASURES:
-            raise MethodError(f"calm: measure must be one of {', '.join(MEASURES)}, got {measure!r}")
+        if measure not in CALM_MEASURES:
+            raise MethodError(f"calm: measure must be one of {', '.join(CALM_MEASURES)}, got {measure!r}")
         if not 0 <= first < self.runner.num_layers:
             raise MethodError(f"calm: first must be a layer in 0..{self.runner.num_layers - 1}, got {first}")
         self.measure = measure

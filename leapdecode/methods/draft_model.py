@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
+from leapdecode.choices import DRAFT_SCHEDULES
 from leapdecode.errors import MethodError, ModelLoadError
 from leapdecode.methods.base import Capabilities, DrafterFactory, DraftShape, Log, Method, cached_cost, logger
 
@@ -16,7 +17,6 @@ if TYPE_CHECKING:
     from leapdecode.engine.sampling import SamplingParams
     from leapdecode.models.loading import LoadedModel
 
-SCHEDULES = ("constant", "heuristic")  # as `leapdecode.drafters.draft_model.SCHEDULES`
 PRECISIONS = (
     "int4",
     "own",
@@ -58,7 +58,8 @@ class DraftModel(Method):
     def __post_init__(self) -> None:
         self._require(1 <= self.k <= 64, f"k must be between 1 and 64, got {self.k}")
         self._require(
-            self.schedule in SCHEDULES, f"schedule must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}"
+            self.schedule in DRAFT_SCHEDULES,
+            f"schedule must be one of {', '.join(DRAFT_SCHEDULES)}, got {self.schedule!r}",
         )
         self._require(0.0 <= self.threshold < 1.0, f"threshold must be in [0, 1), got {self.threshold}")
         self._require(

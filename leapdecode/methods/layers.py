@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
+from leapdecode.choices import CALM_MEASURES
 from leapdecode.early_exit.layer_sets import format_layer_set, parse_layer_set
 from leapdecode.errors import MethodError
 from leapdecode.methods.base import Capabilities, DrafterFactory, DraftShape, Log, Method, logger
@@ -13,8 +14,6 @@ if TYPE_CHECKING:
     from leapdecode.drafters.base import Drafter
     from leapdecode.engine.backend import Backend
     from leapdecode.models.loading import LoadedModel
-
-CALM_MEASURES = ("softmax", "state")  # as `leapdecode.early_exit.calm.MEASURES`
 
 
 def _num_layers(target: LoadedModel) -> int:

@@ -5,13 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
+from leapdecode.choices import JACOBI_INITS, JACOBI_MODES
 from leapdecode.methods.base import DraftShape, Method
 
 if TYPE_CHECKING:
     from leapdecode.drafters.base import Drafter
-
-JACOBI_MODES = ("sliding", "block")  # as `leapdecode.drafters.jacobi.MODES`
-JACOBI_INITS = ("repeat", "random", "ngram")  # as `leapdecode.drafters.jacobi.INITS`
 
 
 @dataclass(frozen=True)
