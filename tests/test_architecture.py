@@ -157,7 +157,8 @@ def test_light_commands_import_no_torch(args: list[str]) -> None:
 
 
 # Parameters a method cannot do without, to build an example of each.
-REQUIRED = {"rest": "datastore=ds", "layerskip": "exit=2", "hf-assisted": "model=m"}
+# (`draft` with its retrieval off: its longest chain is then k, else a suffix match's suffix_k)
+REQUIRED = {"rest": "datastore=ds", "layerskip": "exit=2", "hf-assisted": "model=m", "draft": "suffix=false"}
 
 
 @pytest.mark.parametrize("cls", METHODS, ids=[m.name for m in METHODS])
@@ -177,6 +178,14 @@ def test_every_registered_method_is_complete(cls: type[Method]) -> None:
         assert example.draft_length == 0
     listing = CliRunner().invoke(_app(), ["methods"], env={"COLUMNS": "200"})
     assert listing.exit_code == 0 and cls.name in listing.output and cls.summary[:30] in listing.output
+
+
+def test_the_draft_model_reports_its_longest_chain() -> None:
+    assert parse_method("draft").draft_length == 16 and parse_method("draft:suffix_k=4,k=6").draft_length == 6
+    assert (
+        parse_method("draft:suffix=false").draft_length == 5
+        and parse_method("draft:cost_aware=false").draft_length == 5
+    )
 
 
 def test_pld_reports_its_draft_length() -> None:

@@ -186,10 +186,12 @@ def test_a_draft_model_with_another_vocabulary_is_refused(tiny_model) -> None:
 def test_draft_method_parameters_are_validated() -> None:
     assert str(parse_method("draft:model=qwen2.5-coder-0.5b,k=5,cascade=true")) == (
         "draft:model=qwen2.5-coder-0.5b,k=5,schedule=constant,threshold=0.0,cascade=True,coupled=True,precision=int4,vocab=32768,"
-        "cost_aware=True"
+        "cost_aware=True,suffix=True,suffix_k=16,suffix_min=3"
     )
     for bad in (
         "draft:k=0",
+        "draft:suffix_k=0",
+        "draft:suffix_min=17",
         "draft:schedule=sometimes",
         "draft:threshold=1.5",
         "draft:cascade=maybe",
@@ -387,3 +389,70 @@ def test_the_cost_cut_learns_per_depth_and_confidence_and_hears_the_loops_cut(ti
     drafter.update([*draft.tokens[:2], 5], 2)  # both accepted; the third was never scored
     seen = drafter.rates.local.counts
     assert seen[("depth", 1)][0] == seen[("depth", 2)][0] == 1.0 and ("depth", 3) not in seen
+
+
+@pytest.mark.parametrize("draft_pass", [1e-6, 0.010, 1.0], ids=["free", "a-third", "dear"])
+def test_retrieval_first_drafts_from_a_long_match_and_never_changes_the_output(
+    tiny_model, random_draft, draft_pass
+) -> None:
+    """A suffix match drafts instead of the draft model where it promises more tokens per second:
+    when a draft pass is dear, seldom when drafting is free and the draft model is the target
+    itself; greedy output is plain decoding's in every case, and the draft model's cache
+    catches up on the tokens it skipped in its next pass."""
+    from leapdecode.drafters.draft_model import DraftCost
+    from leapdecode.drafters.suffix import SuffixDrafter
+
+    costs = (
+        0.030,
+        0.031,
+        0.032,
+        0.034,
+        0.036,
+        0.038,
+        0.040,
+        0.042,
+        0.044,
+        0.046,
+        0.048,
+        0.05,
+        0.052,
+        0.054,
+        0.056,
+        0.058,
+        0.06,
+    )
+    retrieved = 0
+    for seed, prompt in enumerate(prompts(6, seed=14)):
+        expected = greedy_reference(tiny_model, prompt, 48)
+        for draft in (tiny_model, random_draft):
+            drafter = DraftModelDrafter(
+                TorchBackend(draft),
+                k=4,
+                cost=DraftCost(draft_pass, ForwardCost(costs)),
+                retrieval=SuffixDrafter(16, min_match=3, tree=False),
+            )
+            steps = list(decode(TorchBackend(tiny_model), prompt, drafter, StopCriteria(frozenset(), 48), *GREEDY))
+            assert [t for s in steps for t in s.tokens] == expected, (draft_pass, seed)
+            retrieved += drafter.retrieved_steps
+            if draft_pass == 1e-6 and draft is tiny_model:  # the draft model is always right and free: it drafts
+                assert drafter.retrieved_steps < len(steps) // 4  # once its rates are learned, the match loses
+    if draft_pass == 1.0:
+        assert retrieved > 0  # random models fall into loops: long matches, and a draft pass is dear
+
+
+def test_retrieval_is_off_where_the_draft_models_q_is_needed(tiny_model) -> None:
+    from leapdecode.drafters.draft_model import DraftCost
+    from leapdecode.drafters.suffix import SuffixDrafter
+
+    cost = DraftCost(1.0, ForwardCost((0.03,) * 8))
+    uncoupled = DraftModelDrafter(
+        TorchBackend(tiny_model),
+        sampling=SamplingParams(temperature=0.8),
+        coupled=False,
+        cost=cost,
+        retrieval=SuffixDrafter(16, tree=False),
+    )
+    doubting = DraftModelDrafter(
+        TorchBackend(tiny_model), threshold=0.3, cost=cost, retrieval=SuffixDrafter(16, tree=False)
+    )
+    assert uncoupled.retrieval is None and doubting.retrieval is None

@@ -28,6 +28,13 @@ Options:
   probability of its token, calibrated online per depth and probability decile (`estimate`),
   sets that token's chance. Zero tokens when even the first does not pay (one probe every
   `PROBE_EVERY` silent steps keeps the rates learning). Not with the cascade.
+- `retrieval` (a chain `SuffixDrafter`, with `cost`): where the text repeats (code edits, quoted
+  text, later turns), a suffix match drafts at no draft-model cost. Each step takes whichever plan
+  promises more tokens per second: the match's chain (each token's chance from the acceptance of
+  its match evidence so far) cut to its best length against the target's pass cost, or the draft
+  model's (its per-depth acceptance, one draft pass per token). The draft model skips the steps
+  the match drafts; the tokens it has not seen are fed in its next pass, never in a pass of their
+  own. Only where no draft-model q is needed (greedy or coupled sampling).
 """
 
 from __future__ import annotations
@@ -41,6 +48,7 @@ from leapdecode.choices import DRAFT_SCHEDULES
 from leapdecode.drafters.base import Draft, Drafter
 from leapdecode.drafters.cost_aware import AcceptanceEstimate, RequestEstimate
 from leapdecode.drafters.ngram import NGramModule
+from leapdecode.drafters.suffix import SuffixDrafter
 from leapdecode.engine.backend import Backend, CacheState
 from leapdecode.engine.cost import PassCost
 from leapdecode.engine.noise import PositionNoise, Stream
@@ -84,6 +92,7 @@ class DraftModelDrafter(Drafter):
         cascade_n: int = 0,
         cost: DraftCost | None = None,
         estimate: AcceptanceEstimate | None = None,
+        retrieval: SuffixDrafter | None = None,
     ) -> None:
         if k < 1:
             raise ValueError(f"k must be >= 1, got {k}")
@@ -113,6 +122,11 @@ class DraftModelDrafter(Drafter):
         self.rates = RequestEstimate(self.shared)
         self.buckets: list[Hashable] = []  # per token of the last draft: its probability's bucket
         self.silent = 0  # steps in a row without a draft
+        # a suffix match drafts instead of the draft model where that pays (needs the costs, and no q)
+        needs_q = not (sampling.greedy or coupled) or threshold > 0.0
+        self.retrieval = retrieval if self.cost is not None and not needs_q else None
+        self.retrieved = False  # the last draft came from the suffix match
+        self.retrieved_steps = 0  # for statistics and tests
 
     def reset(self, prompt_ids: Sequence[int]) -> None:
         self.stream = list(prompt_ids)
@@ -124,6 +138,9 @@ class DraftModelDrafter(Drafter):
         self.rates = RequestEstimate(self.shared)
         self.buckets = []
         self.silent = 0
+        self.retrieved, self.retrieved_steps = False, 0
+        if self.retrieval is not None:
+            self.retrieval.reset(prompt_ids)
         if self.ngram is not None:
             self.ngram.initialise(prompt_ids)
 
@@ -161,11 +178,50 @@ class DraftModelDrafter(Drafter):
         more = self.cost.draft_pass + self.cost.target.of(drafted + 2) - self.cost.target.of(drafted + 1)
         return (expected + guess) / (now + more) > expected / now
 
+    def _model_rate(self, budget: int) -> float:
+        """The draft model's best expected tokens per second this step, from its per-depth
+        acceptance so far: one draft pass per drafted token, one verification row each."""
+        assert self.cost is not None
+        best = 1.0 / self.cost.target.of(1)
+        reach, expected = 1.0, 1.0
+        for depth in range(1, budget + 1):
+            reach *= self.rates.rate(_depth_bucket(depth))
+            expected += reach
+            best = max(best, expected / (depth * self.cost.draft_pass + self.cost.target.of(depth + 1)))
+        return best
+
+    def _retrieve(self, max_tokens: int) -> Draft | None:
+        """The suffix match's chain, cut to its best length, when it promises more tokens per
+        second than the draft model would; None: the draft model drafts."""
+        assert self.retrieval is not None and self.cost is not None
+        match = self.retrieval.propose(max_tokens)
+        if not match.tokens:
+            return None
+        evidence = match.evidence or (0,) * len(match)
+        buckets = [("suffix", e) for e in evidence]
+        reach, expected, best, length = 1.0, 1.0, 0.0, 0
+        for i, bucket in enumerate(buckets, 1):
+            reach *= self.rates.rate(bucket)
+            expected += reach
+            rate = expected / self.cost.target.of(i + 1)
+            if rate > best:
+                best, length = rate, i
+        if best <= self._model_rate(max_tokens):
+            return None
+        self.buckets = list(buckets[:length])
+        return match.first(length)
+
     def propose(self, max_tokens: int) -> Draft:
         budget = min(self.k_now, max_tokens)
-        self.last_draft, self.buckets = [], []
+        self.last_draft, self.buckets, self.retrieved = [], [], False
         if budget <= 0:
             return Draft()
+        if self.retrieval is not None:
+            found = self._retrieve(max_tokens)
+            if found is not None:
+                self.last_draft, self.retrieved = list(found.tokens), True
+                self.retrieved_steps += 1
+                return Draft(list(found.tokens))
         drafted: list[int] = []
         q_rows: list[torch.Tensor] = []  # each [tokens in that round, vocab]
         reach, expected = 1.0, 1.0
@@ -223,12 +279,15 @@ class DraftModelDrafter(Drafter):
         # each scored token up to the first rejected one: accepted or not, given its parent was
         for j, bucket in enumerate(self.buckets[: num_accepted + 1]):
             hit = j < num_accepted
-            self.rates.observe(_depth_bucket(j + 1), hit)
+            if not self.retrieved:
+                self.rates.observe(_depth_bucket(j + 1), hit)
             self.rates.observe(bucket, hit)
+        if self.retrieval is not None:
+            self.retrieval.update(tokens, num_accepted)
         if self.seq is not None:
             # The cache stays valid over the stream and the accepted drafts; drop the rest.
             self.backend.rollback(self.seq, min(self.seq.length, len(self.stream) + num_accepted))
-        if self.last_draft and self.schedule == "heuristic":
+        if self.last_draft and self.schedule == "heuristic" and not self.retrieved:
             full = num_accepted == len(self.last_draft)
             self.k_now = min(self.k_now + 2, self.k_max) if full else max(1, self.k_now - 1)
         self.stream.extend(tokens)

@@ -50,10 +50,20 @@ class DraftModel(Method):
     # draft each next token only while it pays for its draft pass and its verification row, by
     # the draft's own probability calibrated online (`DraftModelDrafter`'s `cost`); not with the cascade
     cost_aware: bool = True
+    # retrieval first: where a suffix match (of at least `suffix_min` tokens) promises more than
+    # the draft model, draft up to `suffix_k` tokens from it and skip the draft model (with cost_aware)
+    suffix: bool = True
+    suffix_k: int = 16
+    suffix_min: int = 3
 
     @property
     def capabilities(self) -> Capabilities:
         return Capabilities("chain", cost_aware=self.cost_aware, coupled=self.coupled)
+
+    @property
+    def draft_length(self) -> int:
+        """The longest chain a pass verifies: k, or a suffix match's `suffix_k` where retrieval drafts."""
+        return max(self.k, self.suffix_k) if self.suffix and self.cost_aware and not self.cascade else self.k
 
     def __post_init__(self) -> None:
         self._require(1 <= self.k <= 64, f"k must be between 1 and 64, got {self.k}")
@@ -62,6 +72,8 @@ class DraftModel(Method):
             f"schedule must be one of {', '.join(DRAFT_SCHEDULES)}, got {self.schedule!r}",
         )
         self._require(0.0 <= self.threshold < 1.0, f"threshold must be in [0, 1), got {self.threshold}")
+        self._require(1 <= self.suffix_k <= 64, f"suffix_k must be between 1 and 64, got {self.suffix_k}")
+        self._require(1 <= self.suffix_min <= 16, f"suffix_min must be between 1 and 16, got {self.suffix_min}")
         self._require(
             self.precision in PRECISIONS, f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}"
         )
@@ -95,6 +107,7 @@ class DraftModel(Method):
     ) -> DrafterFactory:
         from leapdecode.drafters.cost_aware import AcceptanceEstimate
         from leapdecode.drafters.draft_model import DraftCost, DraftModelDrafter
+        from leapdecode.drafters.suffix import SuffixDrafter
         from leapdecode.engine.cost import measure_forward_cost
 
         if target.backend != "torch":
@@ -124,6 +137,7 @@ class DraftModel(Method):
                 cascade_n=cascade_n,
                 cost=draft_cost,
                 estimate=shared if sampling.greedy else AcceptanceEstimate(),
+                retrieval=SuffixDrafter(self.suffix_k, min_match=self.suffix_min, tree=False) if self.suffix else None,
             )
 
         return factory
