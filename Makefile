@@ -8,7 +8,7 @@ MODEL ?= smollm2-135m
 # vLLM (the `vllm` extra) pins other versions of some of our dependencies: it gets its own venv.
 VLLM_VENV ?= .venv-vllm
 
-.PHONY: setup model test-models browser llamacpp peers vllm demo lint test test-fast docs clean
+.PHONY: setup model test-models browser llamacpp llamacpp-tools peers vllm demo lint test test-fast docs clean
 
 setup: $(VENV)/.installed
 
@@ -41,6 +41,23 @@ llamacpp: setup
 	@$(PY) -c "import llama_cpp" 2>/dev/null || CMAKE_ARGS="'-DCMAKE_C_FLAGS=$(NO_AMX)' '-DCMAKE_CXX_FLAGS=$(NO_AMX)'" \
 	  $(PY) -m pip install -q --disable-pip-version-check --no-cache-dir -e ".[dev,llamacpp]"
 
+# llama.cpp's own programs as peers (`llama-cpp-spec` in the benchmark: llama-speculative-simple;
+# llama-server; llama-bench), built from the llama.cpp source in llama-cpp-python's sdist (the
+# llama.cpp the `llamacpp` extra links), without AMX as above, into the venv (about five minutes).
+LLAMA_TOOLS := $(VENV)/llama.cpp
+LLAMA_SDIST := llama_cpp_python-0.3.36
+llamacpp-tools: $(LLAMA_TOOLS)/bin/llama-speculative-simple
+
+$(LLAMA_TOOLS)/bin/llama-speculative-simple: | $(VENV)/.installed
+	rm -rf $(LLAMA_TOOLS) && mkdir -p $(LLAMA_TOOLS)/src
+	$(PY) -m pip download -q --disable-pip-version-check --no-binary :all: --no-deps llama-cpp-python==0.3.36 -d $(LLAMA_TOOLS)
+	tar xzf $(LLAMA_TOOLS)/$(LLAMA_SDIST).tar.gz -C $(LLAMA_TOOLS)/src --strip-components=3 $(LLAMA_SDIST)/vendor/llama.cpp
+	$(BIN)/cmake -S $(LLAMA_TOOLS)/src -B $(LLAMA_TOOLS)/build -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF \
+	  -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=ON -DLLAMA_BUILD_SERVER=ON "-DCMAKE_C_FLAGS=$(NO_AMX)" "-DCMAKE_CXX_FLAGS=$(NO_AMX)" >/dev/null
+	$(BIN)/cmake --build $(LLAMA_TOOLS)/build -j 2 --target llama-speculative-simple llama-server llama-bench >/dev/null
+	mkdir -p $(LLAMA_TOOLS)/bin && cp $(LLAMA_TOOLS)/build/bin/llama-speculative-simple $(LLAMA_TOOLS)/build/bin/llama-server \
+	  $(LLAMA_TOOLS)/build/bin/llama-bench $(LLAMA_TOOLS)/bin/
+
 # SuffixDecoding's own code (arctic-inference, a peer in the benchmark: `arctic-suffix`). PyPI has
 # only its source, and building it in isolation would pull a CUDA torch: it is built here against
 # this torch, without CUDA (about 30 s).
@@ -69,7 +86,7 @@ lint: setup
 	$(BIN)/ruff format --check leapdecode tests
 	$(BIN)/mypy leapdecode/engine leapdecode/verifiers leapdecode/drafters leapdecode/methods
 
-test: lint test-models browser llamacpp peers vllm
+test: lint test-models browser llamacpp llamacpp-tools peers vllm
 	$(PY) -m pytest -q
 
 # The tiny-model tests only (minutes): no real model, no optional backend, no browser.

@@ -158,7 +158,13 @@ def test_light_commands_import_no_torch(args: list[str]) -> None:
 
 # Parameters a method cannot do without, to build an example of each.
 # (`draft` with its retrieval off: its longest chain is then k, else a suffix match's suffix_k)
-REQUIRED = {"rest": "datastore=ds", "layerskip": "exit=2", "hf-assisted": "model=m", "draft": "suffix=false"}
+REQUIRED = {
+    "rest": "datastore=ds",
+    "layerskip": "exit=2",
+    "hf-assisted": "model=m",
+    "draft": "suffix=false",
+    "llama-cpp-spec": "model=m",
+}
 
 
 @pytest.mark.parametrize("cls", METHODS, ids=[m.name for m in METHODS])

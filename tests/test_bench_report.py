@@ -328,7 +328,13 @@ def test_a_short_label_names_the_same_method(cls) -> None:
     from leapdecode.bench.labels import short_label, short_method
     from leapdecode.methods import parse_method
 
-    required = {"rest": "datastore=ds", "layerskip": "exit=2", "hf-assisted": "model=m", "draft": "model=m"}
+    required = {
+        "rest": "datastore=ds",
+        "layerskip": "exit=2",
+        "hf-assisted": "model=m",
+        "draft": "model=m",
+        "llama-cpp-spec": "model=m",
+    }
     method = parse_method(f"{cls.name}:{required[cls.name]}" if cls.name in required else cls.name)
     assert parse_method(short_method(method)) == method
     length = cls.length_field or next((f.name for f in dataclasses.fields(cls) if f.type in (int, "int")), "")
@@ -477,3 +483,21 @@ def test_report_re_renders_an_old_run_with_the_current_labels(tmp_path) -> None:
     meta = json.loads((run / "summary.json").read_text())["meta"]
     assert meta["date"] == "2025-05-06T07:08:09+00:00" and meta["commit"] == "0ba77a7"
     assert "Run 2025-05-06T07:08:09+00:00, commit 0ba77a7." in (run / "results.md").read_text()
+
+
+def test_llama_cpps_speculative_report_is_read_and_a_missing_one_is_an_error() -> None:
+    from leapdecode.bench.llamacpp_tools import parse_speculative
+    from leapdecode.errors import MethodError
+
+    log = """encoded   42 tokens in    0.250 seconds, speed:  168.000 t/s
+decoded  130 tokens in    4.750 seconds, speed:   27.368 t/s
+
+n_draft   = 3
+n_predict = 130
+n_drafted = 96
+n_accept  = 70
+accept    = 72.917%
+"""
+    assert parse_speculative(log) == (5.0, 130, 96, 70)
+    with pytest.raises(MethodError, match="gave no report"):
+        parse_speculative("error: failed to load model")

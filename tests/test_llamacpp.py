@@ -14,6 +14,7 @@ from leapdecode.drafters import NoDrafter
 from leapdecode.engine import StopCriteria, decode
 from leapdecode.engine.cost import measure_forward_cost
 from leapdecode.engine.llamacpp_backend import LlamaCppBackend
+from leapdecode.engine.sampling import SamplingParams
 from leapdecode.errors import MethodError, ModelLoadError
 from leapdecode.models import load_model
 from tests.helpers import GREEDY, ScriptedDrafter
@@ -238,3 +239,19 @@ def test_long_contexts_score_exactly_or_draft_nothing(cpp_lm) -> None:
     got = wrap(cpp_lm, "anpd").generate(ids, max_new_tokens=24)
     assert got.token_ids == plain
     assert all(s.drafted == () for s in got.steps) == (backend.exact_batch(len(ids) + 8) == 1)
+
+
+def test_llama_cpps_own_speculative_decoding_runs_as_a_peer(cpp_lm, references) -> None:
+    """`llama-cpp-spec` (llama-speculative-simple, `make llamacpp-tools`) with the model as its own
+    draft: every drafted token accepted, the text plain greedy decoding's, llama.cpp's counts."""
+    from leapdecode.bench.llamacpp_tools import LlamaCppSpeculativeRunner
+    from leapdecode.methods import parse_method
+
+    runner = LlamaCppSpeculativeRunner(cpp_lm, parse_method("llama-cpp-spec:model=smollm2-135m,k=3"), cpp_lm)
+    for prompt in PROMPTS[:2]:
+        out = runner.run(encode(cpp_lm, prompt), 24)
+        assert out.stats.new_tokens == 24 and out.stats.wall_time_s > 0
+        assert out.stats.drafted_tokens > 0 and out.stats.accepted_tokens == out.stats.drafted_tokens
+        assert out.token_ids[:16] == references[prompt][:16]  # its text re-encoded: the first tokens are exact
+    with pytest.raises(MethodError, match="greedy only"):
+        LlamaCppSpeculativeRunner(cpp_lm, parse_method("llama-cpp-spec:model=m"), cpp_lm, sampling=SamplingParams(0.7))

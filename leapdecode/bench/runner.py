@@ -26,7 +26,15 @@ from leapdecode.bench.timing import RunOutput, synchronize
 from leapdecode.engine.reference import agreement, full_model_predictions
 from leapdecode.engine.sampling import SamplingParams
 from leapdecode.errors import InputError, MethodError
-from leapdecode.methods import Autoregressive, DraftModel, HfAssisted, LlamaCppPlain, LlamaCppPromptLookup, Method
+from leapdecode.methods import (
+    Autoregressive,
+    DraftModel,
+    HfAssisted,
+    LlamaCppPlain,
+    LlamaCppPromptLookup,
+    LlamaCppSpeculative,
+    Method,
+)
 from leapdecode.models import LoadedModel, load_model
 
 BASELINE = str(Autoregressive())
@@ -127,6 +135,10 @@ def make_runner(
     method = entry.method
     if isinstance(method, (LlamaCppPlain, LlamaCppPromptLookup)):
         return LlamaCppPeerRunner(lm, method, entry.label, sampling)
+    if isinstance(method, LlamaCppSpeculative):
+        from leapdecode.bench.llamacpp_tools import LlamaCppSpeculativeRunner
+
+        return LlamaCppSpeculativeRunner(lm, method, load_draft(method.model, lm), entry.label, sampling)
     draft = load_draft(method.model, lm) if isinstance(method, (DraftModel, HfAssisted)) and method.model else None
     if method.peer:
         return HfRunner(lm, method, draft, entry.label, sampling)
@@ -195,7 +207,13 @@ def run_benchmark(
     models: dict[Variant, LoadedModel] = {Variant(): lm}
 
     def load_draft(name: str, target: LoadedModel) -> LoadedModel:
-        """One copy of each draft model per target dtype and quantization, loaded as the target is."""
+        """One copy of each draft model per target dtype and quantization, loaded as the target is
+        (in llama.cpp for a target there)."""
+        if target.backend == "llama.cpp":
+            key = (name, "llama.cpp", "")
+            if key not in drafts:
+                drafts[key] = load_model(name, backend="llama.cpp", log=log)
+            return drafts[key]
         key = (name, str(target.model.dtype), target.quantize)
         if key not in drafts:
             drafts[key] = load_model(

@@ -13,7 +13,14 @@ from leapdecode.methods.heads import Eagle3, Medusa
 from leapdecode.methods.layers import Calm, LayerSkip, SelfSpec
 from leapdecode.methods.ngram import Anpd, PromptLookup
 from leapdecode.methods.parallel import Jacobi, Lookahead
-from leapdecode.methods.peers import HfAssisted, HfGenerate, HfPromptLookup, LlamaCppPlain, LlamaCppPromptLookup
+from leapdecode.methods.peers import (
+    HfAssisted,
+    HfGenerate,
+    HfPromptLookup,
+    LlamaCppPlain,
+    LlamaCppPromptLookup,
+    LlamaCppSpeculative,
+)
 from leapdecode.methods.plain import Autoregressive
 from leapdecode.methods.registry import METHODS, method_class, method_names, parse_method
 from leapdecode.methods.suffix import ArcticSuffix, Suffix
@@ -41,6 +48,7 @@ __all__ = [
     "LayerSkip",
     "LlamaCppPlain",
     "LlamaCppPromptLookup",
+    "LlamaCppSpeculative",
     "Lookahead",
     "Method",
     "PromptLookup",

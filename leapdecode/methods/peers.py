@@ -79,3 +79,27 @@ class LlamaCppPromptLookup(_PromptLookupPeer):
     summary: ClassVar[str] = "peer: llama-cpp-python with LlamaPromptLookupDecoding (--backend llama.cpp)"
     tokens: int = 10  # num_pred_tokens, its default
     max_ngram: int = 2  # max_ngram_size, its default
+
+
+@dataclass(frozen=True)
+class LlamaCppSpeculative(Method):
+    """llama.cpp's own draft-model speculative decoding, the program a llama.cpp user runs
+    (`llama-speculative-simple`, built from the llama.cpp source in llama-cpp-python's sdist by
+    `make llamacpp-tools`), one process per prompt on the same GGUFs and threads."""
+
+    name: ClassVar[str] = "llama-cpp-spec"
+    summary: ClassVar[str] = (
+        "peer: llama.cpp's draft-model speculative decoding (llama-speculative-simple, --backend llama.cpp)"
+    )
+    loads_files: ClassVar[bool] = True
+    peer: ClassVar[bool] = True
+    shape: ClassVar[DraftShape] = "chain"
+    length_field: ClassVar[str] = "k"
+    model: str = ""  # the draft model: a preset or .gguf
+    k: int = 3  # --draft-max, its default
+    p_min: float = 0.0  # --draft-p-min: stop a draft at a token the draft gives less (its default: never)
+
+    def __post_init__(self) -> None:
+        self._require(bool(self.model), "needs model=NAME (a preset or .gguf) for the draft model")
+        self._require(1 <= self.k <= MAX_TOKENS, f"k must be between 1 and {MAX_TOKENS}, got {self.k}")
+        self._require(0.0 <= self.p_min < 1.0, f"p_min must be in [0, 1), got {self.p_min}")

@@ -12,7 +12,14 @@ from leapdecode.methods.heads import Eagle3, Medusa
 from leapdecode.methods.layers import Calm, LayerSkip, SelfSpec
 from leapdecode.methods.ngram import Anpd, PromptLookup
 from leapdecode.methods.parallel import Jacobi, Lookahead
-from leapdecode.methods.peers import HfAssisted, HfGenerate, HfPromptLookup, LlamaCppPlain, LlamaCppPromptLookup
+from leapdecode.methods.peers import (
+    HfAssisted,
+    HfGenerate,
+    HfPromptLookup,
+    LlamaCppPlain,
+    LlamaCppPromptLookup,
+    LlamaCppSpeculative,
+)
 from leapdecode.methods.plain import Autoregressive
 from leapdecode.methods.suffix import ArcticSuffix, Suffix
 from leapdecode.methods.trees import AnpdTree, Hybrid, Recycle, Rest, Trie
@@ -42,6 +49,7 @@ METHODS: tuple[type[Method], ...] = (
     HfAssisted,
     LlamaCppPlain,
     LlamaCppPromptLookup,
+    LlamaCppSpeculative,
 )
 
 
