@@ -126,6 +126,9 @@ class DraftModelDrafter(Drafter):
         needs_q = not (sampling.greedy or coupled) or threshold > 0.0
         self.retrieval = retrieval if self.cost is not None and not needs_q else None
         self.retrieved = False  # the last draft came from the suffix match
+        self.unused_match: list[
+            tuple[int, Hashable]
+        ] = []  # the match a step left for the draft model, with its buckets
         self.retrieved_steps = 0  # for statistics and tests
 
     def reset(self, prompt_ids: Sequence[int]) -> None:
@@ -138,7 +141,7 @@ class DraftModelDrafter(Drafter):
         self.rates = RequestEstimate(self.shared)
         self.buckets = []
         self.silent = 0
-        self.retrieved, self.retrieved_steps = False, 0
+        self.retrieved, self.retrieved_steps, self.unused_match = False, 0, []
         if self.retrieval is not None:
             self.retrieval.reset(prompt_ids)
         if self.ngram is not None:
@@ -190,15 +193,17 @@ class DraftModelDrafter(Drafter):
             best = max(best, expected / (depth * self.cost.draft_pass + self.cost.target.of(depth + 1)))
         return best
 
-    def _retrieve(self, max_tokens: int) -> Draft | None:
+    def _retrieve(self, max_tokens: int, budget: int) -> Draft | None:
         """The suffix match's chain, cut to its best length, when it promises more tokens per
-        second than the draft model would; None: the draft model drafts."""
+        second than the draft model would drafting `budget` tokens; None: the draft model drafts
+        (the match is still judged against what the target emits, so its rates keep learning)."""
         assert self.retrieval is not None and self.cost is not None
         match = self.retrieval.propose(max_tokens)
         if not match.tokens:
             return None
         evidence = match.evidence or (0,) * len(match)
-        buckets = [("suffix", e) for e in evidence]
+        buckets: list[Hashable] = [("suffix", e) for e in evidence]
+        self.unused_match = list(zip(match.tokens, buckets))
         reach, expected, best, length = 1.0, 1.0, 0.0, 0
         for i, bucket in enumerate(buckets, 1):
             reach *= self.rates.rate(bucket)
@@ -206,18 +211,18 @@ class DraftModelDrafter(Drafter):
             rate = expected / self.cost.target.of(i + 1)
             if rate > best:
                 best, length = rate, i
-        if best <= self._model_rate(max_tokens):
+        if best <= self._model_rate(budget):
             return None
-        self.buckets = list(buckets[:length])
+        self.buckets, self.unused_match = list(buckets[:length]), []
         return match.first(length)
 
     def propose(self, max_tokens: int) -> Draft:
         budget = min(self.k_now, max_tokens)
-        self.last_draft, self.buckets, self.retrieved = [], [], False
+        self.last_draft, self.buckets, self.retrieved, self.unused_match = [], [], False, []
         if budget <= 0:
             return Draft()
         if self.retrieval is not None:
-            found = self._retrieve(max_tokens)
+            found = self._retrieve(max_tokens, budget)
             if found is not None:
                 self.last_draft, self.retrieved = list(found.tokens), True
                 self.retrieved_steps += 1
@@ -282,6 +287,14 @@ class DraftModelDrafter(Drafter):
             if not self.retrieved:
                 self.rates.observe(_depth_bucket(j + 1), hit)
             self.rates.observe(bucket, hit)
+        # a match the step did not use, judged as if drafted: the target's tokens do not depend on
+        # the draft (greedy, or coupled sampling), so its j-th token would have been accepted iff
+        # it equals the j-th emitted token and every one before it did
+        for (token, bucket), emitted in zip(self.unused_match, tokens):
+            self.rates.observe(bucket, token == emitted)
+            if token != emitted:
+                break
+        self.unused_match = []
         if self.retrieval is not None:
             self.retrieval.update(tokens, num_accepted)
         if self.seq is not None:

@@ -167,7 +167,11 @@ class BatchScheduler:
         if not submission.run.prompt_ids:
             raise InputError("a request needs at least one prompt token")
         backend = submission.backend if submission.backend is not None else self.backend
-        submission.alone = self.packing is None or backend.batchable is not None
+        # it shares passes only over the same model, on a backend that packs sequences
+        same_model = (
+            isinstance(backend, TorchBackend) and self.packing is not None and backend.model is self.packing.model
+        )
+        submission.alone = not same_model or backend.batchable is not None
         with self.wake:
             self.waiting.append(submission)
             self.wake.notify_all()

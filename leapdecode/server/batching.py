@@ -75,10 +75,9 @@ class BatchWorker:
             loop.call_soon_threadsafe(on_done)
 
         run, backend = job.start()
-        submission = self.scheduler.submit(
-            Submission(run, on_step, on_end, job.timeout_s, cancelled=job.cancel, backend=backend)
-        )
-        return submission
+        # bound before the scheduler's thread can end it (on_end reads it)
+        submission = Submission(run, on_step, on_end, job.timeout_s, cancelled=job.cancel, backend=backend)
+        return self.scheduler.submit(submission)
 
     def _loop(self) -> None:
         while not self._stop.is_set():
