@@ -4,7 +4,8 @@
 llama.cpp the `llamacpp` extra links) into the virtual environment's `llama.cpp/bin`. Each prompt
 runs in a process of its own on the same GGUFs and threads; the time is llama.cpp's own count of
 the prompt's and the generation's seconds (model loading is not counted, as a server would have
-the model loaded), and the counters are its own: tokens decoded, drafted and accepted.
+the model loaded; where its last pass ran past the tokens asked for, scaled to them), and the
+counters are its own: tokens decoded, drafted and accepted.
 """
 
 from __future__ import annotations
@@ -77,15 +78,15 @@ class LlamaCppSpeculativeRunner:
         return [
             str(self.binary), "-m", str(model.path), "-md", str(draft.path), "-f", str(prompt_file),
             "-n", str(max_new_tokens), "-t", str(threads), "-tb", str(threads), "-td", str(threads),
-            "-c", str(model.n_ctx), "-b", str(model.n_batch), "--draft-max", str(self.method.k), "--draft-min", "0",
-            "--draft-p-min", str(self.method.p_min), "--temp", "0", "--top-k", "1", "--seed", "0",
+            "-c", str(model.n_ctx), "-b", str(model.n_batch), "--spec-type", "draft-simple", "--no-escape", "--spec-draft-n-max", str(self.method.k), "--spec-draft-n-min", "0",
+            "--spec-draft-p-min", str(self.method.p_min), "--temp", "0", "--top-k", "1", "--seed", "0",
         ]  # fmt: skip
 
     def run(self, prompt_ids: list[int], max_new_tokens: int, seed: int | None = None) -> RunOutput:
         prompt = self.lm.tokenizer.decode(prompt_ids, skip_special_tokens=False)
         with tempfile.TemporaryDirectory() as folder:
             prompt_file = Path(folder) / "prompt.txt"
-            prompt_file.write_text(prompt, encoding="utf-8")
+            prompt_file.write_text(prompt + "\n", encoding="utf-8")  # it drops a prompt file's last newline
             done = subprocess.run(
                 self.command(prompt_file, max_new_tokens),
                 capture_output=True,
@@ -96,7 +97,9 @@ class LlamaCppSpeculativeRunner:
         if done.returncode != 0:
             raise MethodError(f"{SPECULATIVE} failed ({done.returncode}): {done.stderr[-500:]}")
         seconds, decoded, drafted, accepted = parse_speculative(done.stderr + done.stdout)
-        text = done.stdout.strip("\n")
+        if decoded > max_new_tokens:  # its last pass may run past -n: time the tokens asked for, at its own rate
+            seconds *= max_new_tokens / decoded
+        text = done.stdout.removeprefix("\n\n").removesuffix("\n\n")  # its own blank lines around the text
         text = text[len(prompt) :] if text.startswith(prompt) else text  # it echoes the prompt first
         token_ids = self.lm.tokenizer.encode(text, add_special_tokens=False)[:max_new_tokens] if text else []
         stats = GenerationStats(

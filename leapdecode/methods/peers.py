@@ -96,8 +96,8 @@ class LlamaCppSpeculative(Method):
     shape: ClassVar[DraftShape] = "chain"
     length_field: ClassVar[str] = "k"
     model: str = ""  # the draft model: a preset or .gguf
-    k: int = 3  # --draft-max, its default
-    p_min: float = 0.0  # --draft-p-min: stop a draft at a token the draft gives less (its default: never)
+    k: int = 3  # --spec-draft-n-max, its default
+    p_min: float = 0.0  # --spec-draft-p-min: stop a draft at a token the draft gives less (its default: never)
 
     def __post_init__(self) -> None:
         self._require(bool(self.model), "needs model=NAME (a preset or .gguf) for the draft model")
