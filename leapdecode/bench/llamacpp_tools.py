@@ -78,7 +78,8 @@ class LlamaCppSpeculativeRunner:
         return [
             str(self.binary), "-m", str(model.path), "-md", str(draft.path), "-f", str(prompt_file),
             "-n", str(max_new_tokens), "-t", str(threads), "-tb", str(threads), "-td", str(threads),
-            "-c", str(model.n_ctx), "-b", str(model.n_batch), "--spec-type", "draft-simple", "--no-escape", "--spec-draft-n-max", str(self.method.k), "--spec-draft-n-min", "0",
+            "-c", str(model.n_ctx), "-b", str(model.n_batch), "--no-escape", "--spec-type", "draft-simple",
+            "--spec-draft-n-max", str(self.method.k), "--spec-draft-n-min", "0",
             "--spec-draft-p-min", str(self.method.p_min), "--temp", "0", "--top-k", "1", "--seed", "0",
         ]  # fmt: skip
 
