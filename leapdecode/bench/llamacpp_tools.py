@@ -74,11 +74,12 @@ class LlamaCppSpeculativeRunner:
         self.weights_mb = weights_mb(lm) + weights_mb(draft)
 
     def command(self, prompt_file: Path, max_new_tokens: int) -> list[str]:
+        # a batch of the whole context: it takes the prompt in one batch or refuses it
         model, draft, threads = self.lm.model, self.draft.model, str(self.lm.model.n_threads)
         return [
             str(self.binary), "-m", str(model.path), "-md", str(draft.path), "-f", str(prompt_file),
             "-n", str(max_new_tokens), "-t", str(threads), "-tb", str(threads), "-td", str(threads),
-            "-c", str(model.n_ctx), "-b", str(model.n_batch), "--no-escape", "--spec-type", "draft-simple",
+            "-c", str(model.n_ctx), "-b", str(model.n_ctx), "--no-escape", "--spec-type", "draft-simple",
             "--spec-draft-n-max", str(self.method.k), "--spec-draft-n-min", "0",
             "--spec-draft-p-min", str(self.method.p_min), "--temp", "0", "--top-k", "1", "--seed", "0",
         ]  # fmt: skip

@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from leapdecode.engine.loop import PassResult
+
 if TYPE_CHECKING:
     from leapdecode.engine.backend import Backend, CacheState
 
@@ -142,6 +144,16 @@ class Drafter(ABC):
         rest. Called after `propose` (or within `take`) and before the pass, whenever a draft is
         cut; a drafter that keeps state per drafted row must follow it."""
 
+    def hear(self, result: PassResult) -> None:
+        """What one pass (or the prefill) produced, in one event, right after it: the target's
+        states, its predictions, then what was emitted. By default the three hooks in that
+        order; a drafter may take the whole event instead."""
+        if result.features is not None:
+            self.take_features(result.features)
+        if result.predicted is not None:
+            self.observe(result.predicted, result.candidates)
+        self.update(result.tokens, result.accepted)
+
     def finish(self) -> None:  # noqa: B027 - optional hook
         """The request ended (a stop or the budget; not when abandoned): drafters that share what
         they learned with later requests of the same decoder commit it here."""
@@ -189,17 +201,18 @@ class Delegating(Drafter):
 
 
 # The legal order of a drafter's calls, as the loop and the scheduler make them: state -> call ->
-# next state. A request: reset, attach, the prompt's states (heads), then per pass: what the last
-# pass emitted (update), a draft (propose, or offer then take; cuts), the pass's states and the
-# target's predictions (heads, observing drafters); finish when it ends (not when abandoned).
+# next state. A request: reset, attach, then the prefill's event (`hear`: the prompt's states,
+# what was emitted); per pass: a draft (propose, or offer then take; cuts), then the pass's event
+# (the kept rows' states, the target's predictions, what was emitted); finish when it ends (not
+# when abandoned).
 CALL_ORDER: dict[str, dict[str, str]] = {
     "new": {"reset": "reset"},
     "reset": {"attach": "attached"},
-    "attached": {"take_features": "attached", "update": "heard", "finish": "done"},
-    "heard": {"propose": "drafted", "offer": "offered"},
+    "attached": {"take_features": "attached", "update": "heard"},
+    "heard": {"propose": "drafted", "offer": "offered", "finish": "done"},
     "offered": {"take": "drafted", "cut": "offered"},
-    "drafted": {"cut": "drafted", "take_features": "scored", "observe": "scored", "update": "heard", "finish": "done"},
-    "scored": {"observe": "scored", "update": "heard", "finish": "done"},
+    "drafted": {"cut": "drafted", "take_features": "scored", "observe": "scored", "update": "heard"},
+    "scored": {"observe": "scored", "update": "heard"},
     "done": {"reset": "reset"},
 }
 

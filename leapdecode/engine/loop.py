@@ -48,6 +48,18 @@ class TreeVerifier(Protocol):
 
 
 @dataclass(frozen=True)
+class PassResult:
+    """What a drafter hears of one target pass (or of the prefill), in one event: everything the
+    pass produced that a drafter may learn from (`Drafter.hear`)."""
+
+    tokens: Sequence[int]  # emitted: the accepted drafted tokens, then the target's own (bonus) token
+    accepted: int  # drafted tokens the target kept
+    features: torch.Tensor | None  # [rows, F] the target's states (`feature_layers`): the prompt's, or the kept rows'
+    predicted: Sequence[int] | None  # [D+1] the target's greedy token per scored row (`observes_target`)
+    candidates: Sequence[Sequence[int]] | None  # [D+1][k] its k best per row (`candidates`), greedy only
+
+
+@dataclass(frozen=True)
 class Step:
     """One target forward pass: what was drafted, how much was accepted, what was emitted."""
 
@@ -97,8 +109,8 @@ class SequenceRun:
         self._verdict = self.verifier((), scores.logits[-1:], None, position=0)
         self.drafter.reset(self.prompt_ids)
         self.drafter.attach(backend, seq)
-        if self.features:
-            self.drafter.take_features(wanted_features(scores))  # [prompt, F]
+        states = wanted_features(scores) if self.features else None  # [prompt, F]
+        self.drafter.hear(PassResult(self._verdict.tokens, 0, states, None, None))
         return self._emit((), None)
 
     @property
@@ -110,7 +122,7 @@ class SequenceRun:
         """Tell the drafter what was emitted and ask for a draft (the deepest branch of a tree
         counts) within the budget and `exact`, the most drafted tokens the backend verifies
         exactly (a tree's nodes all count there: a wider tree keeps its first nodes)."""
-        draft = self.drafter.propose(self._heard(exact))
+        draft = self.drafter.propose(self._limit(exact))
         if exact is None or len(draft) <= exact:
             return draft
         # the loop's cut is a cut like any other: a drafter that keeps per-row state hears which
@@ -121,7 +133,7 @@ class SequenceRun:
     def offer(self, exact: int | None) -> Offer:
         """As `propose`, for a pass shared with other sequences: the whole draft, with each
         token's reach when the drafter estimates it, for the scheduler to cut (`take`)."""
-        return self.drafter.offer(self._heard(exact))
+        return self.drafter.offer(self._limit(exact))
 
     def take(self, offer: Offer, kept: Sequence[int]) -> Draft:
         """The part of `offer` the scheduler kept (ascending indices, parents kept)."""
@@ -149,18 +161,19 @@ class SequenceRun:
         # 6. Keep the root and the accepted path in the cache; the bonus token is not cached yet.
         kept = [0, *(i + 1 for i in verdict.path)]
         backend.keep(seq, self._start, kept)
-        if self.features:
-            self.drafter.take_features(wanted_features(scores)[kept])  # [1 + accepted, F]
-        # 7. Jacobi-style and recycling drafters learn from the target's own predictions.
-        if self.drafter.observes_target:
-            self.drafter.observe(verdict.predicted, verdict.candidates)  # [D+1], [D+1][k] or None
+        # 7. The drafter hears the pass in one event: what was emitted and accepted, the target's
+        #    states at the kept rows (trained heads), its predictions (Jacobi-style, recycling).
+        states = wanted_features(scores)[kept] if self.features else None  # [1 + accepted, F]
+        observed = self.drafter.observes_target
+        predicted = verdict.predicted if observed else None  # [D+1]
+        self.drafter.hear(
+            PassResult(verdict.tokens, len(verdict.path), states, predicted, verdict.candidates if observed else None)
+        )
         self._draft = None
         return self._emit(tuple(draft.tokens), draft.parents)
 
-    def _heard(self, exact: int | None) -> int:
-        """Tell the drafter what the last pass emitted; the most tokens its next draft may hold."""
-        verdict = self._last_verdict()
-        self.drafter.update(verdict.tokens, len(verdict.path))
+    def _limit(self, exact: int | None) -> int:
+        """The most tokens the next draft may hold: the budget, and what is verified exactly."""
         return self.budget if exact is None else min(self.budget, exact)
 
     def _last_verdict(self) -> Verdict:
