@@ -122,7 +122,7 @@ class Method:
         """Most tokens one verification pass scores: the pending token and the longest chain, or
         the tree's nodes."""
         if self.drafts == "tree":
-            return int(getattr(self, "nodes", 0)) + 1
+            raise NotImplementedError(f"{self.name}: a method that drafts trees says how many tokens its pass scores")
         return self.draft_length + 1
 
     def __str__(self) -> str:

@@ -54,6 +54,11 @@ class Lookahead(Method):
         self._require(2 <= self.n <= 8, f"n (n-gram size) must be between 2 and 8, got {self.n}")
         self._require(0 <= self.g <= 32, f"g (verified n-grams) must be between 0 and 32, got {self.g}")
 
+    @property
+    def pass_size(self) -> int:
+        """The pending token, the Jacobi window and the n-grams verified."""
+        return 1 + (self.w + self.g) * (self.n - 1)
+
     def build_drafter(self) -> Drafter:
         from leapdecode.drafters.lookahead import LookaheadDrafter
 

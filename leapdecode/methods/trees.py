@@ -21,6 +21,10 @@ class _TreeMethod(Method):
     nodes: int  # fields of the dataclasses below
     depth: int
 
+    @property
+    def pass_size(self) -> int:
+        return self.nodes + 1
+
     def _check_tree(self) -> None:
         self._require(1 <= self.nodes <= 128, f"nodes must be between 1 and 128, got {self.nodes}")
         self._require(1 <= self.depth <= 64, f"depth must be between 1 and 64, got {self.depth}")
