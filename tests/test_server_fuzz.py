@@ -47,31 +47,7 @@ def test_no_generated_request_gets_a_server_error(app, mode) -> None:
     schema = schemathesis.openapi.from_asgi("/openapi.json", app)
     answered: dict[tuple[str, int], int] = {}  # by (path, status)
     for result in schema.get_all_operations():
-        operation = result.ok()
-
-        @given(case=operation.as_strategy(generation_mode=mode))
-        @settings(
-            max_examples=EXAMPLES[mode],
-            deadline=None,
-            derandomize=True,
-            database=None,
-            suppress_health_check=list(HealthCheck),
-        )
-        def call(case, operation=operation) -> None:
-            if mode is GenerationMode.POSITIVE:
-                case.body = reaching_decoding(case.body)
-            response = case.call()
-            key = (operation.path, response.status_code)
-            answered[key] = answered.get(key, 0) + 1
-            assert response.status_code < 500, (case.method, case.path, case.body, response.text[:500])
-            if response.status_code >= 400:
-                error = response.json()["error"]
-                assert isinstance(error["message"], str) and error["message"] and "type" in error
-
-        try:
-            call()
-        except Unsatisfiable:  # nothing of a GET can be made invalid (no body; any string is a model id)
-            assert mode is GenerationMode.NEGATIVE and operation.method.upper() == "GET"
+        fuzz_operation(result.ok(), mode, answered)
     refused = sum(n for (_, status), n in answered.items() if 400 <= status < 500)
     if mode is GenerationMode.POSITIVE:  # valid bodies reached decoding on both generation routes
         assert answered.get(("/v1/completions", 200)) and answered.get(("/v1/chat/completions", 200)), answered
@@ -79,3 +55,31 @@ def test_no_generated_request_gets_a_server_error(app, mode) -> None:
     assert refused > 0, answered
     server = app.state.server
     assert server.admitted == 0 and server.running() == 0
+
+
+def fuzz_operation(operation, mode, answered: dict[tuple[str, int], int]) -> None:
+    """Hypothesis over one operation's generated requests, counted in `answered` by (path, status)."""
+
+    @given(case=operation.as_strategy(generation_mode=mode))
+    @settings(
+        max_examples=EXAMPLES[mode],
+        deadline=None,
+        derandomize=True,
+        database=None,
+        suppress_health_check=list(HealthCheck),
+    )
+    def call(case) -> None:
+        if mode is GenerationMode.POSITIVE:
+            case.body = reaching_decoding(case.body)
+        response = case.call()
+        key = (operation.path, response.status_code)
+        answered[key] = answered.get(key, 0) + 1
+        assert response.status_code < 500, (case.method, case.path, case.body, response.text[:500])
+        if response.status_code >= 400:
+            error = response.json()["error"]
+            assert isinstance(error["message"], str) and error["message"] and "type" in error
+
+    try:
+        call()
+    except Unsatisfiable:  # nothing of a GET can be made invalid (no body; any string is a model id)
+        assert mode is GenerationMode.NEGATIVE and operation.method.upper() == "GET"
