@@ -262,11 +262,11 @@ class CheckedDrafter(Delegating):
 
     def offer(self, max_tokens):
         self._call("offer")
-        return super().offer(max_tokens)
+        return self.inner.offer(max_tokens)  # the inner drafter's own offer (a cost-aware one's reach)
 
     def take(self, offer, kept):
         self._call("take")
-        return super().take(offer, kept)
+        return self.inner.take(offer, kept)
 
     def cut(self, kept):
         self._call("cut")

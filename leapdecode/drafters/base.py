@@ -161,7 +161,9 @@ class Drafter(ABC):
 
 class Delegating(Drafter):
     """A drafter that wraps another: every hook and capability goes to `inner` unless the wrapper
-    overrides it, so a wrapper writes only what it changes and cannot forget a hook."""
+    overrides it, so a wrapper writes only what it changes and cannot forget a hook. `offer` and
+    `take` stay the base's, through the wrapper's own `propose` and `cut`: a wrapper that changes
+    the draft changes it in shared passes too."""
 
     def __init__(self, inner: Drafter) -> None:
         self.inner = inner
@@ -177,12 +179,6 @@ class Delegating(Drafter):
 
     def update(self, tokens: Sequence[int], num_accepted: int) -> None:
         self.inner.update(tokens, num_accepted)
-
-    def offer(self, max_tokens: int) -> Offer:
-        return self.inner.offer(max_tokens)
-
-    def take(self, offer: Offer, kept: Sequence[int]) -> Draft:
-        return self.inner.take(offer, kept)
 
     def attach(self, backend: Backend, seq: CacheState) -> None:
         self.inner.attach(backend, seq)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from leapdecode.drafters.base import Delegating, Draft, Drafter, Offer
+from leapdecode.drafters.base import Delegating, Draft, Drafter
 from leapdecode.drafters.hybrid import graft
 from leapdecode.drafters.suffix import SuffixDrafter
 
@@ -31,12 +31,6 @@ class HeadWithSuffix(Delegating):
     def reset(self, prompt_ids: Sequence[int]) -> None:
         self.head.reset(prompt_ids)
         self.suffix.reset(prompt_ids)
-
-    def offer(self, max_tokens: int) -> Offer:
-        return Offer(self.propose(max_tokens))  # the grafted tree, not the head's alone
-
-    def take(self, offer: Offer, kept: Sequence[int]) -> Draft:
-        return Drafter.take(self, offer, kept)
 
     def cut(self, kept: Sequence[int]) -> None:
         pass  # neither the head nor the suffix match keeps state per drafted row

@@ -119,10 +119,9 @@ class Method:
 
     @property
     def pass_size(self) -> int:
-        """Most tokens one verification pass scores: the pending token and the longest chain, or
-        the tree's nodes."""
-        if self.drafts == "tree":
-            raise NotImplementedError(f"{self.name}: a method that drafts trees says how many tokens its pass scores")
+        """Most tokens one verification pass scores: the pending token and the longest chain (a
+        method that drafts trees overrides it with its tree's size; tests/test_architecture.py
+        checks that every one does)."""
         return self.draft_length + 1
 
     def __str__(self) -> str:
