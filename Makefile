@@ -43,13 +43,15 @@ llamacpp: setup
 
 # llama.cpp's own programs as peers (`llama-cpp-spec` in the benchmark: llama-speculative-simple;
 # llama-server; llama-bench), built from the llama.cpp source in llama-cpp-python's sdist (the
-# llama.cpp the `llamacpp` extra links), without AMX as above, into the venv (about five minutes).
+# llama.cpp the `llamacpp` extra links), without AMX as above, into the venv (about five minutes;
+# cmake comes from PyPI, a C++ compiler from the machine).
 LLAMA_TOOLS := $(VENV)/llama.cpp
 LLAMA_SDIST := llama_cpp_python-0.3.36
 llamacpp-tools: $(LLAMA_TOOLS)/bin/llama-speculative-simple
 
 $(LLAMA_TOOLS)/bin/llama-speculative-simple: | $(VENV)/.installed
 	rm -rf $(LLAMA_TOOLS) && mkdir -p $(LLAMA_TOOLS)/src
+	$(PY) -m pip install -q --disable-pip-version-check cmake
 	$(PY) -m pip download -q --disable-pip-version-check --no-binary :all: --no-deps llama-cpp-python==0.3.36 -d $(LLAMA_TOOLS)
 	tar xzf $(LLAMA_TOOLS)/$(LLAMA_SDIST).tar.gz -C $(LLAMA_TOOLS)/src --strip-components=3 $(LLAMA_SDIST)/vendor/llama.cpp
 	$(BIN)/cmake -S $(LLAMA_TOOLS)/src -B $(LLAMA_TOOLS)/build -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF \
