@@ -264,6 +264,14 @@ class CheckedDrafter(Delegating):
         self._call("offer")
         return self.inner.offer(max_tokens)  # the inner drafter's own offer (a cost-aware one's reach)
 
+    def offer_rounds(self, max_tokens):
+        self._call("offer")
+        return (yield from self.inner.offer_rounds(max_tokens))  # shared draft passes, as the inner drafter runs them
+
+    @property
+    def draft_backend(self):
+        return self.inner.draft_backend
+
     def take(self, offer, kept):
         self._call("take")
         return self.inner.take(offer, kept)

@@ -107,3 +107,10 @@ def test_help_reflows_docstrings_instead_of_breaking_lines_mid_sentence() -> Non
     assert any(
         "write tables and plots. --backend, --dtype and --quantize" in line for line in bench.output.splitlines()
     )
+
+
+def test_llama_server_is_a_peer_of_concurrent_runs_only() -> None:
+    alone = runner.invoke(app, ["bench", "--methods", "ar,llama-server", "--limit", "1", "-n", "4"])
+    assert alone.exit_code == 2 and "run it with --concurrency" in alone.output
+    mixed = runner.invoke(app, ["bench", "--methods", "ar,hf-pld", "--concurrency", "1", "--limit", "1", "-n", "4"])
+    assert mixed.exit_code == 2 and "leave out other peers" in mixed.output

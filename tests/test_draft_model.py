@@ -16,7 +16,8 @@ from leapdecode.engine import StopCriteria, TorchBackend, decode
 from leapdecode.engine.cost import ForwardCost
 from leapdecode.engine.noise import PositionNoise
 from leapdecode.engine.reference import greedy_reference, sample_reference
-from leapdecode.errors import MethodError, ModelLoadError
+from leapdecode.engine.scheduler import BatchScheduler, Submission
+from leapdecode.errors import InputError, MethodError, ModelLoadError
 from leapdecode.methods import DraftModel, parse_method
 from leapdecode.models import LoadedModel
 from leapdecode.verifiers import SamplingParams, verify_speculative
@@ -456,3 +457,105 @@ def test_retrieval_is_off_where_the_draft_models_q_is_needed(tiny_model) -> None
         TorchBackend(tiny_model), threshold=0.3, cost=cost, retrieval=SuffixDrafter(16, tree=False)
     )
     assert uncoupled.retrieval is None and doubting.retrieval is None
+
+
+def _row_exact(model) -> LoadedModel:
+    """A tiny model made row-exact, as the API loads it, so its passes can pack sequences."""
+    import dataclasses
+
+    from leapdecode.models.row_exact import use_row_exact
+    from tests.helpers import tiny_lm
+
+    use_row_exact(model)
+    return dataclasses.replace(tiny_lm(model), row_exact=True)
+
+
+@pytest.mark.parametrize("draft_seed", [0, 1], ids=["draft-is-target", "random-draft"])
+@pytest.mark.parametrize("spec", ["draft:k=3,cost_aware=false", "draft:k=4"])
+def test_requests_in_a_batch_draft_in_shared_passes_and_each_equals_plain_decoding(draft_seed, spec) -> None:
+    """The scheduler runs the requests' draft rounds together: one packed pass of the draft model
+    drafts for every sequence still drafting, and each output is still plain greedy decoding's."""
+
+    target = _row_exact(make_tiny_model("qwen2"))
+    draft = _row_exact(make_tiny_model("qwen2", seed=draft_seed))
+    plain = wrap(target, "ar")
+    decoder = wrap(target, spec, draft_model=draft)
+    scheduler = BatchScheduler(plain.backend, ForwardCost(tuple(0.01 for _ in range(64))), max_batch=4, max_rows=32)
+    prompts_ = [[5, 6, 7, 8, 5, 6, 7, 8], [9, 3, 9, 3, 9], [4, 4, 2, 4, 4, 2, 11, 12], [7, 1, 7, 1]]
+    outputs: list[list[int]] = [[] for _ in prompts_]
+    runs = [decoder.start(prompt, max_new_tokens=24) for prompt in prompts_]
+    backend = runs[0].drafter.draft_backend
+    assert backend is not None and all(run.drafter.draft_backend is backend for run in runs)
+    packed: list[int] = []  # sequences per packed draft pass
+    score_packed = backend.score_packed
+
+    def counted(input_ids, position_ids, mask, cache, rows, features):
+        packed.append(len(cache.items))
+        return score_packed(input_ids, position_ids, mask, cache, rows, features)
+
+    backend.score_packed = counted
+    alone: list[int] = []  # draft passes of one sequence (a prefill, or a round only it drafted in)
+    forward, prefill = backend.forward, backend.prefill
+    backend.forward = lambda seq, tokens: alone.append(1) or forward(seq, tokens)
+    backend.prefill = lambda tokens: alone.append(1) or prefill(tokens)
+    for i, run in enumerate(runs):
+        scheduler.submit(Submission(run, lambda s, i=i: outputs[i].extend(s.tokens), lambda r: None))
+    while not scheduler.idle:
+        scheduler.step()
+    for prompt, got in zip(prompts_, outputs):
+        assert got == greedy_reference(target.model, prompt, 24)
+    assert packed and max(packed) >= 2
+    if "cost_aware=false" in spec:  # every sequence drafts each step: all in one draft pass
+        assert max(packed) == len(prompts_)
+    drafted_in = sum(run.drafter.draft_passes for run in runs)  # the draft passes each request needed
+    assert drafted_in == sum(packed) + len(alone) > len(packed) + len(alone)  # fewer passes ran
+
+
+def test_a_drafter_whose_rounds_fail_leaves_alone_and_the_others_share_on() -> None:
+    """`drive_rounds`: a drafter that raises gets its error back; a failed packed pass fails the
+    drafters in it; alone, each feed is an ordinary forward."""
+    from leapdecode.drafters.base import DraftFeed
+    from leapdecode.engine.batch import drive_rounds
+
+    model = _row_exact(make_tiny_model("qwen2")).model
+    backend = TorchBackend(model, exact_tokens=16)
+
+    def rounds(prompt, fail_after=None):
+        seq, scores = yield DraftFeed(None, prompt)
+        tokens = []
+        for step in range(3):
+            if step == fail_after:
+                raise ValueError("drafter failed")
+            tokens.append(int(scores.logits[-1].argmax()))
+            seq, scores = yield DraftFeed(seq, tokens[-1:])
+        return tokens
+
+    got = drive_rounds(backend, [rounds([5, 6, 7]), rounds([9, 3, 9], fail_after=1), rounds([4, 4])])
+    assert isinstance(got[1], ValueError)
+    assert got[0] == greedy_reference(model, [5, 6, 7], 3) and got[2] == greedy_reference(model, [4, 4], 3)
+    assert isinstance(drive_rounds(None, [rounds([5, 6])])[0], InputError)
+
+
+def test_a_draft_vocabularys_packed_pass_scores_each_sequence_as_its_own_pass() -> None:
+    from leapdecode.engine.batch import BatchItem, forward_batch
+    from leapdecode.engine.draft_head import DraftHeadBackend
+
+    """On the draft path (int4, its head too: row-exact), exactly; a float head's product would
+    round by the rows it scores."""
+    from leapdecode.models.quantize import quantize_model
+
+    model = make_tiny_model("qwen2")
+    quantize_model(model, "int4", head_bits=4)
+    model = _row_exact(model).model
+    backend = DraftHeadBackend(model, HALF, exact_tokens=16)
+    assert backend.batchable is None
+    first, second = prompts(2, seed=5)
+    with torch.inference_mode():
+        alone = [backend.prefill(p)[0] for p in (first, second)]
+        packed = [backend.prefill(p)[0] for p in (first, second)]
+        want = [backend.forward(alone[0], [5, 6, 7]).logits, backend.forward(alone[1], [9]).logits]
+        got = forward_batch(backend, [BatchItem(packed[0], [5, 6, 7]), BatchItem(packed[1], [9])])
+    for g, w in zip(got, want):
+        assert torch.equal(g.logits, w)
+    with pytest.raises(InputError, match="without states"):
+        forward_batch(backend, [BatchItem(packed[0], [1]), BatchItem(packed[1], [2])], features=(1,))

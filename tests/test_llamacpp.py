@@ -255,3 +255,24 @@ def test_llama_cpps_own_speculative_decoding_runs_as_a_peer(cpp_lm, references) 
         assert out.token_ids[:16] == references[prompt][:16]  # its text re-encoded: the first tokens are exact
     with pytest.raises(MethodError, match="greedy only"):
         LlamaCppSpeculativeRunner(cpp_lm, parse_method("llama-cpp-spec:model=m"), cpp_lm, sampling=SamplingParams(0.7))
+
+
+def test_llama_server_serves_the_same_load_as_a_throughput_peer(cpp_lm, references) -> None:
+    """`llama-server` (`make llamacpp-tools`) with a slot per client, closed-loop clients: every
+    prompt answered once, greedy, its tokens counted and checked against plain decoding's."""
+    from pathlib import Path
+
+    from leapdecode.bench.llamacpp_server import gguf_of, run_llama_server
+
+    prompts = [encode(cpp_lm, p) for p in PROMPTS]
+    want = [references[p][:16] for p in PROMPTS]
+    for concurrency, solo in ((1, True), (2, False)):
+        result = run_llama_server(Path(cpp_lm.model.path), prompts, 16, concurrency, want, 2, solo=solo)
+        assert result.concurrency == ("solo" if solo else "2") and result.requests == len(PROMPTS)
+        assert len(result.latencies_s) == len(PROMPTS) and result.wall_s > 0
+        assert [len(t) for t in result.outputs] == [16] * len(PROMPTS)
+        assert [t[:1] for t in result.outputs] == [w[:1] for w in want]  # greedy: its first token is the model's
+        assert result.identical == sum(a == b for a, b in zip(result.outputs, want))
+    assert gguf_of(str(cpp_lm.model.path), Path("/nonexistent")) == Path(cpp_lm.model.path)
+    with pytest.raises(MethodError, match="GGUF"):
+        gguf_of("some/hub-model", Path("/nonexistent"))

@@ -229,6 +229,19 @@ def test_bad_shapes_and_modes_are_refused() -> None:
         quantize_weight(torch.randn(4, 64), 3)
     with pytest.raises(ValueError, match="unknown quantization"):
         quantize_model(torch.nn.Sequential(torch.nn.Linear(64, 8)), "int2")
+    model = make_tiny_model("llama", seed=3)
+    with pytest.raises(ValueError, match="head_bits"):
+        quantize_model(model, "int4", head_bits=6)
+    assert not any(isinstance(m, QuantizedLinear) for m in model.modules())  # refused before any swap
+
+
+@pytest.mark.parametrize("head_bits", [8, 4])
+def test_the_output_layer_stays_int8_unless_asked_for_four_bits(head_bits) -> None:
+    model = make_tiny_model("llama", seed=3)
+    quantize_model(model, "int4", head_bits=head_bits)
+    head = model.get_output_embeddings()
+    assert isinstance(head, QuantizedLinear) and head.bits == head_bits
+    assert {m.bits for m in model.modules() if isinstance(m, QuantizedLinear) and m is not head} == {4}
 
 
 def test_without_a_compiler_the_layers_compute_the_same_product(monkeypatch) -> None:

@@ -14,55 +14,18 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
+import torch
+
 from leapdecode.api import Decoder
+from leapdecode.bench.concurrent_result import SOLO, ConcurrentResult
 from leapdecode.engine.cost import ForwardCost, measure_batch_cost
 from leapdecode.engine.scheduler import BatchScheduler, Submission
-from leapdecode.methods import backend_for, parse_method
+from leapdecode.errors import MethodError
+from leapdecode.methods import LlamaCppServer, backend_for, parse_method
 from leapdecode.models import LoadedModel
-
-SOLO = "solo"  # the concurrency label of one request at a time without the scheduler
-
-
-@dataclass
-class ConcurrentResult:
-    """One method at one concurrency, over every prompt."""
-
-    method: str
-    concurrency: str  # "1", "2", ..., or SOLO
-    requests: int
-    new_tokens: int
-    wall_s: float
-    latencies_s: list[float] = field(default_factory=list)
-    first_token_s: list[float] = field(default_factory=list)
-    identical: int = 0  # requests whose tokens equal plain decoding's alone
-    passes: int = 0
-    rows: int = 0
-    outputs: list[list[int]] = field(default_factory=list, repr=False)  # each request's tokens, in prompt order
-
-    @property
-    def tokens_per_s(self) -> float:
-        return self.new_tokens / self.wall_s if self.wall_s else 0.0
-
-    def percentile(self, values: Sequence[float], q: float) -> float:
-        ordered = sorted(values)
-        return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))] if ordered else 0.0
-
-    def summary(self) -> dict[str, Any]:
-        data = asdict(self)
-        data.pop("latencies_s")
-        data.pop("first_token_s")
-        data.pop("outputs")
-        data.update(
-            tokens_per_s=self.tokens_per_s,
-            latency_p50_s=self.percentile(self.latencies_s, 0.5),
-            latency_p95_s=self.percentile(self.latencies_s, 0.95),
-            first_token_p50_s=self.percentile(self.first_token_s, 0.5),
-            rows_per_pass=self.rows / self.passes if self.passes else 0.0,
-        )
-        return data
 
 
 def run_solo(
@@ -150,10 +113,11 @@ def run_concurrency_bench(
     concurrencies: Sequence[int],
     *,
     max_rows: int = 128,
+    gguf: Path | None = None,
     log: Callable[[str], None],
 ) -> list[ConcurrentResult]:
     """Every method solo and at every concurrency; plain decoding alone (`ar` solo, first) gives
-    the reference outputs."""
+    the reference outputs. `llama-server` (a peer) runs on `gguf`, the same threads, the same load."""
     plain = Decoder(lm, "ar")
     plain.generate(prompts[0], max_new_tokens=8)  # warm the kernels
     log(f"ar: one at a time (the reference), {len(prompts)} prompts")
@@ -162,6 +126,9 @@ def run_concurrency_bench(
     cost = measure_batch_cost(backend_for(lm), max_rows, max(concurrencies))
     results: list[ConcurrentResult] = []
     for method in methods:
+        if isinstance(parse_method(method), LlamaCppServer):
+            results.extend(_server_rows(gguf, prompts, max_new_tokens, concurrencies, reference.outputs, log))
+            continue
         decoder = plain if str(parse_method(method)) == str(plain.method) else Decoder(lm, method)
         if decoder is plain:
             results.append(reference)
@@ -175,6 +142,28 @@ def run_concurrency_bench(
                 run_concurrent(decoder, cost, prompts, max_new_tokens, concurrency, reference.outputs, max_rows)
             )
     return results
+
+
+def _server_rows(
+    gguf: Path | None,
+    prompts: Sequence[list[int]],
+    max_new_tokens: int,
+    concurrencies: Sequence[int],
+    reference: Sequence[list[int]],
+    log: Callable[[str], None],
+) -> list[ConcurrentResult]:
+    """`llama-server` one request at a time (one slot), then with a slot per client at each concurrency."""
+    from leapdecode.bench.llamacpp_server import LABEL, run_llama_server
+
+    if gguf is None:
+        raise MethodError(f"{LABEL} needs the model's GGUF file (a preset or a .gguf path)")
+    threads = torch.get_num_threads()
+    log(f"{LABEL}: one at a time")
+    rows = [run_llama_server(gguf, prompts, max_new_tokens, 1, reference, threads, solo=True)]
+    for concurrency in concurrencies:
+        log(f"{LABEL}: {concurrency} at once")
+        rows.append(run_llama_server(gguf, prompts, max_new_tokens, concurrency, reference, threads))
+    return rows
 
 
 def concurrency_table(results: Sequence[ConcurrentResult]) -> str:

@@ -109,8 +109,11 @@ def bench(
     from leapdecode.bench.entries import Variant, parse_entries
     from leapdecode.bench.harness import run_meta, run_with_progress, use_threads
     from leapdecode.bench.labels import short_label
+    from leapdecode.bench.llamacpp_server import gguf_of
     from leapdecode.engine.sampling import SamplingParams
     from leapdecode.heads.store import describe_head
+    from leapdecode.methods import LlamaCppServer
+    from leapdecode.models import default_cache_dir
 
     chosen = parse_entries(methods)
     sampling = SamplingParams(temperature, top_k, top_p, seed)
@@ -124,11 +127,17 @@ def bench(
     clients = parse_concurrency(concurrency) if concurrency is not None else None
     if clients is not None and not sampling.greedy:
         raise InputError("--concurrency measures greedy decoding; leave out --temperature")
-    if clients is not None and any("@" in e.label or e.method.peer for e in chosen):
+    serves = any(isinstance(e.method, LlamaCppServer) for e in chosen)
+    if clients is not None and any(
+        "@" in e.label or (e.method.peer and not isinstance(e.method, LlamaCppServer)) for e in chosen
+    ):
         raise InputError(
-            "--concurrency runs engine methods on the loaded model: leave out peers and @variants (e.g. --methods "
-            "ar,anpd)"
+            "--concurrency runs engine methods on the loaded model and llama-server: leave out other peers and "
+            "@variants (e.g. --methods ar,anpd,llama-server)"
         )
+    if clients is None and serves:
+        raise InputError("llama-server is a throughput peer: run it with --concurrency (e.g. --concurrency 1,4)")
+    gguf = gguf_of(model, default_cache_dir()) if serves else None
     loaded = {
         own: load_with_progress(model, backend=own[0], dtype=own[1] or dtype, row_exact=row_exact, quantize=own[2])
     }
@@ -141,6 +150,7 @@ def bench(
             clients,
             max_pass_rows,
             out,
+            gguf,
             run_meta(loaded[own].name, dataset, limit, max_new_tokens, n_threads, len(prompts), loaded[own].describe),
         )
         return
@@ -203,11 +213,13 @@ def bench_concurrency(
     clients: list[int],
     max_pass_rows: int,
     out: Path,
+    gguf: Path | None,
     meta: dict[str, object],
 ) -> None:
     """`bench --concurrency`: every method one at a time and with each number of clients at once."""
     from leapdecode.api import Decoder
     from leapdecode.bench.concurrent import concurrency_table, run_concurrency_bench
+    from leapdecode.bench.llamacpp_server import LABEL as SERVER_LABEL
     from leapdecode.bench.runner import encode_turns
 
     plain = Decoder(lm, "ar")
@@ -215,7 +227,7 @@ def bench_concurrency(
         encode_turns(lm, p, lambda ids: plain.generate(ids, max_new_tokens=max_new_tokens).token_ids) for p in prompts
     ]
     results = run_concurrency_bench(
-        lm, methods, ids, max_new_tokens, clients, max_rows=max_pass_rows, log=err_console.log
+        lm, methods, ids, max_new_tokens, clients, max_rows=max_pass_rows, gguf=gguf, log=err_console.log
     )
     out.mkdir(parents=True, exist_ok=True)
     table = concurrency_table(results)
@@ -228,7 +240,7 @@ def bench_concurrency(
     )
     console.print(Markdown(table))
     console.print(f"wrote {out / 'concurrency.md'}, {out / 'concurrency.json'}")
-    if any(r.identical != r.requests for r in results):
+    if any(r.identical != r.requests for r in results if r.method != SERVER_LABEL):  # llama.cpp's numerics differ
         raise typer.Exit(1)
 
 

@@ -8,7 +8,7 @@ drafter for more than `max_tokens`, so drafts cannot overshoot `max_new_tokens`.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -17,7 +17,7 @@ import torch
 from leapdecode.engine.loop import PassResult
 
 if TYPE_CHECKING:
-    from leapdecode.engine.backend import Backend, CacheState
+    from leapdecode.engine.backend import Backend, CacheState, Scores
 
 
 @dataclass(frozen=True)
@@ -82,6 +82,17 @@ class Offer:
     reach: tuple[float, ...] | None = None
 
 
+@dataclass(frozen=True)
+class DraftFeed:
+    """Tokens a drafter's own model must score next: appended to `seq`, or, `seq` None, prefilled
+    as a new sequence. A drafter's rounds (`Drafter.offer_rounds`) yield these, are sent back (the
+    sequence, its scores: every row's logits, a prefill's last) and return what they drafted;
+    `engine.batch.drive_rounds` runs many requests' rounds together."""
+
+    seq: CacheState | None
+    tokens: list[int]
+
+
 class Drafter(ABC):
     """Proposes tokens for the target model to verify in one forward pass."""
 
@@ -95,6 +106,9 @@ class Drafter(ABC):
     # `hidden_states` (0: the embeddings, i: what enters layer i, L: the final norm's output), of
     # the states the drafter wants from every target pass (`take_features`); (): none.
     feature_layers: tuple[int, ...] = ()
+    # A drafter that drafts with a model of its own: that model's backend, shared by the drafters
+    # of one method, so that a scheduler runs their passes together (`offer_rounds`); None: none.
+    draft_backend: Backend | None = None
 
     @abstractmethod
     def reset(self, prompt_ids: Sequence[int]) -> None:
@@ -114,6 +128,14 @@ class Drafter(ABC):
         with reach when the drafter estimates it (cost-aware drafting); `take` then gets the
         part the scheduler kept."""
         return Offer(self.propose(max_tokens))
+
+    def offer_rounds(self, max_tokens: int) -> Generator[DraftFeed, tuple[CacheState, Scores], Offer]:
+        """`offer` as rounds over `draft_backend`'s model, so that one pass of it drafts for every
+        sequence of a shared pass (`engine.batch.drive_rounds`). By default no round: `offer`.
+        A wrapper (`Delegating`) keeps this default, so its own `propose` shapes its offer."""
+        offer = self.offer(max_tokens)
+        return offer
+        yield  # a generator that asks for no pass
 
     def take(self, offer: Offer, kept: Sequence[int]) -> Draft:
         """The part of `offer` the scheduler kept (ascending indices, parents kept); a drafter

@@ -39,17 +39,18 @@ Options:
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Generator, Hashable, Sequence
 from dataclasses import dataclass
 
 import torch
 
 from leapdecode.choices import DRAFT_SCHEDULES
-from leapdecode.drafters.base import Draft, Drafter
+from leapdecode.drafters.base import Draft, Drafter, DraftFeed, Offer
 from leapdecode.drafters.cost_aware import AcceptanceEstimate, RequestEstimate
 from leapdecode.drafters.ngram import NGramModule
 from leapdecode.drafters.suffix import SuffixDrafter
-from leapdecode.engine.backend import Backend, CacheState
+from leapdecode.engine.backend import Backend, CacheState, Scores
+from leapdecode.engine.batch import drive_rounds
 from leapdecode.engine.cost import PassCost
 from leapdecode.engine.noise import PositionNoise, Stream
 from leapdecode.engine.sampling import SamplingParams, logits_to_probs
@@ -99,6 +100,7 @@ class DraftModelDrafter(Drafter):
         if schedule not in DRAFT_SCHEDULES:
             raise ValueError(f"schedule must be one of {DRAFT_SCHEDULES}, got {schedule!r}")
         self.backend = backend
+        self.draft_backend = backend  # requests of one method draft in shared passes of it
         self.k = k
         self.k_max = 4 * k
         self.sampling = sampling
@@ -217,6 +219,17 @@ class DraftModelDrafter(Drafter):
         return match.first(length)
 
     def propose(self, max_tokens: int) -> Draft:
+        (draft,) = drive_rounds(self.backend, [self._rounds(max_tokens)])
+        if isinstance(draft, Exception):
+            raise draft
+        return draft
+
+    def offer_rounds(self, max_tokens: int) -> Generator[DraftFeed, tuple[CacheState, Scores], Offer]:
+        # a scheduler runs these rounds beside other requests' (`engine.batch.drive_rounds`)
+        return Offer((yield from self._rounds(max_tokens)))
+
+    def _rounds(self, max_tokens: int) -> Generator[DraftFeed, tuple[CacheState, Scores], Draft]:
+        """The draft, as rounds: each yields what the draft model must score next (see `DraftFeed`)."""
         budget = min(self.k_now, max_tokens)
         self.last_draft, self.buckets, self.retrieved, self.unused_match = [], [], False, []
         if budget <= 0:
@@ -239,10 +252,7 @@ class DraftModelDrafter(Drafter):
             if self.ngram is not None and self.seq is not None:
                 lower = self.ngram.predict_chain(self._last(self.ngram.n - 1, drafted), budget - len(drafted) - 1)
             # 2. One draft-model pass; rows predict each lower draft and the token after them.
-            if self.seq is None:
-                self.seq, scores = self.backend.prefill(tail)
-            else:
-                scores = self.backend.forward(self.seq, tail + lower)
+            self.seq, scores = yield DraftFeed(self.seq, tail + lower)
             self.draft_passes += 1
             logits = scores.logits[-(len(lower) + 1) :]  # [len(lower)+1, vocab]
             # 3. Keep the lower drafts the draft model agrees with, plus its own next token.

@@ -188,6 +188,31 @@ class TorchBackend:
         chosen = torch.cat([out.hidden_states[i][0] for i in features], dim=-1) if features else None  # [n, F]
         return Scores(logits=out.logits[0], features=chosen)  # logits: [n or 1, vocab]
 
+    def score_packed(
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        cache: Any,
+        rows: torch.Tensor,
+        features: tuple[int, ...],
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One packed pass (`engine.batch.forward_batch`: `cache` a `PackedCache`, also handed to
+        attention): the logits of `rows` [kept, vocab] and the `features` layers' states [N, F]."""
+        from leapdecode.models.row_exact import BATCH_KEYWORD
+
+        out = self.model(
+            input_ids=input_ids,  # [1, N]
+            position_ids=position_ids,  # [1, N]
+            attention_mask=attention_mask,
+            use_cache=True,
+            logits_to_keep=rows,
+            output_hidden_states=bool(features),
+            **{self.cache_argument: cache, BATCH_KEYWORD: cache},
+        )
+        chosen = torch.cat([out.hidden_states[i][0] for i in features], dim=-1) if features else None  # [N, F]
+        return out.logits[0], chosen
+
     @torch.inference_mode()
     def prefill(self, prompt_ids: list[int], *, features: tuple[int, ...] = ()) -> tuple[CacheState, Scores]:
         # Every layer keeps every position, sliding-window layers too (their window is applied by

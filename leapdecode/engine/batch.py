@@ -20,18 +20,20 @@ over their keys, are not batched (`batchable`).
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Generator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
 from leapdecode.engine.tree import TreeLayout
 from leapdecode.errors import InputError
-from leapdecode.models.row_exact import BATCH_KEYWORD
 
 if TYPE_CHECKING:
-    from leapdecode.engine.backend import CacheState, Scores, TorchBackend
+    from leapdecode.drafters.base import DraftFeed
+    from leapdecode.engine.backend import Backend, CacheState, Scores, TorchBackend
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -139,17 +141,9 @@ def forward_batch(backend: TorchBackend, items: Sequence[BatchItem], features: t
     # takes each sequence's mask from the cache.
     unused_mask = torch.ones(1, 1, 1, 1, dtype=torch.bool, device=device)
     with torch.inference_mode():
-        out = backend.model(
-            input_ids=input_ids,
-            position_ids=position_ids,
-            attention_mask=unused_mask,
-            use_cache=True,
-            logits_to_keep=rows,
-            output_hidden_states=bool(features),
-            **{backend.cache_argument: cache, BATCH_KEYWORD: cache},
-        )
-    logits = out.logits[0]  # [kept rows, vocab]
-    chosen = torch.cat([out.hidden_states[i][0] for i in features], dim=-1) if features else None  # [N, F]
+        logits, chosen = backend.score_packed(
+            input_ids, position_ids, unused_mask, cache, rows, features
+        )  # [kept rows, vocab], [N, F] or None
     scores, row, start = [], 0, 0
     for item in items:
         n = len(item.tokens)
@@ -161,3 +155,65 @@ def forward_batch(backend: TorchBackend, items: Sequence[BatchItem], features: t
         row += kept
         start += n
     return scores
+
+
+def drive_rounds(
+    backend: Backend | None, rounds: Sequence[Generator[DraftFeed, tuple[CacheState, Scores], T]]
+) -> list[T | Exception]:
+    """Run several drafters' rounds (`Drafter.offer_rounds`) over one draft model together: each
+    round, the feeds of every drafter still drafting are scored in one packed pass (a prefill, a
+    request's first, alone), so a batch of requests pays about one draft pass a round, not one
+    each. Returns each drafter's result, or the error its rounds raised (the others go on; a
+    failed packed pass fails the drafters in it). Alone, or on a backend that cannot pack
+    sequences, each feed is an ordinary forward of its own."""
+    from leapdecode.engine.backend import TorchBackend
+
+    results: dict[int, T | Exception] = {}
+    pending: dict[int, DraftFeed] = {}
+
+    def advance(index: int, answer: tuple[CacheState, Scores] | Exception | None) -> None:
+        if isinstance(answer, Exception):
+            results[index] = answer
+            rounds[index].close()
+            return
+        try:
+            feed = next(rounds[index]) if answer is None else rounds[index].send(answer)
+        except StopIteration as stop:
+            results[index] = stop.value
+            return
+        except Exception as exc:  # noqa: BLE001 - this drafter fails, the others go on
+            results[index] = exc
+            return
+        if backend is None:
+            results[index] = InputError("a drafter asked for a pass of a draft model it did not name")
+        else:
+            pending[index] = feed
+
+    def alone(feed: DraftFeed) -> tuple[CacheState, Scores] | Exception:
+        assert backend is not None
+        try:
+            if feed.seq is None:
+                return backend.prefill(feed.tokens)
+            return feed.seq, backend.forward(feed.seq, feed.tokens)
+        except Exception as exc:  # noqa: BLE001 - this drafter fails, the others go on
+            return exc
+
+    for index in range(len(rounds)):
+        advance(index, None)
+    while pending:
+        feeds = dict(pending)
+        pending.clear()
+        answers: dict[int, tuple[CacheState, Scores] | Exception] = {}
+        chained = [(i, feed.seq, feed.tokens) for i, feed in feeds.items() if feed.seq is not None]
+        if len(chained) > 1 and isinstance(backend, TorchBackend) and backend.batchable is None:
+            try:
+                scored = forward_batch(backend, [BatchItem(seq, tokens) for _, seq, tokens in chained])
+                answers.update({i: (seq, scores) for (i, seq, _), scores in zip(chained, scored)})
+            except Exception as exc:  # noqa: BLE001 - the pass failed: the drafters it held fail with it
+                answers.update({i: exc for i, _, _ in chained})
+        for i, feed in feeds.items():
+            if i not in answers:
+                answers[i] = alone(feed)
+        for i, answer in answers.items():
+            advance(i, answer)
+    return [results[i] for i in range(len(rounds))]

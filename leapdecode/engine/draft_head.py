@@ -47,8 +47,8 @@ class DraftHeadBackend(TorchBackend):
     """A `TorchBackend` over a draft model whose logits come from a draft vocabulary's rows of its
     output layer (see the module doc). Chains only: a draft model drafts chains."""
 
-    def __init__(self, model: Any, ids: Sequence[int]) -> None:
-        super().__init__(model)
+    def __init__(self, model: Any, ids: Sequence[int], exact_tokens: int | None = None) -> None:
+        super().__init__(model, exact_tokens)
         self.body = model.get_decoder()
         self.body_cache_argument = cache_argument(self.body.forward)
         self.ids = torch.tensor(sorted(set(ids)), dtype=torch.long, device=self.device)  # [V'] target ids, ascending
@@ -70,7 +70,35 @@ class DraftHeadBackend(TorchBackend):
         states = out.last_hidden_state[0]  # [n, hidden], after the final norm
         if logits_to_keep:
             states = states[-logits_to_keep:]  # [k, hidden]
+        return Scores(logits=self._widened(states))
+
+    def score_packed(
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        cache: Any,
+        rows: torch.Tensor,
+        features: tuple[int, ...],
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """A packed pass of the decoder body, the draft vocabulary's rows scoring the kept rows."""
+        from leapdecode.models.row_exact import BATCH_KEYWORD
+
+        if features:
+            raise InputError("a draft vocabulary's backend scores without states")
+        out = self.body(
+            input_ids=input_ids,  # [1, N]
+            position_ids=position_ids,  # [1, N]
+            attention_mask=attention_mask,
+            use_cache=True,
+            **{self.body_cache_argument: cache, BATCH_KEYWORD: cache},
+        )
+        return self._widened(out.last_hidden_state[0, rows]), None  # [kept, vocab]
+
+    def _widened(self, states: torch.Tensor) -> torch.Tensor:
+        """The draft vocabulary's logits for `states` [k, hidden], over the whole vocabulary
+        (-inf outside it): [k, vocab]."""
         scored = self.head(states).float()  # [k, V']
         logits = torch.full((scored.shape[0], self.vocab_size), float("-inf"), device=self.device)  # [k, vocab]
         logits.index_copy_(1, self.ids, scored)
-        return Scores(logits=logits)
+        return logits

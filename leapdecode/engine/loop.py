@@ -17,7 +17,7 @@ batch of one) as for many.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Generator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -28,7 +28,7 @@ from leapdecode.engine.stopping import StopCriteria
 from leapdecode.engine.tree import TreeLayout, compile_tree
 
 if TYPE_CHECKING:
-    from leapdecode.drafters.base import Draft, Drafter, Offer
+    from leapdecode.drafters.base import Draft, Drafter, DraftFeed, Offer
     from leapdecode.verifiers.verdict import TokenLogprob, Verdict
 
 
@@ -134,6 +134,10 @@ class SequenceRun:
         """As `propose`, for a pass shared with other sequences: the whole draft, with each
         token's reach when the drafter estimates it, for the scheduler to cut (`take`)."""
         return self.drafter.offer(self._limit(exact))
+
+    def offer_rounds(self, exact: int | None) -> Generator[DraftFeed, tuple[CacheState, Scores], Offer]:
+        """`offer` as the drafter's rounds over its own draft model (`Drafter.offer_rounds`)."""
+        return self.drafter.offer_rounds(self._limit(exact))
 
     def take(self, offer: Offer, kept: Sequence[int]) -> Draft:
         """The part of `offer` the scheduler kept (ascending indices, parents kept)."""

@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, TypeVar
 import torch
 
 from leapdecode.engine.backend import TorchBackend
-from leapdecode.engine.batch import BatchItem, forward_batch
+from leapdecode.engine.batch import BatchItem, drive_rounds, forward_batch
 from leapdecode.engine.cost import PassCost, allocate, efficient_rows, share_rows
 from leapdecode.engine.loop import SequenceRun, Step
 from leapdecode.errors import InputError
@@ -274,9 +274,7 @@ class BatchScheduler:
     def _pass(self, decoding: list[Submission], chunks: list[tuple[Submission, BatchItem]]) -> PassReport | None:
         """Plan, score and settle one shared pass; a request whose drafting, verifying or
         callbacks fail leaves with its error, the others go on (a failed forward ends them all)."""
-        planned = [
-            (s, p) for s in decoding if (p := self._isolated(s, functools.partial(self._plan_decoding, s))) is not None
-        ]
+        planned = self._plan(decoding)
         prefill = sum(len(item.tokens) for _, item in chunks)
         drafting = self._allocate(planned, len(planned) + prefill)
         members = [s for s, _ in drafting] + [s for s, _ in chunks]
@@ -397,13 +395,31 @@ class BatchScheduler:
             else:
                 self.prefilling[submission] = Prefill(self._packer().new_sequence())
 
-    def _plan_decoding(self, submission: Submission) -> tuple[Offer, int]:
-        """A decoding request's offer and the most drafted tokens its pass may verify exactly."""
-        run = submission.run
-        assert run.seq is not None, "a decoding request has its cache"
-        exact = self._packer().draft_limit(run.seq)
-        offer = run.offer(exact)
-        return offer, len(offer.draft) if exact is None else min(len(offer.draft), exact)
+    def _plan(self, decoding: list[Submission]) -> list[tuple[Submission, tuple[Offer, int]]]:
+        """Each decoding request's offer and the most drafted tokens its pass may verify exactly.
+        Requests whose drafters draft with one draft model run their rounds together, one packed
+        pass of it a round (`drive_rounds`); a request whose drafting fails leaves with its error."""
+        groups: dict[int, list[Submission]] = {}
+        for submission in decoding:
+            groups.setdefault(id(submission.run.drafter.draft_backend), []).append(submission)
+        offers: dict[int, tuple[Offer, int]] = {}
+        for members in groups.values():
+            exacts = [self._exact(submission) for submission in members]
+            rounds = [submission.run.offer_rounds(exact) for submission, exact in zip(members, exacts)]
+            for submission, exact, offer in zip(
+                members, exacts, drive_rounds(members[0].run.drafter.draft_backend, rounds)
+            ):
+                if isinstance(offer, Exception):
+                    submission.error = offer
+                    self._end(submission, "error")
+                    continue
+                offers[id(submission)] = (offer, len(offer.draft) if exact is None else min(len(offer.draft), exact))
+        return [(submission, offers[id(submission)]) for submission in decoding if id(submission) in offers]
+
+    def _exact(self, submission: Submission) -> int | None:
+        """The most drafted tokens a decoding request's pass verifies exactly."""
+        assert submission.run.seq is not None, "a decoding request has its cache"
+        return self._packer().draft_limit(submission.run.seq)
 
     def _allocate(
         self, planned: list[tuple[Submission, tuple[Offer, int]]], base: int

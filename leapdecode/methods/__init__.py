@@ -19,6 +19,7 @@ from leapdecode.methods.peers import (
     HfPromptLookup,
     LlamaCppPlain,
     LlamaCppPromptLookup,
+    LlamaCppServer,
     LlamaCppSpeculative,
 )
 from leapdecode.methods.plain import Autoregressive
@@ -48,6 +49,7 @@ __all__ = [
     "LayerSkip",
     "LlamaCppPlain",
     "LlamaCppPromptLookup",
+    "LlamaCppServer",
     "LlamaCppSpeculative",
     "Lookahead",
     "Method",

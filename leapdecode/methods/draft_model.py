@@ -144,7 +144,8 @@ class DraftModel(Method):
 
     def load_draft(self, target: LoadedModel, log: Log) -> LoadedModel:
         """The draft model on its cheapest path: int4 (rounded from float32, whatever its file
-        holds) on a CPU, unless `precision=own` (then as the target's precision gives it)."""
+        holds; its output layer too, which a target keeps at int8) on a CPU, unless
+        `precision=own` (then as the target's precision gives it)."""
         import dataclasses
 
         from leapdecode.models.loading import load_model
@@ -155,8 +156,8 @@ class DraftModel(Method):
                 self.model, device=target.device, dtype=target.model.dtype, quantize=target.quantize, log=log
             )
         draft = load_model(self.model, device=target.device, dtype="float32", quantize="none", log=log)
-        log(f"draft model {draft.name}: rounding its linear layers to int4 for drafting")
-        quantize_model(draft.model, "int4")
+        log(f"draft model {draft.name}: rounding its linear layers, output layer too, to int4 for drafting")
+        quantize_model(draft.model, "int4", head_bits=4)
         return dataclasses.replace(draft, quantize="int4", precision="int4, rounded for drafting")
 
     def draft_backend(self, target: LoadedModel, draft: LoadedModel, log: Log) -> Backend:
@@ -166,14 +167,15 @@ class DraftModel(Method):
         from leapdecode.heads.vocabulary import draft_vocabulary
         from leapdecode.models.loading import default_cache_dir
 
+        # row-exact, the draft model's passes can pack several requests' sequences (`batchable`)
         size = target.model.config.get_text_config().vocab_size
         if self.vocab == 0 or self.vocab >= size:
-            return TorchBackend(draft.model)
+            return TorchBackend(draft.model, exact_tokens=draft.exact_tokens)
         vocab, source = draft_vocabulary(
             target.tokenizer, self.vocab, size, sorted(target.eos_token_ids), default_cache_dir()
         )
         log(f"draft vocabulary: {len(vocab.ids)} of {size} tokens ({source})")
-        return DraftHeadBackend(draft.model, vocab.ids)
+        return DraftHeadBackend(draft.model, vocab.ids, exact_tokens=draft.exact_tokens)
 
 
 def check_same_vocabulary(target: LoadedModel, draft: LoadedModel) -> None:

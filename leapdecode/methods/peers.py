@@ -103,3 +103,14 @@ class LlamaCppSpeculative(Method):
         self._require(bool(self.model), "needs model=NAME (a preset or .gguf) for the draft model")
         self._require(1 <= self.k <= MAX_TOKENS, f"k must be between 1 and {MAX_TOKENS}, got {self.k}")
         self._require(0.0 <= self.p_min < 1.0, f"p_min must be in [0, 1), got {self.p_min}")
+
+
+@dataclass(frozen=True)
+class LlamaCppServer(Method):
+    """llama.cpp's server with a parallel slot per client (`llama-server -np C`, built by `make
+    llamacpp-tools`): what a llama.cpp user serves many clients with; a throughput peer for
+    `bench --concurrency`, on the same GGUF and threads."""
+
+    name: ClassVar[str] = "llama-server"
+    summary: ClassVar[str] = "peer: llama.cpp's server, a slot per client (bench --concurrency only)"
+    peer: ClassVar[bool] = True

@@ -18,6 +18,7 @@ from leapdecode.methods.peers import (
     HfPromptLookup,
     LlamaCppPlain,
     LlamaCppPromptLookup,
+    LlamaCppServer,
     LlamaCppSpeculative,
 )
 from leapdecode.methods.plain import Autoregressive
@@ -49,6 +50,7 @@ METHODS: tuple[type[Method], ...] = (
     HfAssisted,
     LlamaCppPlain,
     LlamaCppPromptLookup,
+    LlamaCppServer,
     LlamaCppSpeculative,
 )
 

@@ -456,16 +456,23 @@ def _activations_reference(x: torch.Tensor) -> torch.Tensor:
 
 
 def quantize_model(
-    model: nn.Module, mode: str, file_blocks: Callable[[dict[str, torch.Tensor]], dict[str, Any]] | None = None
+    model: nn.Module,
+    mode: str,
+    file_blocks: Callable[[dict[str, torch.Tensor]], dict[str, Any]] | None = None,
+    *,
+    head_bits: int = 8,
 ) -> int:
     """Swap `model`'s linear layers for group-quantized ones (`mode` "int8" or "int4"; the output
-    layer stays int8). Layers whose input is not a multiple of 32 stay float (logged). With
+    layer at `head_bits`, int8 unless a draft model, whose numerics never reach the output, asks
+    for 4). Layers whose input is not a multiple of 32 stay float (logged). With
     `file_blocks` (for a GGUF source: `leapdecode.models.gguf_blocks.gguf_blocks_by_weight` on the
     file; called with the weights by name, it returns the file's own groups for those it stores as
     Q4_0, Q4_1, Q4_K or Q8_0) and int4, those layers take the file's groups, and the others, stored
     wider than 4 bits, are rounded to int8. Returns how many layers were swapped."""
     if mode not in BITS:
         raise ValueError(f"unknown quantization {mode!r}; choose one of {', '.join(QUANTIZE_MODES)}")
+    if head_bits not in BITS.values():
+        raise ValueError(f"head_bits must be one of {sorted(BITS.values())}, got {head_bits}")
     kernel()  # build (or find cached) now, not in the first decode step
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     linears = _linear_layers(model)
@@ -480,8 +487,8 @@ def quantize_model(
         if full in blocks:
             layer = blocks[full].layer(child.bias)
         else:
-            wide = child is head or (file_blocks is not None and mode == "int4")
-            layer = QuantizedLinear.from_linear(child, 8 if wide else BITS[mode])
+            wide = file_blocks is not None and mode == "int4"
+            layer = QuantizedLinear.from_linear(child, head_bits if child is head else 8 if wide else BITS[mode])
         setattr(parent, name, layer)
         swapped += 1
     if kept:

@@ -1,0 +1,48 @@
+"""One method's figures at one concurrency (`bench --concurrency`), engine rows and peers alike."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+SOLO = "solo"  # the concurrency label of one request at a time without the scheduler
+
+
+@dataclass
+class ConcurrentResult:
+    """One method at one concurrency, over every prompt."""
+
+    method: str
+    concurrency: str  # "1", "2", ..., or SOLO
+    requests: int
+    new_tokens: int
+    wall_s: float
+    latencies_s: list[float] = field(default_factory=list)
+    first_token_s: list[float] = field(default_factory=list)
+    identical: int = 0  # requests whose tokens equal plain decoding's alone
+    passes: int = 0
+    rows: int = 0
+    outputs: list[list[int]] = field(default_factory=list, repr=False)  # each request's tokens, in prompt order
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.new_tokens / self.wall_s if self.wall_s else 0.0
+
+    def percentile(self, values: Sequence[float], q: float) -> float:
+        ordered = sorted(values)
+        return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))] if ordered else 0.0
+
+    def summary(self) -> dict[str, Any]:
+        data = asdict(self)
+        data.pop("latencies_s")
+        data.pop("first_token_s")
+        data.pop("outputs")
+        data.update(
+            tokens_per_s=self.tokens_per_s,
+            latency_p50_s=self.percentile(self.latencies_s, 0.5),
+            latency_p95_s=self.percentile(self.latencies_s, 0.95),
+            first_token_p50_s=self.percentile(self.first_token_s, 0.5),
+            rows_per_pass=self.rows / self.passes if self.passes else 0.0,
+        )
+        return data
