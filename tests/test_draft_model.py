@@ -535,13 +535,28 @@ def test_a_drafter_whose_rounds_fail_leaves_alone_and_the_others_share_on() -> N
     assert got[0] == greedy_reference(model, [5, 6, 7], 3) and got[2] == greedy_reference(model, [4, 4], 3)
     assert isinstance(drive_rounds(None, [rounds([5, 6])])[0], InputError)
 
+    # a packed pass that fails part-way (after some layers wrote their keys) is rolled back and its
+    # feeds scored one by one: every drafter still gets exactly its own results
+    score_packed, failures = backend.score_packed, []
+
+    def failing(input_ids, position_ids, mask, cache, rows, features):
+        for item in cache.items:  # as a forward that failed after its first layer
+            layer = item.seq.cache.layers[0]
+            layer.update(layer.keys[:, :, -1:].clone(), layer.values[:, :, -1:].clone())
+        failures.append(len(cache.items))
+        raise RuntimeError("packed pass failed")
+
+    backend.score_packed = failing
+    got = drive_rounds(backend, [rounds([5, 6, 7]), rounds([4, 4])])
+    backend.score_packed = score_packed
+    assert failures and got == [greedy_reference(model, [5, 6, 7], 3), greedy_reference(model, [4, 4], 3)]
+
 
 def test_a_draft_vocabularys_packed_pass_scores_each_sequence_as_its_own_pass() -> None:
-    from leapdecode.engine.batch import BatchItem, forward_batch
-    from leapdecode.engine.draft_head import DraftHeadBackend
-
     """On the draft path (int4, its head too: row-exact), exactly; a float head's product would
     round by the rows it scores."""
+    from leapdecode.engine.batch import BatchItem, forward_batch
+    from leapdecode.engine.draft_head import DraftHeadBackend
     from leapdecode.models.quantize import quantize_model
 
     model = make_tiny_model("qwen2")

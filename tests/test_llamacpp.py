@@ -270,7 +270,7 @@ def test_llama_server_serves_the_same_load_as_a_throughput_peer(cpp_lm, referenc
         result = run_llama_server(Path(cpp_lm.model.path), prompts, 16, concurrency, want, 2, solo=solo)
         assert result.concurrency == ("solo" if solo else "2") and result.requests == len(PROMPTS)
         assert len(result.latencies_s) == len(PROMPTS) and result.wall_s > 0
-        assert [len(t) for t in result.outputs] == [16] * len(PROMPTS)
+        assert all(1 <= len(t) <= 16 for t in result.outputs)  # it stops at the model's end of text
         assert [t[:1] for t in result.outputs] == [w[:1] for w in want]  # greedy: its first token is the model's
         assert result.identical == sum(a == b for a, b in zip(result.outputs, want))
     assert gguf_of(str(cpp_lm.model.path), Path("/nonexistent")) == Path(cpp_lm.model.path)

@@ -12,6 +12,7 @@ reference for one client's latency.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -159,8 +160,12 @@ def _server_rows(
         raise MethodError(f"{LABEL} needs the model's GGUF file (a preset or a .gguf path)")
     threads = torch.get_num_threads()
     log(f"{LABEL}: one at a time")
-    rows = [run_llama_server(gguf, prompts, max_new_tokens, 1, reference, threads, solo=True)]
+    solo = run_llama_server(gguf, prompts, max_new_tokens, 1, reference, threads, solo=True)
+    rows = [solo]
     for concurrency in concurrencies:
+        if concurrency == 1:  # one client on one slot is one request at a time: the same run
+            rows.append(dataclasses.replace(solo, concurrency="1"))
+            continue
         log(f"{LABEL}: {concurrency} at once")
         rows.append(run_llama_server(gguf, prompts, max_new_tokens, concurrency, reference, threads))
     return rows

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import socket
 import subprocess
+import tempfile
 import threading
 import time
 import urllib.error
@@ -33,6 +34,7 @@ from leapdecode.models import presets
 SERVER = "llama-server"
 LABEL = "llama-server"
 START_TIMEOUT_S = 180.0
+REQUEST_TIMEOUT_S = 3600.0
 
 
 def gguf_of(model: str, cache_dir: Path) -> Path:
@@ -62,23 +64,36 @@ class LlamaServer:
             "--no-webui", "--seed", "0",
         ]  # fmt: skip
         self.process: subprocess.Popen[bytes] | None = None
+        self.log = tempfile.TemporaryFile()  # its log, read only to explain a failure (a pipe would fill)
 
     def __enter__(self) -> LlamaServer:
-        self.process = subprocess.Popen(self.command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        self.process = subprocess.Popen(self.command, stdout=self.log, stderr=subprocess.STDOUT)
+        try:
+            self._wait_until_healthy()
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        return self
+
+    def _wait_until_healthy(self) -> None:
+        assert self.process is not None
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                error = self.process.stderr.read().decode(errors="replace") if self.process.stderr else ""
-                raise MethodError(f"{SERVER} exited ({self.process.returncode}): {error[-500:]}")
+                raise MethodError(f"{SERVER} exited ({self.process.returncode}): {self.tail()}")
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=2) as response:
                     if response.status == 200:
-                        return self
+                        return
             except (urllib.error.URLError, ConnectionError, TimeoutError):
                 pass
             time.sleep(0.25)
-        self.__exit__(None, None, None)
-        raise MethodError(f"{SERVER} did not answer /health within {START_TIMEOUT_S:.0f} s")
+        raise MethodError(f"{SERVER} did not answer /health within {START_TIMEOUT_S:.0f} s: {self.tail()}")
+
+    def tail(self) -> str:
+        """The end of its log."""
+        self.log.seek(0)
+        return self.log.read().decode(errors="replace")[-500:]
 
     def __exit__(self, *exc: object) -> None:
         if self.process is not None and self.process.poll() is None:
@@ -88,6 +103,7 @@ class LlamaServer:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+        self.log.close()
 
     def complete(self, prompt_ids: list[int], max_new_tokens: int) -> dict[str, Any]:
         """One greedy completion of the prompt's token ids: the server's JSON answer."""
@@ -105,7 +121,7 @@ class LlamaServer:
             data=json.dumps(body).encode(),
             headers={"Content-Type": "application/json"},
         )
-        with urllib.request.urlopen(request, timeout=3600) as response:
+        with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT_S) as response:
             answer: dict[str, Any] = json.loads(response.read())
         return answer
 
@@ -139,14 +155,16 @@ def run_llama_server(
                 began = time.perf_counter()
                 try:
                     answer = server.complete(prompts[i], max_new_tokens)
-                except (OSError, ValueError) as exc:
+                    tokens = [int(t) for t in answer["tokens"]][:max_new_tokens]
+                    prompt_s = float(answer["timings"]["prompt_ms"]) / 1000
+                except Exception as exc:  # noqa: BLE001 - any failure of a request fails the run, reported below
                     with lock:
                         failures.append(exc)
                     return
                 with lock:
                     result.latencies_s.append(time.perf_counter() - began)
-                    result.first_token_s.append(float(answer.get("timings", {}).get("prompt_ms", 0.0)) / 1000)
-                    outputs[i] = [int(t) for t in answer.get("tokens", [])][:max_new_tokens]
+                    result.first_token_s.append(prompt_s)
+                    outputs[i] = tokens
 
         start = time.perf_counter()
         clients = [threading.Thread(target=client) for _ in range(concurrency)]
@@ -155,8 +173,8 @@ def run_llama_server(
         for thread in clients:
             thread.join()
         result.wall_s = time.perf_counter() - start
-    if failures:
-        raise MethodError(f"{LABEL}: a request failed: {failures[0]}")
+    if failures or len(outputs) != len(prompts):
+        raise MethodError(f"{LABEL}: a request failed: {failures[0] if failures else 'no answer'}")
     result.outputs = [outputs[i] for i in range(len(prompts))]
     result.new_tokens = sum(len(t) for t in result.outputs)
     result.identical = sum(outputs[i] == want for i, want in enumerate(reference))

@@ -91,7 +91,8 @@ def bench(
             "--concurrency",
             help=(
                 "Comma list of client counts (e.g. 1,2,4,8): serve the prompts to that many closed-loop clients at "
-                "once through the batch scheduler, per method (greedy; engine methods on this model only)."
+                "once through the batch scheduler, per method (greedy; engine methods on this model, and "
+                "llama-server: llama.cpp's server under the same load)."
             ),
         ),
     ] = None,
@@ -137,11 +138,11 @@ def bench(
         )
     if clients is None and serves:
         raise InputError("llama-server is a throughput peer: run it with --concurrency (e.g. --concurrency 1,4)")
-    gguf = gguf_of(model, default_cache_dir()) if serves else None
     loaded = {
         own: load_with_progress(model, backend=own[0], dtype=own[1] or dtype, row_exact=row_exact, quantize=own[2])
     }
     if clients is not None:
+        gguf = gguf_of(model, default_cache_dir()) if serves else None  # a preset's, pulled by the load above
         bench_concurrency(
             loaded[own],
             [str(e.method) for e in chosen],

@@ -220,7 +220,8 @@ class Delegating(Drafter):
 
 # The legal order of a drafter's calls, as the loop and the scheduler make them: state -> call ->
 # next state. A request: reset, attach, then the prefill's event (`hear`: the prompt's states,
-# what was emitted); per pass: a draft (propose, or offer then take; cuts), then the pass's event
+# what was emitted); per pass: a draft (propose, or offer then take; cuts; the scheduler offers
+# through `offer_rounds`, which is the offer: the default's calls `offer`), then the pass's event
 # (the kept rows' states, the target's predictions, what was emitted); finish when it ends (not
 # when abandoned).
 CALL_ORDER: dict[str, dict[str, str]] = {

@@ -188,6 +188,7 @@ class TorchBackend:
         chosen = torch.cat([out.hidden_states[i][0] for i in features], dim=-1) if features else None  # [n, F]
         return Scores(logits=out.logits[0], features=chosen)  # logits: [n or 1, vocab]
 
+    @torch.inference_mode()
     def score_packed(
         self,
         input_ids: torch.Tensor,
@@ -362,12 +363,16 @@ def _growing_layer_class() -> type:
 
 
 def rollback_cache(seq: CacheState, length: int) -> None:
-    """Cut a `transformers` cache back to `length` tokens; the one place a cache shrinks."""
+    """Cut a `transformers` cache back to `length` tokens (every layer, however far a failed pass
+    wrote into it); the one place a cache shrinks."""
     if not 0 <= length <= seq.length:
         raise ValueError(f"cannot roll a cache of {seq.length} tokens back to {length}")
-    if length < seq.length:
-        seq.cache.crop(length - seq.length)  # a negative count: tokens to remove from the end
-        seq.length = length
+    # each layer from its own length: a pass that failed part-way leaves the first layers longer
+    for layer in seq.cache.layers:
+        extra = layer.get_seq_length() - length
+        if extra > 0:
+            layer.crop(-extra)  # a negative count: tokens to remove from the end
+    seq.length = length
 
 
 def keep_cache_entries(seq: CacheState, start: int, nodes: list[int]) -> None:

@@ -161,59 +161,79 @@ def drive_rounds(
     backend: Backend | None, rounds: Sequence[Generator[DraftFeed, tuple[CacheState, Scores], T]]
 ) -> list[T | Exception]:
     """Run several drafters' rounds (`Drafter.offer_rounds`) over one draft model together: each
-    round, the feeds of every drafter still drafting are scored in one packed pass (a prefill, a
+    round, the feeds of every drafter still drafting are scored in packed passes (a prefill, a
     request's first, alone), so a batch of requests pays about one draft pass a round, not one
-    each. Returns each drafter's result, or the error its rounds raised (the others go on; a
-    failed packed pass fails the drafters in it). Alone, or on a backend that cannot pack
-    sequences, each feed is an ordinary forward of its own."""
-    from leapdecode.engine.backend import TorchBackend
-
+    each. Returns each drafter's result, or the error its rounds raised; the others go on (a
+    packed pass that fails is rolled back and its feeds scored one by one, so only the drafter
+    whose feed fails then fails). Alone, or on a backend that cannot pack sequences, each feed is
+    an ordinary forward of its own."""
     results: dict[int, T | Exception] = {}
     pending: dict[int, DraftFeed] = {}
 
     def advance(index: int, answer: tuple[CacheState, Scores] | Exception | None) -> None:
-        if isinstance(answer, Exception):
-            results[index] = answer
-            rounds[index].close()
-            return
         try:
+            if isinstance(answer, Exception):
+                rounds[index].close()
+                raise answer
             feed = next(rounds[index]) if answer is None else rounds[index].send(answer)
+            if backend is None:
+                rounds[index].close()
+                raise InputError("a drafter asked for a pass of a draft model it did not name")
+            pending[index] = feed
         except StopIteration as stop:
             results[index] = stop.value
-            return
         except Exception as exc:  # noqa: BLE001 - this drafter fails, the others go on
             results[index] = exc
-            return
-        if backend is None:
-            results[index] = InputError("a drafter asked for a pass of a draft model it did not name")
-        else:
-            pending[index] = feed
-
-    def alone(feed: DraftFeed) -> tuple[CacheState, Scores] | Exception:
-        assert backend is not None
-        try:
-            if feed.seq is None:
-                return backend.prefill(feed.tokens)
-            return feed.seq, backend.forward(feed.seq, feed.tokens)
-        except Exception as exc:  # noqa: BLE001 - this drafter fails, the others go on
-            return exc
 
     for index in range(len(rounds)):
         advance(index, None)
     while pending:
+        assert backend is not None, "only a named backend's feeds are pending"
         feeds = dict(pending)
         pending.clear()
-        answers: dict[int, tuple[CacheState, Scores] | Exception] = {}
-        chained = [(i, feed.seq, feed.tokens) for i, feed in feeds.items() if feed.seq is not None]
-        if len(chained) > 1 and isinstance(backend, TorchBackend) and backend.batchable is None:
-            try:
-                scored = forward_batch(backend, [BatchItem(seq, tokens) for _, seq, tokens in chained])
-                answers.update({i: (seq, scores) for (i, seq, _), scores in zip(chained, scored)})
-            except Exception as exc:  # noqa: BLE001 - the pass failed: the drafters it held fail with it
-                answers.update({i: exc for i, _, _ in chained})
+        answers: dict[int, tuple[CacheState, Scores] | Exception] = dict(_packed_answers(backend, feeds))
         for i, feed in feeds.items():
             if i not in answers:
-                answers[i] = alone(feed)
+                answers[i] = _alone(backend, feed)
         for i, answer in answers.items():
             advance(i, answer)
     return [results[i] for i in range(len(rounds))]
+
+
+def _packed_answers(backend: Backend, feeds: dict[int, DraftFeed]) -> dict[int, tuple[CacheState, Scores]]:
+    """The chained feeds (those with a sequence) scored in packed passes of at most `PASS_ROWS`
+    rows, where the backend packs and there are two or more; a pass that fails is rolled back and
+    its feeds left out (scored alone after)."""
+    from leapdecode.engine.backend import TorchBackend, rollback_cache
+    from leapdecode.models.row_exact import PASS_ROWS
+
+    chained = [(i, feed.seq, feed.tokens) for i, feed in feeds.items() if feed.seq is not None]
+    if len(chained) < 2 or not isinstance(backend, TorchBackend) or backend.batchable is not None:
+        return {}
+    packs: list[list[tuple[int, CacheState, list[int]]]] = [[]]
+    for entry in chained:
+        if packs[-1] and sum(len(tokens) for _, _, tokens in packs[-1]) + len(entry[2]) > PASS_ROWS:
+            packs.append([])
+        packs[-1].append(entry)
+    answers: dict[int, tuple[CacheState, Scores]] = {}
+    for pack in packs:
+        if len(pack) < 2:
+            continue
+        try:
+            scored = forward_batch(backend, [BatchItem(seq, tokens) for _, seq, tokens in pack])
+        except Exception:  # noqa: BLE001 - rolled back; its feeds are scored one by one
+            for _, seq, _ in pack:
+                rollback_cache(seq, seq.length)
+            continue
+        answers.update({i: (seq, scores) for (i, seq, _), scores in zip(pack, scored)})
+    return answers
+
+
+def _alone(backend: Backend, feed: DraftFeed) -> tuple[CacheState, Scores] | Exception:
+    """One feed in a pass of its own (a prefill, or a forward), or the error it raised."""
+    try:
+        if feed.seq is None:
+            return backend.prefill(feed.tokens)
+        return feed.seq, backend.forward(feed.seq, feed.tokens)
+    except Exception as exc:  # noqa: BLE001 - this drafter fails, the others go on
+        return exc

@@ -72,6 +72,7 @@ class DraftHeadBackend(TorchBackend):
             states = states[-logits_to_keep:]  # [k, hidden]
         return Scores(logits=self._widened(states))
 
+    @torch.inference_mode()
     def score_packed(
         self,
         input_ids: torch.Tensor,

@@ -38,7 +38,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TypeVar
 
@@ -55,7 +55,7 @@ logger = logging.getLogger("leapdecode")
 T = TypeVar("T")
 
 if TYPE_CHECKING:
-    from leapdecode.drafters.base import Drafter, Offer
+    from leapdecode.drafters.base import Drafter, DraftFeed, Offer
     from leapdecode.engine.backend import Backend, CacheState, Scores
     from leapdecode.engine.loop import TreeVerifier, Verifier
     from leapdecode.engine.stopping import StopCriteria
@@ -404,11 +404,14 @@ class BatchScheduler:
             groups.setdefault(id(submission.run.drafter.draft_backend), []).append(submission)
         offers: dict[int, tuple[Offer, int]] = {}
         for members in groups.values():
-            exacts = [self._exact(submission) for submission in members]
-            rounds = [submission.run.offer_rounds(exact) for submission, exact in zip(members, exacts)]
-            for submission, exact, offer in zip(
-                members, exacts, drive_rounds(members[0].run.drafter.draft_backend, rounds)
-            ):
+            started = [
+                (submission, made)
+                for submission in members
+                if (made := self._isolated(submission, functools.partial(self._start_offer, submission))) is not None
+            ]
+            backend = members[0].run.drafter.draft_backend
+            done = drive_rounds(backend, [rounds for _, (_, rounds) in started])
+            for (submission, (exact, _)), offer in zip(started, done):
                 if isinstance(offer, Exception):
                     submission.error = offer
                     self._end(submission, "error")
@@ -416,10 +419,15 @@ class BatchScheduler:
                 offers[id(submission)] = (offer, len(offer.draft) if exact is None else min(len(offer.draft), exact))
         return [(submission, offers[id(submission)]) for submission in decoding if id(submission) in offers]
 
-    def _exact(self, submission: Submission) -> int | None:
-        """The most drafted tokens a decoding request's pass verifies exactly."""
-        assert submission.run.seq is not None, "a decoding request has its cache"
-        return self._packer().draft_limit(submission.run.seq)
+    def _start_offer(
+        self, submission: Submission
+    ) -> tuple[int | None, Generator[DraftFeed, tuple[CacheState, Scores], Offer]]:
+        """A decoding request's exact bound (the most drafted tokens its pass verifies exactly)
+        and its drafter's rounds, not yet started."""
+        run = submission.run
+        assert run.seq is not None, "a decoding request has its cache"
+        exact = self._packer().draft_limit(run.seq)
+        return exact, run.offer_rounds(exact)
 
     def _allocate(
         self, planned: list[tuple[Submission, tuple[Offer, int]]], base: int
