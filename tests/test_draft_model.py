@@ -574,3 +574,22 @@ def test_a_draft_vocabularys_packed_pass_scores_each_sequence_as_its_own_pass() 
         assert torch.equal(g.logits, w)
     with pytest.raises(InputError, match="without states"):
         forward_batch(backend, [BatchItem(packed[0], [1]), BatchItem(packed[1], [2])], features=(1,))
+
+
+def test_a_cost_aware_draft_offers_each_token_with_its_reach_for_the_shared_cut(tiny_model) -> None:
+    """In a shared pass, the draft model's tokens carry their chance to be accepted (parents
+    first, never rising), so `allocate` cuts its draft by the same rule as every other request's."""
+    from leapdecode.drafters.draft_model import DraftCost
+    from leapdecode.engine.batch import drive_rounds
+
+    backend = TorchBackend(tiny_model)
+    cheap = DraftCost(1e-4, ForwardCost(tuple(0.01 for _ in range(64))))
+    drafter = DraftModelDrafter(backend, k=4, cost=cheap)
+    drafter.reset(prompts(1, seed=6)[0])
+    (offer,) = drive_rounds(backend, [drafter.offer_rounds(4)])
+    assert len(offer.draft) > 0 and offer.reach is not None and len(offer.reach) == len(offer.draft)
+    assert all(0.0 < b <= a <= 1.0 for a, b in zip((1.0, *offer.reach), offer.reach))
+    plain = DraftModelDrafter(backend, k=4)  # no costs: no estimate, the draft is taken whole
+    plain.reset(prompts(1, seed=6)[0])
+    (whole,) = drive_rounds(backend, [plain.offer_rounds(4)])
+    assert whole.reach is None and len(whole.draft) == 4

@@ -123,6 +123,7 @@ class DraftModelDrafter(Drafter):
         self.shared = estimate if estimate is not None else AcceptanceEstimate()  # a decoder's greedy requests share it
         self.rates = RequestEstimate(self.shared)
         self.buckets: list[Hashable] = []  # per token of the last draft: its probability's bucket
+        self.reach: list[float] = []  # per token of the last draft (with the costs): its chance to be accepted
         self.silent = 0  # steps in a row without a draft
         # a suffix match drafts instead of the draft model where that pays (needs the costs, and no q)
         needs_q = not (sampling.greedy or coupled) or threshold > 0.0
@@ -207,15 +208,17 @@ class DraftModelDrafter(Drafter):
         buckets: list[Hashable] = [("suffix", e) for e in evidence]
         self.unused_match = list(zip(match.tokens, buckets))
         reach, expected, best, length = 1.0, 1.0, 0.0, 0
+        reaches: list[float] = []
         for i, bucket in enumerate(buckets, 1):
             reach *= self.rates.rate(bucket)
             expected += reach
+            reaches.append(reach)
             rate = expected / self.cost.target.of(i + 1)
             if rate > best:
                 best, length = rate, i
         if best <= self._model_rate(budget):
             return None
-        self.buckets, self.unused_match = list(buckets[:length]), []
+        self.buckets, self.unused_match, self.reach = list(buckets[:length]), [], reaches[:length]
         return match.first(length)
 
     def propose(self, max_tokens: int) -> Draft:
@@ -225,13 +228,17 @@ class DraftModelDrafter(Drafter):
         return draft
 
     def offer_rounds(self, max_tokens: int) -> Generator[DraftFeed, tuple[CacheState, Scores], Offer]:
-        # a scheduler runs these rounds beside other requests' (`engine.batch.drive_rounds`)
-        return Offer((yield from self._rounds(max_tokens)))
+        # a scheduler runs these rounds beside other requests' (`engine.batch.drive_rounds`); with
+        # the costs, each token's reach (its calibrated chance, times its parents') lets the shared
+        # pass cut every request's draft by one rule (`engine.cost.allocate`)
+        draft = yield from self._rounds(max_tokens)
+        return Offer(draft, tuple(self.reach[: len(draft)]) if self.cost is not None else None)
 
     def _rounds(self, max_tokens: int) -> Generator[DraftFeed, tuple[CacheState, Scores], Draft]:
         """The draft, as rounds: each yields what the draft model must score next (see `DraftFeed`)."""
         budget = min(self.k_now, max_tokens)
         self.last_draft, self.buckets, self.retrieved, self.unused_match = [], [], False, []
+        self.reach = []
         if budget <= 0:
             return Draft()
         if self.retrieval is not None:
@@ -265,6 +272,7 @@ class DraftModelDrafter(Drafter):
                 self.buckets.append(_prob_bucket(len(drafted), prob))
                 reach *= self.rates.rate(self.buckets[-1])
                 expected += reach
+                self.reach.append(reach)
             if (self.sampling.greedy or self.coupled) and self.threshold == 0.0:
                 continue  # greedy and coupled verification need no q
             probs = self._probs(logits[: num_kept + 1])  # [num_kept+1, vocab]
