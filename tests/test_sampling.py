@@ -169,6 +169,15 @@ def test_logits_to_probs_matches_hugging_face_warpers() -> None:
         torch.testing.assert_close(got, expected)
 
 
+@pytest.mark.parametrize("top_p", [5e-324, 1e-45, 1e-9])
+def test_a_top_p_too_small_for_float32_keeps_the_most_probable_token(top_p) -> None:
+    """A valid top_p that rounds to 0 in float32 (a fuzzed request sent 5e-324) keeps one token,
+    not none (all -inf, NaN probabilities, a sampled id past the vocabulary)."""
+    logits = torch.randn(3, 50) * 3
+    probs = logits_to_probs(logits, SamplingParams(1.0, 0, top_p))
+    assert torch.equal(probs, torch.nn.functional.one_hot(logits.argmax(-1), 50).float())
+
+
 @pytest.mark.parametrize(
     "kwargs",
     [

@@ -53,6 +53,7 @@ def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tenso
         cumulative = sorted_scores.softmax(dim=-1).cumsum(dim=-1)
         # drop a token when the tokens before it already reach top_p (the first one always stays)
         drop_sorted = (cumulative - sorted_scores.softmax(dim=-1)) >= params.top_p
+        drop_sorted[..., 0] = False  # even where top_p rounds to 0 in float32 (a denormal such as 5e-324)
         drop = drop_sorted.scatter(-1, order, drop_sorted)
         scores = scores.masked_fill(drop, float("-inf"))
     return scores.softmax(dim=-1)

@@ -1,7 +1,10 @@
 """Where a pass of qwen2.5-coder-1.5b int4 goes, by rows (1-64): each linear layer type, attention,
 the norms, and the rest (rotary, activations, residuals, the cache, Python), against the ideal.
 
-    python pass_profile.py [THREADS]
+    python pass_profile.py [THREADS] [target|draft]
+
+`draft`: the 0.5B on its draft path instead (int4, its head too, the 32,768-token draft
+vocabulary: `draft:model=qwen2.5-coder-0.5b`'s defaults), 1-8 rows.
 
 A chain of R tokens after 300 cached tokens, through the backend the decode loop uses, median of
 9 passes per row count. Each part is timed around its own call (the quantized kernel by layer
@@ -14,7 +17,6 @@ every thread; the gate projection at 64 rows on weights that stay in cache).
 from __future__ import annotations
 
 import json
-import statistics
 import sys
 import time
 from collections import defaultdict
@@ -24,9 +26,11 @@ from typing import Any
 import torch
 
 from leapdecode.engine.backend import TorchBackend
+from leapdecode.engine.draft_head import DraftHeadBackend
+from leapdecode.methods import DraftModel
 from leapdecode.models import load_model
 from leapdecode.models import row_exact as row_exact_module
-from leapdecode.models.quantize import QuantizedLinear, kernel
+from leapdecode.models.quantize import QuantizedLinear
 
 CONTEXT, REPEATS, ROWS = 300, 9, (1, 2, 4, 8, 16, 32, 64)
 TYPES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head")
@@ -80,11 +84,22 @@ class Timers:
 def main() -> None:
     torch.set_num_threads(int(sys.argv[1]) if len(sys.argv) > 1 else 2)
     bandwidth, peak = read_bandwidth(), kernel_peak()
-    lm = load_model("qwen2.5-coder-1.5b", log=lambda message: None)
+    quiet = lambda message: None  # noqa: E731
+    draft = len(sys.argv) > 2 and sys.argv[2] == "draft"
+    lm = load_model("qwen2.5-coder-1.5b", log=quiet)
     backend = TorchBackend(lm.model, exact_tokens=lm.exact_tokens)
+    modules = list(lm.model.named_modules())
+    if draft:
+        method = DraftModel(model="qwen2.5-coder-0.5b")
+        backend = method.draft_backend(lm, method.load_draft(lm, quiet), quiet)
+        # with a draft vocabulary the body's own head is not run: the vocabulary's rows score
+        unused = backend.model.get_output_embeddings() if isinstance(backend, DraftHeadBackend) else None
+        modules = [(n, m) for n, m in backend.model.named_modules() if m is not unused]
+        if isinstance(backend, DraftHeadBackend):
+            modules.append(("lm_head", backend.head))
     timers = Timers()
     sizes: dict[str, tuple[int, int]] = defaultdict(lambda: (0, 0))  # type -> (bytes, weights) per pass
-    for name, module in lm.model.named_modules():
+    for name, module in modules:
         if isinstance(module, QuantizedLinear):
             kind = name.rsplit(".", 1)[-1]
             timers.wrap(module, "forward", kind)
@@ -96,7 +111,7 @@ def main() -> None:
     rows_out = []
     with torch.inference_mode():
         seq, _ = backend.prefill([1000 + (i * 37) % 20000 for i in range(CONTEXT)])
-        for rows in ROWS:
+        for rows in ROWS[:4] if draft else ROWS:
             tokens = [1234 + i for i in range(rows)]
             for _ in range(2):
                 backend.forward(seq, tokens)
@@ -116,9 +131,7 @@ def main() -> None:
             part = parts[middle]
             total = passes[middle]
             rest = total - sum(part.values())
-            ideal = {
-                kind: max(nbytes / bandwidth, rows * weights / peak) for kind, (nbytes, weights) in sizes.items()
-            }
+            ideal = {kind: max(nbytes / bandwidth, rows * weights / peak) for kind, (nbytes, weights) in sizes.items()}
             rows_out.append({"rows": rows, "ms": 1000 * total, "parts_ms": {k: 1000 * v for k, v in part.items()},
                              "rest_ms": 1000 * rest, "ideal_ms": {k: 1000 * v for k, v in ideal.items()}})  # fmt: skip
     one = rows_out[0]["ms"]
