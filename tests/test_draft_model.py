@@ -231,12 +231,27 @@ def test_real_qwen_pair_greedy_equals_plain_decoding() -> None:
     # vocabulary, the cost cut (with a slow cost curve, it may draft or not at any step)
     decoders["default path"] = wrap(target, "draft:model=qwen2.5-coder-0.5b,k=5")
     plain = wrap(target, "ar")
+    expected = []
     for prompt, chat in zip(prompts_, (False, True)):
-        expected = plain.generate(prompt, max_new_tokens=20, chat=chat)
+        expected.append(plain.generate(prompt, max_new_tokens=20, chat=chat).token_ids)
         for method, decoder in decoders.items():
             out = decoder.generate(prompt, max_new_tokens=20, chat=chat)
-            assert out.token_ids == expected.token_ids, (method, prompt)
+            assert out.token_ids == expected[-1], (method, prompt)
             assert out.stats.accepted_tokens > 0
+    # both prompts at once on the default path: the draft model drafts for both in shared passes
+    runs = [decoders["default path"].start(p, max_new_tokens=20, chat=c) for p, c in zip(prompts_, (False, True))]
+    backend = runs[0].drafter.draft_backend
+    assert backend is not None and backend.batchable is None
+    packed: list[int] = []
+    score_packed = backend.score_packed
+    backend.score_packed = lambda *args: packed.append(len(args[3].items)) or score_packed(*args)
+    scheduler = BatchScheduler(plain.backend, ForwardCost(tuple(0.07 for _ in range(64))), max_batch=2, max_rows=32)
+    outputs: list[list[int]] = [[], []]
+    for i, run in enumerate(runs):
+        scheduler.submit(Submission(run, lambda s, i=i: outputs[i].extend(s.tokens), lambda r: None))
+    while not scheduler.idle:
+        scheduler.step()
+    assert outputs == expected and packed and max(packed) == 2
 
 
 # A draft model on its cheapest path: int4 whatever its weights, and an output layer cut to a
