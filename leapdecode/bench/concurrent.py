@@ -127,10 +127,11 @@ def run_concurrency_bench(
     cost = measure_batch_cost(backend_for(lm), max_rows, max(concurrencies))
     results: list[ConcurrentResult] = []
     for method in methods:
-        if isinstance(parse_method(method), LlamaCppServer):
+        parsed = parse_method(method)
+        if isinstance(parsed, LlamaCppServer):
             results.extend(_server_rows(gguf, prompts, max_new_tokens, concurrencies, reference.outputs, log))
             continue
-        decoder = plain if str(parse_method(method)) == str(plain.method) else Decoder(lm, method)
+        decoder = plain if str(parsed) == str(plain.method) else Decoder(lm, parsed)
         if decoder is plain:
             results.append(reference)
         else:

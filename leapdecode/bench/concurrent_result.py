@@ -24,6 +24,7 @@ class ConcurrentResult:
     passes: int = 0
     rows: int = 0
     outputs: list[list[int]] = field(default_factory=list, repr=False)  # each request's tokens, in prompt order
+    peer: bool = False  # another program's rows (llama-server): its numerics differ, so `identical` is only counted
 
     @property
     def tokens_per_s(self) -> float:
@@ -38,6 +39,7 @@ class ConcurrentResult:
         data.pop("latencies_s")
         data.pop("first_token_s")
         data.pop("outputs")
+        data.pop("peer")
         data.update(
             tokens_per_s=self.tokens_per_s,
             latency_p50_s=self.percentile(self.latencies_s, 0.5),

@@ -138,7 +138,7 @@ def run_llama_server(
     """`concurrency` closed-loop clients over `prompts` on a `llama-server` with that many slots
     (`solo`: one slot, one request at a time, labelled as the engine's one-at-a-time row)."""
     context = max(len(p) for p in prompts) + max_new_tokens + 16
-    result = ConcurrentResult(LABEL, SOLO if solo else str(concurrency), len(prompts), 0, 0.0)
+    result = ConcurrentResult(LABEL, SOLO if solo else str(concurrency), len(prompts), 0, 0.0, peer=True)
     outputs: dict[int, list[int]] = {}
     failures: list[BaseException] = []
     lock = threading.Lock()

@@ -185,8 +185,7 @@ class TorchBackend:
             **extra,
         )
         seq.length += len(token_ids)
-        chosen = torch.cat([out.hidden_states[i][0] for i in features], dim=-1) if features else None  # [n, F]
-        return Scores(logits=out.logits[0], features=chosen)  # logits: [n or 1, vocab]
+        return Scores(logits=out.logits[0], features=_chosen_states(out, features))  # logits: [n or 1, vocab]
 
     @torch.inference_mode()
     def score_packed(
@@ -211,8 +210,7 @@ class TorchBackend:
             output_hidden_states=bool(features),
             **{self.cache_argument: cache, BATCH_KEYWORD: cache},
         )
-        chosen = torch.cat([out.hidden_states[i][0] for i in features], dim=-1) if features else None  # [N, F]
-        return out.logits[0], chosen
+        return out.logits[0], _chosen_states(out, features)
 
     @torch.inference_mode()
     def prefill(self, prompt_ids: list[int], *, features: tuple[int, ...] = ()) -> tuple[CacheState, Scores]:
@@ -360,6 +358,11 @@ def _growing_layer_class() -> type:
             return self.keys, self.values
 
     return GrowingLayer
+
+
+def _chosen_states(out: Any, features: tuple[int, ...]) -> torch.Tensor | None:
+    """The `features` layers' states of a forward's output, side by side: [n, F], or None."""
+    return torch.cat([out.hidden_states[i][0] for i in features], dim=-1) if features else None
 
 
 def rollback_cache(seq: CacheState, length: int) -> None:
