@@ -19,7 +19,8 @@ EXAMPLES = {GenerationMode.POSITIVE: 60, GenerationMode.NEGATIVE: 30}  # per ope
 
 def reaching_decoding(body: Any) -> Any:
     """A generated body made to reach decoding where it fits the schema: the served model, a few
-    tokens, a couple of choices (the fields' shapes and every other value as generated)."""
+    tokens (a null budget too: unbounded, one request outlasts the test client's 10 s read), a
+    couple of choices (the fields' shapes and every other value as generated)."""
     if not isinstance(body, dict):
         return body
     out = dict(body)
@@ -27,7 +28,8 @@ def reaching_decoding(body: Any) -> Any:
     for key in ("max_tokens", "max_completion_tokens"):
         if isinstance(out.get(key), int):
             out[key] = max(-2, min(out[key], 4))
-    out.setdefault("max_tokens", 4)
+    if not any(isinstance(out.get(key), int) for key in ("max_tokens", "max_completion_tokens")):
+        out["max_tokens"] = 4  # absent or null: the server's default runs to the context's end
     if isinstance(out.get("n"), int):
         out["n"] = max(0, min(out["n"], 2))
     return out
