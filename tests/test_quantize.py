@@ -222,6 +222,28 @@ def test_packed_records_round_trip_to_the_groups(n, groups, bits, seed) -> None:
         QuantizedLinear(packed, bits, n + 8, groups * GROUP, None)
 
 
+@pytest.mark.parametrize("nbytes", [0, 5, 2**21 - 1, 2**21, 3 * 2**21 + 7])
+def test_huge_page_copies_hold_the_same_bytes_in_their_own_memory(kernel, nbytes) -> None:
+    src = torch.randint(0, 256, (nbytes,), dtype=torch.uint8)
+    copy = kernel.huge_page_copy(src)
+    assert torch.equal(copy, src) and (nbytes == 0 or copy.data_ptr() != src.data_ptr())
+    if nbytes >= 2**21:  # 2 MiB and more: aligned to a huge page
+        assert copy.data_ptr() % 2**21 == 0
+    src.zero_()
+    assert nbytes == 0 or copy.any()  # not a view of the source
+    with pytest.raises(RuntimeError, match="contiguous"):
+        kernel.huge_page_copy(torch.zeros(4, 4, dtype=torch.uint8).T)
+
+
+def test_a_large_layer_keeps_its_weights_in_huge_pages_and_computes_the_same(kernel) -> None:
+    layer = QuantizedLinear.from_linear(torch.nn.Linear(2048, 2048), 8)  # 2.4 MB packed
+    assert layer.packed.data_ptr() % 2**21 == 0
+    x = torch.randn(3, 2048)
+    y = layer(x)
+    layer.packed = layer.packed.clone()  # the same bytes in torch's own allocation
+    assert torch.equal(y, layer(x))
+
+
 def test_bad_shapes_and_modes_are_refused() -> None:
     with pytest.raises(ValueError, match="multiple of 32"):
         quantize_weight(torch.randn(4, 40), 4)

@@ -51,11 +51,16 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <numeric>
 #include <optional>
 #include <type_traits>
 #include <vector>
+
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
 
 #include "simd.h"
 
@@ -687,9 +692,33 @@ torch::Tensor quantize_activations(torch::Tensor x, bool portable) {
 
 bool fast_path_available() { return has_avx2_fma(); }
 
+// A copy of `src` (contiguous, CPU) in memory aligned to 2 MiB and marked for transparent huge
+// pages. A one-token pass streams every weight once: with 4 KiB pages its ~1 GB touches a quarter
+// of a million pages, and the TLB misses cost several percent of the pass (measured on the 1.5B
+// int4, one row). Where the system gives no huge pages (or not Linux), or `src` is under 2 MiB, it
+// is a plain copy, no worse than the original. Freed with the tensor.
+torch::Tensor huge_page_copy(const torch::Tensor& src) {
+  TORCH_CHECK(src.device().is_cpu() && src.is_contiguous(), "huge_page_copy: a contiguous CPU tensor expected");
+#if defined(_WIN32)
+  return src.clone();
+#else
+  constexpr size_t kHuge = size_t{2} << 20;
+  const size_t bytes = src.nbytes();
+  void* memory = nullptr;
+  if (bytes < kHuge || posix_memalign(&memory, kHuge, bytes) != 0) return src.clone();
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+  // The whole huge pages only: the tail stays in small pages rather than fill one of 2 MiB.
+  madvise(memory, bytes / kHuge * kHuge, MADV_HUGEPAGE);  // advice only: refused, the pages stay small
+#endif
+  std::memcpy(memory, src.data_ptr(), bytes);
+  return torch::from_blob(memory, src.sizes(), src.strides(), [](void* p) { std::free(p); }, src.options());
+#endif
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("quantized_linear", &quantized_linear, "group-quantized linear layer on packed blocks, rows bit-exact");
   m.def("quantize_activations", &quantize_activations, "activations as the quantized kernel sees them");
   m.def("fast_path_available", &fast_path_available, "whether the AVX2/FMA path runs on this CPU");
+  m.def("huge_page_copy", &huge_page_copy, "a copy in 2 MiB-aligned memory marked for transparent huge pages");
   m.def("best_isa", &best_isa, "the fastest path this CPU runs: 0 portable, 1 AVX2, 2 AVX512-VNNI");
 }
