@@ -407,6 +407,36 @@ def test_the_cost_cut_learns_per_depth_and_confidence_and_hears_the_loops_cut(ti
     assert seen[("depth", 1)][0] == seen[("depth", 2)][0] == 1.0 and ("depth", 3) not in seen
 
 
+def test_alone_the_draft_is_cut_by_the_shared_passes_rule(tiny_model) -> None:
+    """Drafted while its depth's rate promised enough, a token whose calibrated chance then falls
+    short is dropped before the pass: alone (`propose`) exactly as a shared pass's cut
+    (`allocate` over the offer) drops it, and the drafter hears the cut."""
+    from leapdecode.drafters.cost_aware import AcceptanceEstimate
+    from leapdecode.drafters.draft_model import DraftCost, _depth_bucket
+    from leapdecode.engine.batch import drive_rounds
+    from leapdecode.engine.cost import allocate
+
+    estimate = AcceptanceEstimate()
+    for _ in range(200):  # every depth accepted so far; every probability bucket of depths 3+ rejected
+        for depth in range(1, 9):
+            estimate.observe(_depth_bucket(depth), True)
+            for decile in range(10):
+                estimate.observe(("prob", depth, decile), depth < 3)
+    cost = DraftCost(1e-6, ForwardCost((0.030, 0.031, 0.032, 0.034, 0.036, 0.038, 0.040)))
+    prompt = prompts(1, seed=2)[0]
+    alone, shared = (DraftModelDrafter(TorchBackend(tiny_model), k=6, cost=cost, estimate=estimate) for _ in range(2))
+    alone.reset(prompt)
+    shared.reset(prompt)
+    with torch.inference_mode():
+        draft = alone.propose(10)
+        (offer,) = drive_rounds(shared.backend, [shared.offer_rounds(10)])
+    # the third drafted as its depth promised; its calibrated chance then stops the drafting
+    assert len(offer.draft) == 3 and offer.reach is not None and offer.reach[2] < 0.05
+    (keep,) = allocate([offer], [3], 1, 1, cost.target, 4)
+    assert draft.tokens == offer.draft.subset(keep).tokens and len(draft) == 2  # the calibrated chances cut it
+    assert alone.last_draft == draft.tokens and len(alone.buckets) == 2
+
+
 @pytest.mark.parametrize("draft_pass", [1e-6, 0.010, 1.0], ids=["free", "a-third", "dear"])
 def test_retrieval_first_drafts_from_a_long_match_and_never_changes_the_output(
     tiny_model, random_draft, draft_pass

@@ -27,7 +27,8 @@ Options:
   more than the draft pass and the extra verification row cost; after it, the draft model's own
   probability of its token, calibrated online per depth and probability decile (`estimate`),
   sets that token's chance. Zero tokens when even the first does not pay (one probe every
-  `PROBE_EVERY` silent steps keeps the rates learning). Not with the cascade.
+  `PROBE_EVERY` silent steps keeps the rates learning). The draft is then cut by those chances
+  as a shared pass cuts every request's (`engine.cost.allocate`), alone too. Not with the cascade.
 - `retrieval` (a chain `SuffixDrafter`, with `cost`): where the text repeats (code edits, quoted
   text, later turns), a suffix match drafts at no draft-model cost. Each step takes whichever plan
   promises more tokens per second: the match's chain (each token's chance from the acceptance of
@@ -51,7 +52,7 @@ from leapdecode.drafters.ngram import NGramModule
 from leapdecode.drafters.suffix import SuffixDrafter
 from leapdecode.engine.backend import Backend, CacheState, Scores
 from leapdecode.engine.batch import drive_rounds
-from leapdecode.engine.cost import PassCost
+from leapdecode.engine.cost import PassCost, allocate
 from leapdecode.engine.noise import PositionNoise, Stream
 from leapdecode.engine.sampling import SamplingParams, logits_to_probs
 from leapdecode.verifiers import Verdict, verify_greedy, verify_speculative
@@ -222,10 +223,17 @@ class DraftModelDrafter(Drafter):
         return match.first(length)
 
     def propose(self, max_tokens: int) -> Draft:
-        (draft,) = drive_rounds(self.backend, [self._rounds(max_tokens)])
-        if isinstance(draft, Exception):
-            raise draft
-        return draft
+        # alone in its pass, the draft is cut by the shared pass's rule with one offer (the
+        # pending token's row there anyway): a token drafted while its depth's rate promised
+        # enough, whose calibrated chance then fell short, costs a verification row and no draft
+        # pass, so it is dropped here as a shared pass would drop it
+        (offer,) = drive_rounds(self.backend, [self.offer_rounds(max_tokens)])
+        if isinstance(offer, Exception):
+            raise offer
+        if self.cost is None or offer.reach is None:
+            return offer.draft
+        size = len(offer.draft)
+        return self.take(offer, allocate([offer], [size], 1, 1, self.cost.target, 1 + size)[0])
 
     def offer_rounds(self, max_tokens: int) -> Generator[DraftFeed, tuple[CacheState, Scores], Offer]:
         # a scheduler runs these rounds beside other requests' (`engine.batch.drive_rounds`); with
