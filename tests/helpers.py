@@ -264,9 +264,11 @@ class CheckedDrafter(Delegating):
         self._call("offer")
         return self.inner.offer(max_tokens)  # the inner drafter's own offer (a cost-aware one's reach)
 
-    def offer_rounds(self, max_tokens):
+    def offer_rounds(self, max_tokens, batch=1):
         self._call("offer")
-        return (yield from self.inner.offer_rounds(max_tokens))  # shared draft passes, as the inner drafter runs them
+        return (
+            yield from self.inner.offer_rounds(max_tokens, batch)
+        )  # shared draft passes, as the inner drafter runs them
 
     @property
     def draft_backend(self):

@@ -437,6 +437,31 @@ def test_alone_the_draft_is_cut_by_the_shared_passes_rule(tiny_model) -> None:
     assert alone.last_draft == draft.tokens and len(alone.buckets) == 2
 
 
+def test_in_a_batch_a_drafted_token_costs_a_row_per_sequence(tiny_model) -> None:
+    """Rows free up to 16, then each as dear as a pass: alone the draft model drafts its whole
+    budget; with 8 sequences in the target's pass (each drafting as it does), a token costs 8
+    rows, and it drafts one (16 rows); with 16 sequences, none."""
+    from leapdecode.drafters.cost_aware import AcceptanceEstimate
+    from leapdecode.drafters.draft_model import DraftCost, _depth_bucket
+    from leapdecode.engine.batch import drive_rounds
+
+    estimate = AcceptanceEstimate()
+    for _ in range(200):
+        for depth in range(1, 9):
+            estimate.observe(_depth_bucket(depth), True)
+            for decile in range(10):
+                estimate.observe(("prob", depth, decile), True)
+    cost = DraftCost(1e-4, ForwardCost(tuple(0.030 * max(1, n - 15) for n in range(1, 65))))
+    lengths = []
+    for batch in (1, 8, 16):
+        drafter = DraftModelDrafter(TorchBackend(tiny_model), k=4, cost=cost, estimate=estimate)
+        drafter.reset(prompts(1, seed=2)[0])
+        with torch.inference_mode():
+            (offer,) = drive_rounds(drafter.backend, [drafter.offer_rounds(10, batch)])
+        lengths.append(len(offer.draft))
+    assert lengths == [4, 1, 0]
+
+
 @pytest.mark.parametrize("draft_pass", [1e-6, 0.010, 1.0], ids=["free", "a-third", "dear"])
 def test_retrieval_first_drafts_from_a_long_match_and_never_changes_the_output(
     tiny_model, random_draft, draft_pass

@@ -173,16 +173,20 @@ class DraftModelDrafter(Drafter):
             return drafted[len(drafted) - count :]
         return self.stream[len(self.stream) - (count - len(drafted)) :] + drafted
 
-    def _pays(self, drafted: int, reach: float, expected: float) -> bool:
+    def _pays(self, drafted: int, reach: float, expected: float, batch: int) -> bool:
         """Whether drafting one more token raises the step's expected tokens per second, with
         `drafted` tokens drafted so far, the last one reached with probability `reach`, and
-        `expected` tokens expected from the step (the bonus token and each drafted one's reach)."""
+        `expected` tokens expected from the step (the bonus token and each drafted one's reach).
+        With `batch` sequences in the target's pass, each taken to draft as this one does (one
+        packed draft pass a round serves them all), a drafted token costs `batch` rows: where
+        rows are dear, a batch drafts less than a request alone."""
         assert self.cost is not None
         if drafted == 0 and self.silent >= PROBE_EVERY:
             return True  # probe: the rates learn only from drafted tokens
         guess = reach * self.rates.rate(_depth_bucket(drafted + 1))
-        now = drafted * self.cost.draft_pass + self.cost.target.of(drafted + 1)
-        more = self.cost.draft_pass + self.cost.target.of(drafted + 2) - self.cost.target.of(drafted + 1)
+        rows, target = batch * (drafted + 1), self.cost.target
+        now = drafted * self.cost.draft_pass + target.of(rows)
+        more = self.cost.draft_pass + target.of(rows + batch) - target.of(rows)
         return (expected + guess) / (now + more) > expected / now
 
     def _model_rate(self, budget: int) -> float:
@@ -235,14 +239,14 @@ class DraftModelDrafter(Drafter):
         size = len(offer.draft)
         return self.take(offer, allocate([offer], [size], 1, 1, self.cost.target, 1 + size)[0])
 
-    def offer_rounds(self, max_tokens: int) -> Generator[DraftFeed, tuple[CacheState, Scores], Offer]:
+    def offer_rounds(self, max_tokens: int, batch: int = 1) -> Generator[DraftFeed, tuple[CacheState, Scores], Offer]:
         # a scheduler runs these rounds beside other requests' (`engine.batch.drive_rounds`); with
         # the costs, each token's reach (its calibrated chance, times its parents') lets the shared
         # pass cut every request's draft by one rule (`engine.cost.allocate`)
-        draft = yield from self._rounds(max_tokens)
+        draft = yield from self._rounds(max_tokens, batch)
         return Offer(draft, tuple(self.reach[: len(draft)]) if self.cost is not None else None)
 
-    def _rounds(self, max_tokens: int) -> Generator[DraftFeed, tuple[CacheState, Scores], Draft]:
+    def _rounds(self, max_tokens: int, batch: int = 1) -> Generator[DraftFeed, tuple[CacheState, Scores], Draft]:
         """The draft, as rounds: each yields what the draft model must score next (see `DraftFeed`)."""
         budget = min(self.k_now, max_tokens)
         self.last_draft, self.buckets, self.retrieved, self.unused_match = [], [], False, []
@@ -259,7 +263,7 @@ class DraftModelDrafter(Drafter):
         q_rows: list[torch.Tensor] = []  # each [tokens in that round, vocab]
         reach, expected = 1.0, 1.0
         while len(drafted) < budget:
-            if self.cost is not None and not self._pays(len(drafted), reach, expected):
+            if self.cost is not None and not self._pays(len(drafted), reach, expected, batch):
                 break
             # 1. What the cache lacks (at least the last emitted or drafted token), plus n-gram drafts.
             tail = self._tokens_from(self.seq.length if self.seq is not None else 0, drafted)

@@ -407,7 +407,8 @@ class BatchScheduler:
             started = [
                 (submission, made)
                 for submission in members
-                if (made := self._isolated(submission, functools.partial(self._start_offer, submission))) is not None
+                if (made := self._isolated(submission, functools.partial(self._start_offer, submission, len(decoding))))
+                is not None
             ]
             backend = members[0].run.drafter.draft_backend
             done = drive_rounds(backend, [rounds for _, (_, rounds) in started])
@@ -420,14 +421,14 @@ class BatchScheduler:
         return [(submission, offers[id(submission)]) for submission in decoding if id(submission) in offers]
 
     def _start_offer(
-        self, submission: Submission
+        self, submission: Submission, batch: int
     ) -> tuple[int | None, Generator[DraftFeed, tuple[CacheState, Scores], Offer]]:
         """A decoding request's exact bound (the most drafted tokens its pass verifies exactly)
-        and its drafter's rounds, not yet started."""
+        and its drafter's rounds (`batch` requests decoding in the pass), not yet started."""
         run = submission.run
         assert run.seq is not None, "a decoding request has its cache"
         exact = self._packer().draft_limit(run.seq)
-        return exact, run.offer_rounds(exact)
+        return exact, run.offer_rounds(exact, batch)
 
     def _allocate(
         self, planned: list[tuple[Submission, tuple[Offer, int]]], base: int
