@@ -364,7 +364,9 @@ def test_the_draft_vocabulary_is_the_most_used_tokens_by_a_brute_force_count(tmp
 def cost_run(target, draft, prompt, cost, **options):
     from leapdecode.drafters.draft_model import DraftCost
 
-    drafter = DraftModelDrafter(TorchBackend(draft), cost=DraftCost(cost[0], ForwardCost(cost[1])), **options)
+    drafter = DraftModelDrafter(
+        TorchBackend(draft), cost=DraftCost(ForwardCost((cost[0],)), ForwardCost(cost[1])), **options
+    )
     steps = list(decode(TorchBackend(target), prompt, drafter, StopCriteria(frozenset(), 40), *GREEDY))
     return [t for s in steps for t in s.tokens], steps
 
@@ -396,7 +398,9 @@ def test_the_cost_cut_drafts_while_tokens_pay_and_never_changes_the_output(tiny_
 def test_the_cost_cut_learns_per_depth_and_confidence_and_hears_the_loops_cut(tiny_model) -> None:
     from leapdecode.drafters.draft_model import DraftCost
 
-    drafter = DraftModelDrafter(TorchBackend(tiny_model), k=6, cost=DraftCost(1e-6, ForwardCost((0.03,) * 8)))
+    drafter = DraftModelDrafter(
+        TorchBackend(tiny_model), k=6, cost=DraftCost(ForwardCost((1e-6,)), ForwardCost((0.03,) * 8))
+    )
     drafter.reset(prompts(1, seed=2)[0])
     with torch.inference_mode():
         draft = drafter.propose(10)
@@ -422,7 +426,7 @@ def test_alone_the_draft_is_cut_by_the_shared_passes_rule(tiny_model) -> None:
             estimate.observe(_depth_bucket(depth), True)
             for decile in range(10):
                 estimate.observe(("prob", depth, decile), depth < 3)
-    cost = DraftCost(1e-6, ForwardCost((0.030, 0.031, 0.032, 0.034, 0.036, 0.038, 0.040)))
+    cost = DraftCost(ForwardCost((1e-6,)), ForwardCost((0.030, 0.031, 0.032, 0.034, 0.036, 0.038, 0.040)))
     prompt = prompts(1, seed=2)[0]
     alone, shared = (DraftModelDrafter(TorchBackend(tiny_model), k=6, cost=cost, estimate=estimate) for _ in range(2))
     alone.reset(prompt)
@@ -451,7 +455,7 @@ def test_in_a_batch_a_drafted_token_costs_a_row_per_sequence(tiny_model) -> None
             estimate.observe(_depth_bucket(depth), True)
             for decile in range(10):
                 estimate.observe(("prob", depth, decile), True)
-    cost = DraftCost(1e-4, ForwardCost(tuple(0.030 * max(1, n - 15) for n in range(1, 65))))
+    cost = DraftCost(ForwardCost((1e-4,)), ForwardCost(tuple(0.030 * max(1, n - 15) for n in range(1, 65))))
     lengths = []
     for batch in (1, 8, 16):
         drafter = DraftModelDrafter(TorchBackend(tiny_model), k=4, cost=cost, estimate=estimate)
@@ -499,7 +503,7 @@ def test_retrieval_first_drafts_from_a_long_match_and_never_changes_the_output(
             drafter = DraftModelDrafter(
                 TorchBackend(draft),
                 k=4,
-                cost=DraftCost(draft_pass, ForwardCost(costs)),
+                cost=DraftCost(ForwardCost((draft_pass,)), ForwardCost(costs)),
                 retrieval=SuffixDrafter(16, min_match=3, tree=False),
             )
             steps = list(decode(TorchBackend(tiny_model), prompt, drafter, StopCriteria(frozenset(), 48), *GREEDY))
@@ -515,7 +519,7 @@ def test_retrieval_is_off_where_the_draft_models_q_is_needed(tiny_model) -> None
     from leapdecode.drafters.draft_model import DraftCost
     from leapdecode.drafters.suffix import SuffixDrafter
 
-    cost = DraftCost(1.0, ForwardCost((0.03,) * 8))
+    cost = DraftCost(ForwardCost((1.0,)), ForwardCost((0.03,) * 8))
     uncoupled = DraftModelDrafter(
         TorchBackend(tiny_model),
         sampling=SamplingParams(temperature=0.8),
@@ -653,7 +657,7 @@ def test_a_cost_aware_draft_offers_each_token_with_its_reach_for_the_shared_cut(
     from leapdecode.engine.batch import drive_rounds
 
     backend = TorchBackend(tiny_model)
-    cheap = DraftCost(1e-4, ForwardCost(tuple(0.01 for _ in range(64))))
+    cheap = DraftCost(ForwardCost((1e-4,)), ForwardCost(tuple(0.01 for _ in range(64))))
     drafter = DraftModelDrafter(backend, k=4, cost=cheap)
     drafter.reset(prompts(1, seed=6)[0])
     (offer,) = drive_rounds(backend, [drafter.offer_rounds(4)])

@@ -21,7 +21,7 @@ Options:
 - `cascade` drafts the draft model's own tokens with ANPD's n-gram module and verifies them with
   the draft model in one pass (the same verifier as the target, so the draft keeps exactly the
   draft model's distribution): the cheapest drafter sits at the bottom of the cascade.
-- `cost` (`DraftCost`: a draft pass's seconds and the target's pass cost by rows) drafts each
+- `cost` (`DraftCost`: the draft model's and the target's pass costs by rows) drafts each
   next token only while it pays: before each draft pass, the chance that the next token is
   accepted (its depth's rate so far) must raise the expected tokens per second of the step by
   more than the draft pass and the extra verification row cost; after it, the draft model's own
@@ -63,11 +63,17 @@ MAX_DEPTH_BUCKET = 8
 
 @dataclass(frozen=True)
 class DraftCost:
-    """What drafting one more token costs: one draft-model pass, and one more row in the
-    target's verification pass."""
+    """What drafting one more token costs: one draft-model pass (alone, over one token; in a
+    shared pass, one packed pass over a row per request), and one more row in the target's
+    verification pass."""
 
-    draft_pass: float  # seconds of a draft-model pass over one token
+    draft: PassCost  # seconds of a draft-model pass by the rows it scores
     target: PassCost  # seconds of a target pass by the rows it scores
+
+    @property
+    def draft_pass(self) -> float:
+        """Seconds of a draft-model pass over one token."""
+        return self.draft.of(1)
 
 
 def _depth_bucket(depth: int) -> Hashable:
@@ -177,16 +183,17 @@ class DraftModelDrafter(Drafter):
         """Whether drafting one more token raises the step's expected tokens per second, with
         `drafted` tokens drafted so far, the last one reached with probability `reach`, and
         `expected` tokens expected from the step (the bonus token and each drafted one's reach).
-        With `batch` sequences in the target's pass, each taken to draft as this one does (one
-        packed draft pass a round serves them all), a drafted token costs `batch` rows: where
-        rows are dear, a batch drafts less than a request alone."""
+        With `batch` sequences in the target's pass, each taken to draft as this one does, a
+        drafted token costs `batch` target rows and a round of the draft model a packed pass of
+        `batch` rows (shared by them all): where rows are dear, a batch drafts less than a
+        request alone."""
         assert self.cost is not None
         if drafted == 0 and self.silent >= PROBE_EVERY:
             return True  # probe: the rates learn only from drafted tokens
         guess = reach * self.rates.rate(_depth_bucket(drafted + 1))
-        rows, target = batch * (drafted + 1), self.cost.target
-        now = drafted * self.cost.draft_pass + target.of(rows)
-        more = self.cost.draft_pass + target.of(rows + batch) - target.of(rows)
+        rows, target, round_ = batch * (drafted + 1), self.cost.target, self.cost.draft.of(batch)
+        now = drafted * round_ + target.of(rows)
+        more = round_ + target.of(rows + batch) - target.of(rows)
         return (expected + guess) / (now + more) > expected / now
 
     def _model_rate(self, budget: int) -> float:
