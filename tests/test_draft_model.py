@@ -441,6 +441,36 @@ def test_alone_the_draft_is_cut_by_the_shared_passes_rule(tiny_model) -> None:
     assert alone.last_draft == draft.tokens and len(alone.buckets) == 2
 
 
+def test_a_probe_is_verified_whole_alone_and_in_a_shared_pass(tiny_model) -> None:
+    """Where nothing pays the draft model is silent, and every `PROBE_EVERY` silent steps it
+    drafts one token anyway: that probe offers no reach, so neither cut drops it and the rates
+    learn from its verdict."""
+    from leapdecode.drafters.cost_aware import AcceptanceEstimate
+    from leapdecode.drafters.draft_model import PROBE_EVERY, DraftCost, _depth_bucket
+    from leapdecode.engine.batch import drive_rounds
+    from leapdecode.engine.cost import allocate
+
+    estimate = AcceptanceEstimate()
+    for _ in range(200):  # everything rejected so far
+        for depth in range(1, 9):
+            estimate.observe(_depth_bucket(depth), False)
+            for decile in range(10):
+                estimate.observe(("prob", depth, decile), False)
+    cost = DraftCost(ForwardCost((0.01,)), ForwardCost((0.030, 0.040, 0.050)))
+    drafter = DraftModelDrafter(TorchBackend(tiny_model), k=4, cost=cost, estimate=estimate)
+    drafter.reset(prompts(1, seed=2)[0])
+    with torch.inference_mode():
+        assert len(drafter.propose(10)) == 0  # silent: the first token does not pay
+        drafter.silent = PROBE_EVERY
+        probe = drafter.propose(10)
+        assert len(probe) == 1 and len(drafter.buckets) == 1  # kept, though its chance is ~0
+        drafter.update([*probe.tokens, 3], 1)
+        drafter.silent = PROBE_EVERY
+        (offer,) = drive_rounds(drafter.backend, [drafter.offer_rounds(10, 4)])
+    assert len(offer.draft) == 1 and offer.reach is None
+    assert allocate([offer], [1], 4, 4, cost.target, 8) == [[0]]  # a shared pass keeps it too
+
+
 def test_in_a_batch_a_drafted_token_costs_a_row_per_sequence(tiny_model) -> None:
     """Rows free up to 16, then each as dear as a pass: alone the draft model drafts its whole
     budget; with 8 sequences in the target's pass (each drafting as it does), a token costs 8
@@ -572,6 +602,10 @@ def test_requests_in_a_batch_draft_in_shared_passes_and_each_equals_plain_decodi
     forward, prefill = backend.forward, backend.prefill
     backend.forward = lambda seq, tokens: alone.append(1) or forward(seq, tokens)
     backend.prefill = lambda tokens: alone.append(1) or prefill(tokens)
+    batches: list[int] = []  # how many requests decoded in the pass, as each drafter heard it
+    for run in runs:
+        offer_rounds = run.drafter.offer_rounds
+        run.drafter.offer_rounds = lambda limit, batch, f=offer_rounds: batches.append(batch) or f(limit, batch)
     for i, run in enumerate(runs):
         scheduler.submit(Submission(run, lambda s, i=i: outputs[i].extend(s.tokens), lambda r: None))
     while not scheduler.idle:
@@ -579,6 +613,7 @@ def test_requests_in_a_batch_draft_in_shared_passes_and_each_equals_plain_decodi
     for prompt, got in zip(prompts_, outputs):
         assert got == greedy_reference(target.model, prompt, 24)
     assert packed and max(packed) >= 2
+    assert max(batches) == len(prompts_) and min(batches) >= 1  # the scheduler tells each drafter its batch
     if "cost_aware=false" in spec:  # every sequence drafts each step: all in one draft pass
         assert max(packed) == len(prompts_)
     drafted_in = sum(run.drafter.draft_passes for run in runs)  # the draft passes each request needed

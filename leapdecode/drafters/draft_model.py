@@ -132,6 +132,7 @@ class DraftModelDrafter(Drafter):
         self.buckets: list[Hashable] = []  # per token of the last draft: its probability's bucket
         self.reach: list[float] = []  # per token of the last draft (with the costs): its chance to be accepted
         self.silent = 0  # steps in a row without a draft
+        self.probing = False  # the last draft is a probe: verified whole, so the rates learn from it
         # a suffix match drafts instead of the draft model where that pays (needs the costs, and no q)
         needs_q = not (sampling.greedy or coupled) or threshold > 0.0
         self.retrieval = retrieval if self.cost is not None and not needs_q else None
@@ -189,6 +190,7 @@ class DraftModelDrafter(Drafter):
         request alone."""
         assert self.cost is not None
         if drafted == 0 and self.silent >= PROBE_EVERY:
+            self.probing = True
             return True  # probe: the rates learn only from drafted tokens
         guess = reach * self.rates.rate(_depth_bucket(drafted + 1))
         rows, target, round_ = batch * (drafted + 1), self.cost.target, self.cost.draft.of(batch)
@@ -198,7 +200,8 @@ class DraftModelDrafter(Drafter):
 
     def _model_rate(self, budget: int) -> float:
         """The draft model's best expected tokens per second this step, from its per-depth
-        acceptance so far: one draft pass per drafted token, one verification row each."""
+        acceptance so far: one draft pass per drafted token, one verification row each. Priced
+        as for a request alone, as the match's chain is: the two are compared, not the batch."""
         assert self.cost is not None
         best = 1.0 / self.cost.target.of(1)
         reach, expected = 1.0, 1.0
@@ -251,13 +254,15 @@ class DraftModelDrafter(Drafter):
         # the costs, each token's reach (its calibrated chance, times its parents') lets the shared
         # pass cut every request's draft by one rule (`engine.cost.allocate`)
         draft = yield from self._rounds(max_tokens, batch)
-        return Offer(draft, tuple(self.reach[: len(draft)]) if self.cost is not None else None)
+        # a probe offers no reach: kept whole (`allocate`), its tokens are judged and the rates learn
+        priced = self.cost is not None and not self.probing
+        return Offer(draft, tuple(self.reach[: len(draft)]) if priced else None)
 
     def _rounds(self, max_tokens: int, batch: int = 1) -> Generator[DraftFeed, tuple[CacheState, Scores], Draft]:
         """The draft, as rounds: each yields what the draft model must score next (see `DraftFeed`)."""
         budget = min(self.k_now, max_tokens)
         self.last_draft, self.buckets, self.retrieved, self.unused_match = [], [], False, []
-        self.reach = []
+        self.reach, self.probing = [], False
         if budget <= 0:
             return Draft()
         if self.retrieval is not None:

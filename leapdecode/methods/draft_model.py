@@ -11,7 +11,7 @@ from leapdecode.methods.base import Capabilities, DrafterFactory, DraftShape, Lo
 
 if TYPE_CHECKING:
     from leapdecode.drafters.base import Drafter
-    from leapdecode.engine.backend import Backend
+    from leapdecode.engine.backend import Backend, TorchBackend
     from leapdecode.engine.cost import ForwardCost
     from leapdecode.engine.noise import PositionNoise
     from leapdecode.engine.sampling import SamplingParams
@@ -22,7 +22,7 @@ PRECISIONS = (
     "own",
 )  # the draft model's linear layers: the packed int4 kernel, or what the target's precision gives it
 CASCADE_N = 5  # the n-gram order of ANPD at the bottom of the cascade
-DRAFT_COST_ROWS = 8  # the draft pass's cost measured for 1..8 rows (longer: its last slope goes on)
+DRAFT_COST_ROWS = 8  # the draft pass's cost measured for 1..8 sequences of a row each (more: its last slope goes on)
 MIN_VOCAB = 256  # a smaller draft vocabulary could not hold the end-of-turn and byte tokens a chat needs
 
 
@@ -109,7 +109,7 @@ class DraftModel(Method):
         from leapdecode.drafters.cost_aware import AcceptanceEstimate
         from leapdecode.drafters.draft_model import DraftCost, DraftModelDrafter
         from leapdecode.drafters.suffix import SuffixDrafter
-        from leapdecode.engine.cost import measure_forward_cost
+        from leapdecode.engine.cost import measure_batch_cost
 
         if target.backend != "torch":
             raise MethodError(f"draft: draft-model decoding runs on the torch backend, not {target.backend}")
@@ -122,8 +122,9 @@ class DraftModel(Method):
         cascade_n = CASCADE_N if self.cascade else 0
         draft_cost = None
         if cost is not None:
-            # a shared round packs a row per request drafting: measured up to the server's default batch
-            draft_cost = DraftCost(measure_forward_cost(backend, DRAFT_COST_ROWS), cost)
+            # a shared round packs a row per request drafting: measured as such for 1-8 sequences
+            # (larger batches extrapolate its last slope)
+            draft_cost = DraftCost(measure_batch_cost(backend, DRAFT_COST_ROWS, DRAFT_COST_ROWS), cost)
             log(
                 f"draft pass {1000 * draft_cost.draft_pass:.1f} ms ({DRAFT_COST_ROWS} rows "
                 f"{1000 * draft_cost.draft.of(DRAFT_COST_ROWS):.1f} ms), target pass {1000 * cost.of(1):.1f} ms"
@@ -165,7 +166,7 @@ class DraftModel(Method):
         quantize_model(draft.model, "int4", head_bits=4)
         return dataclasses.replace(draft, quantize="int4", precision="int4, rounded for drafting")
 
-    def draft_backend(self, target: LoadedModel, draft: LoadedModel, log: Log) -> Backend:
+    def draft_backend(self, target: LoadedModel, draft: LoadedModel, log: Log) -> TorchBackend:
         """The draft model's backend: its output layer cut to the draft vocabulary (`vocab`)."""
         from leapdecode.engine.backend import TorchBackend
         from leapdecode.engine.draft_head import DraftHeadBackend

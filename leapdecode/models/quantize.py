@@ -449,8 +449,9 @@ class QuantizedLinear(nn.Module):
 
 def _in_huge_pages(packed: torch.Tensor) -> torch.Tensor:
     """`packed` in memory marked for 2 MiB pages (the kernel's `huge_page_copy`), so a pass that
-    streams every weight misses the TLB a 512th as often; unchanged without the kernel."""
-    module = kernel()
+    streams every weight misses the TLB a 512th as often; unchanged without the kernel or off the CPU.
+    (torch's own `THP_MEM_ALLOC_ENABLE` would do this for every allocation of the process, at start.)"""
+    module = kernel() if packed.device.type == "cpu" else None
     return packed if module is None else module.huge_page_copy(packed.contiguous())
 
 
@@ -559,8 +560,8 @@ def load_quantized(model: nn.Module, path: Path) -> int:
             return 0
         bits, out_features, in_features, super_blocks = shape
         try:
-            layers[name] = QuantizedLinear(
-                saved[f"{name}.packed"], bits, out_features, in_features, child.bias, bool(super_blocks)
+            layers[name] = QuantizedLinear(  # its own copy (huge pages): the loaded one goes now
+                saved.pop(f"{name}.packed"), bits, out_features, in_features, child.bias, bool(super_blocks)
             )
         except ValueError:
             return 0
