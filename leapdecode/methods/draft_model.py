@@ -109,7 +109,7 @@ class DraftModel(Method):
         from leapdecode.drafters.cost_aware import AcceptanceEstimate
         from leapdecode.drafters.draft_model import DraftCost, DraftModelDrafter
         from leapdecode.drafters.suffix import SuffixDrafter
-        from leapdecode.engine.cost import measure_batch_cost
+        from leapdecode.engine.cost import measure_batch_cost, measure_forward_cost
 
         if target.backend != "torch":
             raise MethodError(f"draft: draft-model decoding runs on the torch backend, not {target.backend}")
@@ -123,8 +123,15 @@ class DraftModel(Method):
         draft_cost = None
         if cost is not None:
             # a shared round packs a row per request drafting: measured as such for 1-8 sequences
-            # (larger batches extrapolate its last slope)
-            draft_cost = DraftCost(measure_batch_cost(backend, DRAFT_COST_ROWS, DRAFT_COST_ROWS), cost)
+            # (larger batches extrapolate its last slope); a draft model that cannot pack
+            # sequences scores each request's feed in a pass of its own: one pass each
+            packs = backend.batchable is None
+            draft_curve = (
+                measure_batch_cost(backend, DRAFT_COST_ROWS, DRAFT_COST_ROWS)
+                if packs
+                else measure_forward_cost(backend, 1)
+            )
+            draft_cost = DraftCost(draft_curve, cost)
             log(
                 f"draft pass {1000 * draft_cost.draft_pass:.1f} ms ({DRAFT_COST_ROWS} rows "
                 f"{1000 * draft_cost.draft.of(DRAFT_COST_ROWS):.1f} ms), target pass {1000 * cost.of(1):.1f} ms"
