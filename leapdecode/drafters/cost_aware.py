@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Sequence
 
 from leapdecode.drafters.base import Delegating, Draft, Drafter, Offer
-from leapdecode.engine.cost import PassCost, allocate
+from leapdecode.engine.cost import PassCost, cut_alone
 
 
 class AcceptanceEstimate:
@@ -121,7 +121,7 @@ class CostAwareDrafter(Delegating):
     def propose(self, max_tokens: int) -> Draft:
         # this request alone in its pass: the pending token's row is there anyway
         offer = self.offer(max_tokens)
-        return self.take(offer, allocate([offer], [len(offer.draft)], 1, 1, self.cost, 1 + len(offer.draft))[0])
+        return self.take(offer, cut_alone(offer, self.cost))
 
     def update(self, tokens: Sequence[int], num_accepted: int) -> None:
         # Walk the accepted path down the full draft; at each level every child of the accepted

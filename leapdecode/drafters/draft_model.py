@@ -52,7 +52,7 @@ from leapdecode.drafters.ngram import NGramModule
 from leapdecode.drafters.suffix import SuffixDrafter
 from leapdecode.engine.backend import Backend, CacheState, Scores
 from leapdecode.engine.batch import drive_rounds
-from leapdecode.engine.cost import PassCost, allocate
+from leapdecode.engine.cost import PassCost, cut_alone
 from leapdecode.engine.noise import PositionNoise, Stream
 from leapdecode.engine.sampling import SamplingParams, logits_to_probs
 from leapdecode.verifiers import Verdict, verify_greedy, verify_speculative
@@ -246,8 +246,7 @@ class DraftModelDrafter(Drafter):
             raise offer
         if self.cost is None or offer.reach is None:
             return offer.draft
-        size = len(offer.draft)
-        return self.take(offer, allocate([offer], [size], 1, 1, self.cost.target, 1 + size)[0])
+        return self.take(offer, cut_alone(offer, self.cost.target))
 
     def offer_rounds(self, max_tokens: int, batch: int = 1) -> Generator[DraftFeed, tuple[CacheState, Scores], Offer]:
         # a scheduler runs these rounds beside other requests' (`engine.batch.drive_rounds`); with

@@ -107,6 +107,12 @@ def allocate(
     return [sorted(k) for k in kept]
 
 
+def cut_alone(offer: Offer, cost: PassCost) -> list[int]:
+    """`allocate` for a request alone in its pass: its one offer, the pending row there anyway."""
+    size = len(offer.draft)
+    return allocate([offer], [size], 1, 1, cost, 1 + size)[0]
+
+
 KNEE = 1.1  # a pass of `efficient_rows` costs at most this much per row over the best pass's
 
 
