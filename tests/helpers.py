@@ -244,6 +244,10 @@ class CheckedDrafter(Delegating):
         self._call("reset")
         super().reset(prompt_ids)
 
+    def horizon(self, max_new_tokens):
+        self._call("horizon")
+        super().horizon(max_new_tokens)
+
     def attach(self, backend, seq):
         self._call("attach")
         super().attach(backend, seq)

@@ -226,7 +226,8 @@ def test_real_qwen_pair_greedy_equals_plain_decoding() -> None:
     target = load_model("qwen2.5-coder-1.5b", log=lambda msg: None)
     draft = load_model("qwen2.5-coder-0.5b", log=lambda msg: None)
     prompts_ = ['def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n', "Write a haiku about the sea."]
-    decoders = {m: wrap(target, m, draft_model=draft) for m in ("draft:k=5", "draft:k=5,cascade=true")}
+    # the pair as loaded, drafting every step (the cost cut's decisions follow the machine's timings)
+    decoders = {m: wrap(target, m, draft_model=draft) for m in ("draft:k=5,cost_aware=false", "draft:k=5,cascade=true")}
     # the draft's own cheapest path: int4 rounded from its float weights, a 32,768-token draft
     # vocabulary, the cost cut (with a slow cost curve, it may draft or not at any step), and the
     # same path drafting every step (the cut's decisions follow the machine's timings)
@@ -500,6 +501,44 @@ def test_in_a_batch_a_drafted_token_costs_a_row_per_sequence(tiny_model) -> None
     assert lengths == [4, 1, 0]
 
 
+def test_the_draft_models_prefill_is_priced_against_the_steps_left(tiny_model) -> None:
+    """Before its first draft the draft model's cache lacks the whole prompt: fed once, it serves
+    the rest of the request, so the first token is charged that feed spread over the steps left.
+    A long budget repays it and the model drafts; a short one does not, and the draft model never
+    runs, not even for a probe; an unknown budget is not charged. The output never changes."""
+    from leapdecode.drafters.cost_aware import AcceptanceEstimate
+    from leapdecode.drafters.draft_model import PROBE_EVERY, DraftCost, _depth_bucket
+
+    estimate = AcceptanceEstimate()
+    for _ in range(200):  # every draft accepted so far
+        for depth in range(1, 9):
+            estimate.observe(_depth_bucket(depth), True)
+            for decile in range(10):
+                estimate.observe(("prob", depth, decile), True)
+    # a 40-token prompt's feed: 39 x 10 ms against a 30 ms target pass and a 10 ms draft pass
+    cost = DraftCost(ForwardCost((0.010,)), ForwardCost((0.030,) * 8), catch_up=0.010)
+    prompt = [(7 * i + 3) % 90 + 4 for i in range(40)]
+
+    def first_draft(horizon: int | None, silent: int = 0) -> tuple[int, int]:
+        drafter = DraftModelDrafter(TorchBackend(tiny_model), k=4, cost=cost, estimate=estimate)
+        drafter.reset(prompt)
+        if horizon is not None:
+            drafter.horizon(horizon)
+        drafter.silent = silent
+        with torch.inference_mode():
+            draft = drafter.propose(4)
+        return len(draft), drafter.draft_passes
+
+    assert first_draft(None) == (4, 4)  # budget unknown: not charged
+    assert first_draft(1000) == (4, 4)  # 500 steps repay 0.39 s
+    assert first_draft(8) == (0, 0)  # 4 steps do not: the draft model never runs
+    assert first_draft(8, silent=PROBE_EVERY) == (0, 0)  # nor probes into the prefill
+    expected = greedy_reference(tiny_model, prompt, 8)
+    drafter = DraftModelDrafter(TorchBackend(tiny_model), k=4, cost=cost, estimate=estimate)
+    steps = list(decode(TorchBackend(tiny_model), prompt, drafter, StopCriteria(frozenset(), 8), *GREEDY))
+    assert [t for s in steps for t in s.tokens] == expected and drafter.draft_passes == 0
+
+
 @pytest.mark.parametrize("draft_pass", [1e-6, 0.010, 1.0], ids=["free", "a-third", "dear"])
 def test_retrieval_first_drafts_from_a_long_match_and_never_changes_the_output(
     tiny_model, random_draft, draft_pass
@@ -594,6 +633,12 @@ def test_requests_in_a_batch_draft_in_shared_passes_and_each_equals_plain_decodi
     runs = [decoder.start(prompt, max_new_tokens=24) for prompt in prompts_]
     backend = runs[0].drafter.draft_backend
     assert backend is not None and all(run.drafter.draft_backend is backend for run in runs)
+    if "cost_aware=false" not in spec:  # costs where drafting pays, not the tiny models' timings
+        from leapdecode.drafters.draft_model import DraftCost
+
+        for run in runs:
+            assert isinstance(run.drafter, DraftModelDrafter) and run.drafter.cost is not None
+            run.drafter.cost = DraftCost(ForwardCost((1e-4,)), ForwardCost((0.01,) * 64), catch_up=1e-4)
     packed: list[int] = []  # sequences per packed draft pass
     score_packed = backend.score_packed
 

@@ -146,6 +146,11 @@ class Drafter(ABC):
             self.cut(kept)
         return offer.draft.subset(kept)
 
+    def horizon(self, max_new_tokens: int) -> None:  # noqa: B027 - optional hook, no-op by default
+        """The request emits at most `max_new_tokens` tokens (called right after `reset`): a
+        drafter with a one-time cost (a draft model's own prompt prefill) weighs it against the
+        steps left to repay it."""
+
     def attach(self, backend: Backend, seq: CacheState) -> None:  # noqa: B027 - optional hook, no-op by default
         """The target's backend and this request's cache, right after the prefill: drafters
         that draft with the target's own layers (self-speculative, early exit) share them."""
@@ -204,6 +209,9 @@ class Delegating(Drafter):
     def update(self, tokens: Sequence[int], num_accepted: int) -> None:
         self.inner.update(tokens, num_accepted)
 
+    def horizon(self, max_new_tokens: int) -> None:
+        self.inner.horizon(max_new_tokens)
+
     def attach(self, backend: Backend, seq: CacheState) -> None:
         self.inner.attach(backend, seq)
 
@@ -221,14 +229,14 @@ class Delegating(Drafter):
 
 
 # The legal order of a drafter's calls, as the loop and the scheduler make them: state -> call ->
-# next state. A request: reset, attach, then the prefill's event (`hear`: the prompt's states,
+# next state. A request: reset, its horizon, attach, then the prefill's event (`hear`: the prompt's states,
 # what was emitted); per pass: a draft (propose, or offer then take; cuts; the scheduler offers
 # through `offer_rounds`, which is the offer: the default's calls `offer`), then the pass's event
 # (the kept rows' states, the target's predictions, what was emitted); finish when it ends (not
 # when abandoned).
 CALL_ORDER: dict[str, dict[str, str]] = {
     "new": {"reset": "reset"},
-    "reset": {"attach": "attached"},
+    "reset": {"horizon": "reset", "attach": "attached"},
     "attached": {"take_features": "attached", "update": "heard"},
     "heard": {"propose": "drafted", "offer": "offered", "finish": "done"},
     "offered": {"take": "drafted", "cut": "offered"},

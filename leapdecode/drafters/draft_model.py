@@ -27,8 +27,13 @@ Options:
   more than the draft pass and the extra verification row cost; after it, the draft model's own
   probability of its token, calibrated online per depth and probability decile (`estimate`),
   sets that token's chance. Zero tokens when even the first does not pay (one probe every
-  `PROBE_EVERY` silent steps keeps the rates learning). The draft is then cut by those chances
-  as a shared pass cuts every request's (`engine.cost.allocate`), alone too. Not with the cascade.
+  `PROBE_EVERY` silent steps keeps the rates learning). The tokens the draft model's cache
+  lacks (its whole prompt, before its first draft) are fed once and serve the rest of the
+  request: the first token of a step is charged their feed spread over the steps left
+  (`horizon`), so a request whose prefill would not pay back, such as one among many in a
+  batch where rows are dear, never runs the draft model at all (and never probes into it). The
+  draft is then cut by those chances as a shared pass cuts every request's
+  (`engine.cost.allocate`), alone too. Not with the cascade.
 - `retrieval` (a chain `SuffixDrafter`, with `cost`): where the text repeats (code edits, quoted
   text, later turns), a suffix match drafts at no draft-model cost. Each step takes whichever plan
   promises more tokens per second: the match's chain (each token's chance from the acceptance of
@@ -69,6 +74,9 @@ class DraftCost:
 
     draft: PassCost  # seconds of a draft-model pass by the rows it scores
     target: PassCost  # seconds of a target pass by the rows it scores
+    # seconds a draft-model prefill takes per prompt token: what each token the draft model's
+    # cache lacks beyond a round's one costs to feed (0: not priced)
+    catch_up: float = 0.0
 
     @property
     def draft_pass(self) -> float:
@@ -118,6 +126,7 @@ class DraftModelDrafter(Drafter):
         noise = noise if noise is not None else PositionNoise(0)
         self.noise = noise if coupled else noise.derived(Stream.DRAFT)
         self.prompt_len = 0
+        self.max_new_tokens: int | None = None  # the request's budget (`horizon`); None: unknown
         self.schedule = schedule
         self.threshold = threshold
         self.ngram = NGramModule(cascade_n) if cascade_n else None
@@ -145,6 +154,7 @@ class DraftModelDrafter(Drafter):
     def reset(self, prompt_ids: Sequence[int]) -> None:
         self.stream = list(prompt_ids)
         self.prompt_len = len(self.stream)
+        self.max_new_tokens = None
         self.seq = None
         self.last_draft = []
         self.k_now = self.k
@@ -157,6 +167,22 @@ class DraftModelDrafter(Drafter):
             self.retrieval.reset(prompt_ids)
         if self.ngram is not None:
             self.ngram.initialise(prompt_ids)
+
+    def horizon(self, max_new_tokens: int) -> None:
+        self.max_new_tokens = max_new_tokens
+
+    def _catch_up(self) -> float:
+        """Seconds a step's first drafted token is charged for the tokens the draft model's cache
+        lacks beyond the one every round feeds (its prompt, before its first draft; the tokens of
+        silent or retrieved steps later): fed once, they let it draft for the rest of the request,
+        so their cost is spread over the steps left. Not charged where the budget is unknown."""
+        assert self.cost is not None
+        lag = len(self.stream) - (self.seq.length if self.seq is not None else 0)
+        if lag <= 1 or self.max_new_tokens is None:
+            return 0.0
+        left = max(1, self.max_new_tokens - (len(self.stream) - self.prompt_len))
+        steps = max(1.0, left / (1.0 + self.rates.rate(_depth_bucket(1))))
+        return (lag - 1) * self.cost.catch_up / steps
 
     def _verify(self, lower: list[int], logits: torch.Tensor, position: int) -> Verdict:
         """The draft model judging the n-gram drafts (none: sampling its next token), with the
@@ -189,13 +215,15 @@ class DraftModelDrafter(Drafter):
         `batch` rows (shared by them all): where rows are dear, a batch drafts less than a
         request alone."""
         assert self.cost is not None
-        if drafted == 0 and self.silent >= PROBE_EVERY:
+        catch_up = self._catch_up() if drafted == 0 else 0.0
+        # probe: the rates learn only from drafted tokens (never one that pays for a prefill)
+        if drafted == 0 and self.silent >= PROBE_EVERY and (self.seq is not None or catch_up == 0.0):
             self.probing = True
-            return True  # probe: the rates learn only from drafted tokens
+            return True
         guess = reach * self.rates.rate(_depth_bucket(drafted + 1))
         rows, target, round_ = batch * (drafted + 1), self.cost.target, self.cost.draft.of(batch)
         now = drafted * round_ + target.of(rows)
-        more = round_ + target.of(rows + batch) - target.of(rows)
+        more = round_ + catch_up + target.of(rows + batch) - target.of(rows)
         return (expected + guess) / (now + more) > expected / now
 
     def _model_rate(self, budget: int) -> float:
@@ -204,11 +232,12 @@ class DraftModelDrafter(Drafter):
         as for a request alone, as the match's chain is: the two are compared, not the batch."""
         assert self.cost is not None
         best = 1.0 / self.cost.target.of(1)
-        reach, expected = 1.0, 1.0
+        reach, expected, catch_up = 1.0, 1.0, self._catch_up()
         for depth in range(1, budget + 1):
             reach *= self.rates.rate(_depth_bucket(depth))
             expected += reach
-            best = max(best, expected / (depth * self.cost.draft_pass + self.cost.target.of(depth + 1)))
+            spent = catch_up + depth * self.cost.draft_pass + self.cost.target.of(depth + 1)
+            best = max(best, expected / spent)
         return best
 
     def _retrieve(self, max_tokens: int, budget: int) -> Draft | None:

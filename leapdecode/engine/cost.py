@@ -171,6 +171,20 @@ def measure_forward_cost(
     return ForwardCost(tuple(max(s, 1e-6) for s in nondecreasing_fit([statistics.median(r) for r in runs])))
 
 
+def measure_prefill_cost(backend: Backend, *, tokens: int = 128, repeats: int = 3) -> float:
+    """Seconds a prefill of `backend` takes per prompt token: a `tokens`-token prompt, the
+    median of `repeats` after a warm-up."""
+    vocab = backend.vocab_size
+    prompt = [(1009 * i + 17) % vocab for i in range(tokens)]
+    backend.prefill(prompt[:8])  # warm-up
+    runs = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        backend.prefill(prompt)
+        runs.append(time.perf_counter() - start)
+    return statistics.median(runs) / tokens
+
+
 def nondecreasing_fit(values: Sequence[float]) -> tuple[float, ...]:
     """The closest non-decreasing sequence in least squares (pool adjacent violators): a longer
     pass never really costs less, and one slow measurement is averaged with its neighbours

@@ -108,6 +108,7 @@ class SequenceRun:
         self.seq = seq
         self._verdict = self.verifier((), scores.logits[-1:], None, position=0)
         self.drafter.reset(self.prompt_ids)
+        self.drafter.horizon(self.stop.max_new_tokens)
         self.drafter.attach(backend, seq)
         states = wanted_features(scores) if self.features else None  # [prompt, F]
         self.drafter.hear(PassResult(self._verdict.tokens, 0, states, None, None))

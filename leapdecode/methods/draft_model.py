@@ -109,7 +109,7 @@ class DraftModel(Method):
         from leapdecode.drafters.cost_aware import AcceptanceEstimate
         from leapdecode.drafters.draft_model import DraftCost, DraftModelDrafter
         from leapdecode.drafters.suffix import SuffixDrafter
-        from leapdecode.engine.cost import measure_batch_cost, measure_forward_cost
+        from leapdecode.engine.cost import measure_batch_cost, measure_forward_cost, measure_prefill_cost
 
         if target.backend != "torch":
             raise MethodError(f"draft: draft-model decoding runs on the torch backend, not {target.backend}")
@@ -131,10 +131,12 @@ class DraftModel(Method):
                 if packs
                 else measure_forward_cost(backend, 1)
             )
-            draft_cost = DraftCost(draft_curve, cost)
+            # its own prompt prefill, fed before its first draft, is priced against the steps it serves
+            draft_cost = DraftCost(draft_curve, cost, measure_prefill_cost(backend))
             log(
                 f"draft pass {1000 * draft_cost.draft_pass:.1f} ms ({DRAFT_COST_ROWS} rows "
-                f"{1000 * draft_cost.draft.of(DRAFT_COST_ROWS):.1f} ms), target pass {1000 * cost.of(1):.1f} ms"
+                f"{1000 * draft_cost.draft.of(DRAFT_COST_ROWS):.1f} ms, prefill "
+                f"{1000 * draft_cost.catch_up:.2f} ms a token), target pass {1000 * cost.of(1):.1f} ms"
             )
         shared = AcceptanceEstimate()  # greedy requests share what acceptance the draft's confidence means
 
