@@ -402,12 +402,15 @@ class BatchScheduler:
         groups: dict[int, list[Submission]] = {}
         for submission in decoding:
             groups.setdefault(id(submission.run.drafter.draft_backend), []).append(submission)
+        # the drafters price rows for every request sharing the passes: those decoding now and those
+        # whose prompts are in the passes (decoding in a few steps, while a draft's cost is repaid)
+        batch = sum(not s.alone for s in self.running)
         offers: dict[int, tuple[Offer, int]] = {}
         for members in groups.values():
             started = [
                 (submission, made)
                 for submission in members
-                if (made := self._isolated(submission, functools.partial(self._start_offer, submission, len(decoding))))
+                if (made := self._isolated(submission, functools.partial(self._start_offer, submission, batch)))
                 is not None
             ]
             backend = members[0].run.drafter.draft_backend
@@ -424,7 +427,7 @@ class BatchScheduler:
         self, submission: Submission, batch: int
     ) -> tuple[int | None, Generator[DraftFeed, tuple[CacheState, Scores], Offer]]:
         """A decoding request's exact bound (the most drafted tokens its pass verifies exactly)
-        and its drafter's rounds (`batch` requests decoding in the pass), not yet started."""
+        and its drafter's rounds (`batch` requests sharing the passes), not yet started."""
         run = submission.run
         assert run.seq is not None, "a decoding request has its cache"
         exact = self._packer().draft_limit(run.seq)
