@@ -133,8 +133,8 @@ class Drafter(ABC):
         """`offer` as rounds over `draft_backend`'s model, so that one pass of it drafts for every
         sequence of a shared pass (`engine.batch.drive_rounds`). By default no round: `offer`.
         `batch`: the sequences sharing the target's passes, decoding or with their prompts in
-        them (a drafter that prices its draft prices the pass's rows for all of them). A wrapper (`Delegating`) keeps this
-        default, so its own `propose` shapes its offer."""
+        them (a drafter that prices its draft prices the pass's rows for all of them). A wrapper
+        (`Delegating`) keeps this default, so its own `propose` shapes its offer."""
         offer = self.offer(max_tokens)
         return offer
         yield  # a generator that asks for no pass
