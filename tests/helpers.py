@@ -268,10 +268,10 @@ class CheckedDrafter(Delegating):
         self._call("offer")
         return self.inner.offer(max_tokens)  # the inner drafter's own offer (a cost-aware one's reach)
 
-    def offer_rounds(self, max_tokens, batch=1):
+    def offer_rounds(self, max_tokens, batch=1, cost=None):
         self._call("offer")
         return (
-            yield from self.inner.offer_rounds(max_tokens, batch)
+            yield from self.inner.offer_rounds(max_tokens, batch, cost)
         )  # shared draft passes, as the inner drafter runs them
 
     @property

@@ -501,6 +501,31 @@ def test_in_a_batch_a_drafted_token_costs_a_row_per_sequence(tiny_model) -> None
     assert lengths == [4, 1, 0]
 
 
+def test_in_shared_passes_rows_are_priced_by_the_schedulers_curve(tiny_model) -> None:
+    """A drafter's own target curve is a single sequence's; in shared passes the scheduler hands
+    it the curve of the passes themselves, and where that says rows are dear it drafts less."""
+    from leapdecode.drafters.cost_aware import AcceptanceEstimate
+    from leapdecode.drafters.draft_model import DraftCost, _depth_bucket
+    from leapdecode.engine.batch import drive_rounds
+
+    estimate = AcceptanceEstimate()
+    for _ in range(200):
+        for depth in range(1, 9):
+            estimate.observe(_depth_bucket(depth), True)
+            for decile in range(10):
+                estimate.observe(("prob", depth, decile), True)
+    cost = DraftCost(ForwardCost((1e-4,)), ForwardCost((0.030,) * 64))  # its own curve: rows free
+    dear = ForwardCost(tuple(0.030 * max(1, n - 7) for n in range(1, 65)))  # the passes': dear past 8 rows
+    lengths = []
+    for shared in (None, dear):
+        drafter = DraftModelDrafter(TorchBackend(tiny_model), k=4, cost=cost, estimate=estimate)
+        drafter.reset(prompts(1, seed=2)[0])
+        with torch.inference_mode():
+            (offer,) = drive_rounds(drafter.backend, [drafter.offer_rounds(10, 8, shared)])
+        lengths.append(len(offer.draft))
+    assert lengths == [4, 0]
+
+
 def test_the_draft_models_prefill_is_priced_against_the_steps_left(tiny_model) -> None:
     """Before its first draft the draft model's cache lacks the whole prompt: fed once, it serves
     the rest of the request, so the first token is charged that feed spread over the steps left.
@@ -654,7 +679,9 @@ def test_requests_in_a_batch_draft_in_shared_passes_and_each_equals_plain_decodi
     batches: list[int] = []  # how many requests decoded in the pass, as each drafter heard it
     for run in runs:
         offer_rounds = run.drafter.offer_rounds
-        run.drafter.offer_rounds = lambda limit, batch, f=offer_rounds: batches.append(batch) or f(limit, batch)
+        run.drafter.offer_rounds = lambda limit, batch, cost, f=offer_rounds: (
+            batches.append(batch) or f(limit, batch, cost)
+        )
     for i, run in enumerate(runs):
         scheduler.submit(Submission(run, lambda s, i=i: outputs[i].extend(s.tokens), lambda r: None))
     while not scheduler.idle:

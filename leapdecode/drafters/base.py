@@ -18,6 +18,7 @@ from leapdecode.engine.loop import PassResult
 
 if TYPE_CHECKING:
     from leapdecode.engine.backend import Backend, CacheState, Scores
+    from leapdecode.engine.cost import PassCost
 
 
 @dataclass(frozen=True)
@@ -129,12 +130,15 @@ class Drafter(ABC):
         part the scheduler kept."""
         return Offer(self.propose(max_tokens))
 
-    def offer_rounds(self, max_tokens: int, batch: int = 1) -> Generator[DraftFeed, tuple[CacheState, Scores], Offer]:
+    def offer_rounds(
+        self, max_tokens: int, batch: int = 1, cost: PassCost | None = None
+    ) -> Generator[DraftFeed, tuple[CacheState, Scores], Offer]:
         """`offer` as rounds over `draft_backend`'s model, so that one pass of it drafts for every
         sequence of a shared pass (`engine.batch.drive_rounds`). By default no round: `offer`.
         `batch`: the sequences sharing the target's passes, decoding or with their prompts in
-        them (a drafter that prices its draft prices the pass's rows for all of them). A wrapper
-        (`Delegating`) keeps this default, so its own `propose` shapes its offer."""
+        them, and `cost` what such a pass costs by its rows (the scheduler's measured curve;
+        None: alone): a drafter that prices its draft prices the pass's rows for all of them. A
+        wrapper (`Delegating`) keeps this default, so its own `propose` shapes its offer."""
         offer = self.offer(max_tokens)
         return offer
         yield  # a generator that asks for no pass

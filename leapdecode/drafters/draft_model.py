@@ -206,13 +206,14 @@ class DraftModelDrafter(Drafter):
             return drafted[len(drafted) - count :]
         return self.stream[len(self.stream) - (count - len(drafted)) :] + drafted
 
-    def _pays(self, drafted: int, reach: float, expected: float, batch: int) -> bool:
+    def _pays(self, drafted: int, reach: float, expected: float, batch: int, cost: PassCost | None = None) -> bool:
         """Whether drafting one more token raises the step's expected tokens per second, with
         `drafted` tokens drafted so far, the last one reached with probability `reach`, and
         `expected` tokens expected from the step (the bonus token and each drafted one's reach).
         With `batch` sequences in the target's pass, each taken to draft as this one does, a
         drafted token costs `batch` target rows and a round of the draft model a packed pass of
-        `batch` rows (shared by them all): where rows are dear, a batch drafts less than a
+        `batch` rows (shared by them all), the target's rows priced by the shared passes' `cost`
+        (the scheduler's curve) where given: where rows are dear, a batch drafts less than a
         request alone."""
         assert self.cost is not None
         catch_up = self._catch_up() if drafted == 0 else 0.0
@@ -221,7 +222,8 @@ class DraftModelDrafter(Drafter):
             self.probing = True
             return True
         guess = reach * self.rates.rate(_depth_bucket(drafted + 1))
-        rows, target, round_ = batch * (drafted + 1), self.cost.target, self.cost.draft.of(batch)
+        target = cost if cost is not None else self.cost.target
+        rows, round_ = batch * (drafted + 1), self.cost.draft.of(batch)
         now = drafted * round_ + target.of(rows)
         more = round_ + catch_up + target.of(rows + batch) - target.of(rows)
         return (expected + guess) / (now + more) > expected / now
@@ -277,16 +279,20 @@ class DraftModelDrafter(Drafter):
             return offer.draft
         return self.take(offer, cut_alone(offer, self.cost.target))
 
-    def offer_rounds(self, max_tokens: int, batch: int = 1) -> Generator[DraftFeed, tuple[CacheState, Scores], Offer]:
+    def offer_rounds(
+        self, max_tokens: int, batch: int = 1, cost: PassCost | None = None
+    ) -> Generator[DraftFeed, tuple[CacheState, Scores], Offer]:
         # a scheduler runs these rounds beside other requests' (`engine.batch.drive_rounds`); with
         # the costs, each token's reach (its calibrated chance, times its parents') lets the shared
         # pass cut every request's draft by one rule (`engine.cost.allocate`)
-        draft = yield from self._rounds(max_tokens, batch)
+        draft = yield from self._rounds(max_tokens, batch, cost)
         # a probe offers no reach: kept whole (`allocate`), its tokens are judged and the rates learn
         priced = self.cost is not None and not self.probing
         return Offer(draft, tuple(self.reach[: len(draft)]) if priced else None)
 
-    def _rounds(self, max_tokens: int, batch: int = 1) -> Generator[DraftFeed, tuple[CacheState, Scores], Draft]:
+    def _rounds(
+        self, max_tokens: int, batch: int = 1, cost: PassCost | None = None
+    ) -> Generator[DraftFeed, tuple[CacheState, Scores], Draft]:
         """The draft, as rounds: each yields what the draft model must score next (see `DraftFeed`)."""
         budget = min(self.k_now, max_tokens)
         self.last_draft, self.buckets, self.retrieved, self.unused_match = [], [], False, []
@@ -303,7 +309,7 @@ class DraftModelDrafter(Drafter):
         q_rows: list[torch.Tensor] = []  # each [tokens in that round, vocab]
         reach, expected = 1.0, 1.0
         while len(drafted) < budget:
-            if self.cost is not None and not self._pays(len(drafted), reach, expected, batch):
+            if self.cost is not None and not self._pays(len(drafted), reach, expected, batch, cost):
                 break
             # 1. What the cache lacks (at least the last emitted or drafted token), plus n-gram drafts.
             tail = self._tokens_from(self.seq.length if self.seq is not None else 0, drafted)

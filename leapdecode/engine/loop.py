@@ -29,6 +29,7 @@ from leapdecode.engine.tree import TreeLayout, compile_tree
 
 if TYPE_CHECKING:
     from leapdecode.drafters.base import Draft, Drafter, DraftFeed, Offer
+    from leapdecode.engine.cost import PassCost
     from leapdecode.verifiers.verdict import TokenLogprob, Verdict
 
 
@@ -131,11 +132,13 @@ class SequenceRun:
         self.drafter.cut(range(exact))
         return draft.first(exact)
 
-    def offer_rounds(self, exact: int | None, batch: int = 1) -> Generator[DraftFeed, tuple[CacheState, Scores], Offer]:
+    def offer_rounds(
+        self, exact: int | None, batch: int = 1, cost: PassCost | None = None
+    ) -> Generator[DraftFeed, tuple[CacheState, Scores], Offer]:
         """As `propose`, for a pass shared with `batch` decoding sequences: the whole draft, with
         each token's reach when the drafter estimates it, for the scheduler to cut (`take`); as
         the drafter's rounds over its own draft model (`Drafter.offer_rounds`), started by the scheduler."""
-        return self.drafter.offer_rounds(self._limit(exact), batch)
+        return self.drafter.offer_rounds(self._limit(exact), batch, cost)
 
     def take(self, offer: Offer, kept: Sequence[int]) -> Draft:
         """The part of `offer` the scheduler kept (ascending indices, parents kept)."""

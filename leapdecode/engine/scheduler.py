@@ -431,7 +431,7 @@ class BatchScheduler:
         run = submission.run
         assert run.seq is not None, "a decoding request has its cache"
         exact = self._packer().draft_limit(run.seq)
-        return exact, run.offer_rounds(exact, batch)
+        return exact, run.offer_rounds(exact, batch, self.cost)
 
     def _allocate(
         self, planned: list[tuple[Submission, tuple[Offer, int]]], base: int
