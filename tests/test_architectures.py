@@ -58,8 +58,9 @@ def pair(request) -> tuple[LoadedModel, LoadedModel]:
     return tiny(request.param), tiny(request.param, seed=1)
 
 
-# anpd without its cost-aware cut: the cut follows timings measured at start-up, and this test needs drafts
-@pytest.mark.parametrize("method", ["anpd:cost_aware=false", "anpd-tree", "lookahead", "draft:k=3"])
+# anpd and the draft model without their cost-aware cuts: the cuts follow timings measured at start-up, and
+# this test needs drafts
+@pytest.mark.parametrize("method", ["anpd:cost_aware=false", "anpd-tree", "lookahead", "draft:k=3,cost_aware=false"])
 def test_every_architecture_decodes_exactly_past_its_window(pair, method) -> None:
     target, draft = pair
     decoder = Decoder(target, method, draft_model=draft if method.startswith("draft") else None)
