@@ -135,7 +135,7 @@ class SequenceRun:
     def offer_rounds(
         self, exact: int | None, batch: int = 1, cost: PassCost | None = None
     ) -> Generator[DraftFeed, tuple[CacheState, Scores], Offer]:
-        """As `propose`, for a pass shared with `batch` decoding sequences: the whole draft, with
+        """As `propose`, for passes shared by `batch` sequences costing `cost` by rows: the whole draft, with
         each token's reach when the drafter estimates it, for the scheduler to cut (`take`); as
         the drafter's rounds over its own draft model (`Drafter.offer_rounds`), started by the scheduler."""
         return self.drafter.offer_rounds(self._limit(exact), batch, cost)
