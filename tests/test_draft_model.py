@@ -366,6 +366,21 @@ def test_the_draft_vocabulary_is_the_most_used_tokens_by_a_brute_force_count(tmp
     assert counted == vocab and source == "counted on test texts"
 
 
+def learnt(accepted: bool):
+    """A shared estimate that has seen 200 drafts at every depth and confidence decile, all
+    accepted or all rejected."""
+    from leapdecode.drafters.cost_aware import AcceptanceEstimate
+    from leapdecode.drafters.draft_model import _depth_bucket
+
+    estimate = AcceptanceEstimate()
+    for _ in range(200):
+        for depth in range(1, 9):
+            estimate.observe(_depth_bucket(depth), accepted)
+            for decile in range(10):
+                estimate.observe(("prob", depth, decile), accepted)
+    return estimate
+
+
 def cost_run(target, draft, prompt, cost, **options):
     from leapdecode.drafters.draft_model import DraftCost
 
@@ -450,17 +465,11 @@ def test_a_probe_is_verified_whole_alone_and_in_a_shared_pass(tiny_model) -> Non
     """Where nothing pays the draft model is silent, and every `PROBE_EVERY` silent steps it
     drafts one token anyway: that probe offers no reach, so neither cut drops it and the rates
     learn from its verdict."""
-    from leapdecode.drafters.cost_aware import AcceptanceEstimate
-    from leapdecode.drafters.draft_model import PROBE_EVERY, DraftCost, _depth_bucket
+    from leapdecode.drafters.draft_model import PROBE_EVERY, DraftCost
     from leapdecode.engine.batch import drive_rounds
     from leapdecode.engine.cost import allocate
 
-    estimate = AcceptanceEstimate()
-    for _ in range(200):  # everything rejected so far
-        for depth in range(1, 9):
-            estimate.observe(_depth_bucket(depth), False)
-            for decile in range(10):
-                estimate.observe(("prob", depth, decile), False)
+    estimate = learnt(False)  # everything rejected so far
     cost = DraftCost(ForwardCost((0.01,)), ForwardCost((0.030, 0.040, 0.050)))
     drafter = DraftModelDrafter(TorchBackend(tiny_model), k=4, cost=cost, estimate=estimate)
     drafter.reset(prompts(1, seed=2)[0])
@@ -480,16 +489,10 @@ def test_in_a_batch_a_drafted_token_costs_a_row_per_sequence(tiny_model) -> None
     """Rows free up to 16, then each as dear as a pass: alone the draft model drafts its whole
     budget; with 8 sequences in the target's pass (each drafting as it does), a token costs 8
     rows, and it drafts one (16 rows); with 16 sequences, none."""
-    from leapdecode.drafters.cost_aware import AcceptanceEstimate
-    from leapdecode.drafters.draft_model import DraftCost, _depth_bucket
+    from leapdecode.drafters.draft_model import DraftCost
     from leapdecode.engine.batch import drive_rounds
 
-    estimate = AcceptanceEstimate()
-    for _ in range(200):
-        for depth in range(1, 9):
-            estimate.observe(_depth_bucket(depth), True)
-            for decile in range(10):
-                estimate.observe(("prob", depth, decile), True)
+    estimate = learnt(True)
     cost = DraftCost(ForwardCost((1e-4,)), ForwardCost(tuple(0.030 * max(1, n - 15) for n in range(1, 65))))
     lengths = []
     for batch in (1, 8, 16):
@@ -504,16 +507,10 @@ def test_in_a_batch_a_drafted_token_costs_a_row_per_sequence(tiny_model) -> None
 def test_in_shared_passes_rows_are_priced_by_the_schedulers_curve(tiny_model) -> None:
     """A drafter's own target curve is a single sequence's; in shared passes the scheduler hands
     it the curve of the passes themselves, and where that says rows are dear it drafts less."""
-    from leapdecode.drafters.cost_aware import AcceptanceEstimate
-    from leapdecode.drafters.draft_model import DraftCost, _depth_bucket
+    from leapdecode.drafters.draft_model import DraftCost
     from leapdecode.engine.batch import drive_rounds
 
-    estimate = AcceptanceEstimate()
-    for _ in range(200):
-        for depth in range(1, 9):
-            estimate.observe(_depth_bucket(depth), True)
-            for decile in range(10):
-                estimate.observe(("prob", depth, decile), True)
+    estimate = learnt(True)
     cost = DraftCost(ForwardCost((1e-4,)), ForwardCost((0.030,) * 64))  # its own curve: rows free
     dear = ForwardCost(tuple(0.030 * max(1, n - 7) for n in range(1, 65)))  # the passes': dear past 8 rows
     lengths = []
@@ -531,15 +528,9 @@ def test_the_draft_models_prefill_is_priced_against_the_steps_left(tiny_model) -
     the rest of the request, so the first token is charged that feed spread over the steps left.
     A long budget repays it and the model drafts; a short one does not, and the draft model never
     runs, not even for a probe; an unknown budget is not charged. The output never changes."""
-    from leapdecode.drafters.cost_aware import AcceptanceEstimate
-    from leapdecode.drafters.draft_model import PROBE_EVERY, DraftCost, _depth_bucket
+    from leapdecode.drafters.draft_model import PROBE_EVERY, DraftCost
 
-    estimate = AcceptanceEstimate()
-    for _ in range(200):  # every draft accepted so far
-        for depth in range(1, 9):
-            estimate.observe(_depth_bucket(depth), True)
-            for decile in range(10):
-                estimate.observe(("prob", depth, decile), True)
+    estimate = learnt(True)  # every draft accepted so far
     # a 40-token prompt's feed: 39 x 10 ms against a 30 ms target pass and a 10 ms draft pass
     cost = DraftCost(ForwardCost((0.010,)), ForwardCost((0.030,) * 8), catch_up=0.010)
     prompt = [(7 * i + 3) % 90 + 4 for i in range(40)]
