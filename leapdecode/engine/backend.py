@@ -357,7 +357,40 @@ def _growing_layer_class() -> type:
             self.keys, self.values = buffers[0][..., :end, :], buffers[1][..., :end, :]
             return self.keys, self.values
 
+        def room(self, end: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+            """The key and value buffers when they hold this layer's tokens and have room up to
+            `end`, for a forward that writes them itself (`models.lean`); else None."""
+            buffers: tuple[torch.Tensor, ...] | None = getattr(self, "buffers", None)
+            if buffers is None or self.keys is None or buffers[0].data_ptr() != self.keys.data_ptr():
+                return None
+            return (buffers[0], buffers[1]) if end <= buffers[0].shape[-2] else None
+
+        def extend(self, end: int) -> None:
+            """Take in the tokens a forward wrote into the buffers up to `end` (after `room`)."""
+            self.keys, self.values = self.buffers[0][..., :end, :], self.buffers[1][..., :end, :]
+
     return GrowingLayer
+
+
+def cache_room(seq: CacheState, count: int) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
+    """Each layer's key and value buffers [1, kv_heads, capacity, dim] with room for `count` more
+    tokens, when every layer of `seq`'s cache is a growing one holding its `length` tokens; else
+    None (a forward through the cache's `update` then grows it). After writing them, `extend_cache`."""
+    layers: list[Any] = list(seq.cache.layers)
+    growing = _growing_layer_class()
+    if not layers or not all(isinstance(layer, growing) for layer in layers):
+        return None
+    if any(layer.get_seq_length() != seq.length for layer in layers):
+        return None
+    rooms = [layer.room(seq.length + count) for layer in layers]
+    return None if any(room is None for room in rooms) else [room for room in rooms if room is not None]
+
+
+def extend_cache(seq: CacheState, count: int) -> None:
+    """Every layer takes in `count` tokens written into its buffers (after `cache_room`); the
+    caller then counts them in `seq.length`."""
+    for layer in seq.cache.layers:
+        layer.extend(seq.length + count)
 
 
 def _chosen_states(out: Any, features: tuple[int, ...]) -> torch.Tensor | None:

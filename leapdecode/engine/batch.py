@@ -83,9 +83,21 @@ def _packed_cache_class() -> type:
             self, module: Any, query: torch.Tensor, scaling: float | None, kwargs: dict[str, Any]
         ) -> torch.Tensor:
             """query [1, heads, N, dim] -> [1, N, heads, dim], each sequence over its own keys."""
+            return self.attend_layer(module.layer_idx, query, scaling, module, kwargs)
+
+        def attend_layer(
+            self,
+            layer_idx: int,
+            query: torch.Tensor,
+            scaling: float | None,
+            module: Any = None,
+            kwargs: dict[str, Any] | None = None,
+        ) -> torch.Tensor:
+            """`attend` for layer `layer_idx`, whose keys and values `update` wrote: a forward
+            of its own (`models.lean`) calls this directly."""
             outs = []
-            for (a, b), (keys, values), mask in zip(self.bounds, self.views[module.layer_idx], self.masks):
-                out, _ = self.attention(module, query[:, :, a:b], keys, values, mask, scaling=scaling, **kwargs)
+            for (a, b), (keys, values), mask in zip(self.bounds, self.views[layer_idx], self.masks):
+                out, _ = self.attention(module, query[:, :, a:b], keys, values, mask, scaling=scaling, **(kwargs or {}))
                 outs.append(out)  # [1, n_i, heads, dim]
             return torch.cat(outs, dim=1)
 

@@ -48,6 +48,9 @@ class DraftModel(Method):
     # the `vocab` tokens answers use most (0: its whole output layer)
     precision: str = "int4"
     vocab: int = 32768
+    # with a draft vocabulary, the draft model's layers run a lean forward of few calls (in C++ where
+    # it builds), checked bitwise against the model's own at load (false: transformers' forward)
+    lean: bool = True
     # draft each next token only while it pays for its draft pass and its verification row, by
     # the draft's own probability calibrated online (`DraftModelDrafter`'s `cost`); not with the cascade
     cost_aware: bool = True
@@ -190,7 +193,13 @@ class DraftModel(Method):
             target.tokenizer, self.vocab, size, sorted(target.eos_token_ids), default_cache_dir()
         )
         log(f"draft vocabulary: {len(vocab.ids)} of {size} tokens ({source})")
-        return DraftHeadBackend(draft.model, vocab.ids, exact_tokens=draft.exact_tokens)
+        backend = DraftHeadBackend(draft.model, vocab.ids, exact_tokens=draft.exact_tokens, lean=self.lean)
+        if backend.lean is not None:
+            how = "its layers in one C++ call a pass" if backend.lean.native is not None else "a Python loop"
+            log(f"draft model: the lean forward ({how}), bitwise its own forward's states")
+        elif self.lean:
+            log(f"draft model: transformers' forward ({backend.lean_reason})")
+        return backend
 
 
 def check_same_vocabulary(target: LoadedModel, draft: LoadedModel) -> None:

@@ -14,18 +14,18 @@ logger = logging.getLogger("leapdecode")
 
 
 @functools.cache
-def build(name: str, source: str) -> Any | None:
-    """The compiled extension `leapdecode_<name>` from `source` (a file next to this one), or None
-    (logged) when it cannot be built here (no compiler, no headers). A CPU without AVX2/FMA gets
-    the kernel's portable path (logged), never a crash."""
+def build(name: str, *sources: str, defines: tuple[str, ...] = ()) -> Any | None:
+    """The compiled extension `leapdecode_<name>` from `sources` (files next to this one; with
+    `defines`, macros set for each), or None (logged) when it cannot be built here (no compiler,
+    no headers). A CPU without AVX2/FMA gets the kernel's portable path (logged), never a crash."""
     from torch.utils import cpp_extension
 
     _find_ninja()
     try:
         module = cpp_extension.load(
             name=f"leapdecode_{name}",
-            sources=[str(Path(__file__).with_name(source))],
-            extra_cflags=["-O3", "-fopenmp"],
+            sources=[str(Path(__file__).with_name(source)) for source in sources],
+            extra_cflags=["-O3", "-fopenmp", *(f"-D{macro}" for macro in defines)],
             extra_ldflags=["-fopenmp"],
             verbose=False,
         )

@@ -690,7 +690,7 @@ torch::Tensor quantize_activations(torch::Tensor x, bool portable) {
   return out;
 }
 
-bool fast_path_available() { return has_avx2_fma(); }
+static bool fast_path_available() { return has_avx2_fma(); }
 
 // A copy of `src` (contiguous, CPU) in memory aligned to 2 MiB and marked for transparent huge
 // pages. A one-token pass streams every weight once: with 4 KiB pages its ~1 GB touches a quarter
@@ -715,6 +715,8 @@ torch::Tensor huge_page_copy(const torch::Tensor& src) {
 #endif
 }
 
+// Built into another extension (`lean.cpp`), this file gives its functions and no module of its own.
+#ifndef LEAPDECODE_NO_MODULE
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("quantized_linear", &quantized_linear, "group-quantized linear layer on packed blocks, rows bit-exact");
   m.def("quantize_activations", &quantize_activations, "activations as the quantized kernel sees them");
@@ -722,3 +724,4 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("huge_page_copy", &huge_page_copy, "a copy in 2 MiB-aligned memory marked for transparent huge pages");
   m.def("best_isa", &best_isa, "the fastest path this CPU runs: 0 portable, 1 AVX2, 2 AVX512-VNNI");
 }
+#endif

@@ -764,8 +764,10 @@ torch::Tensor rms_norm(const torch::Tensor& x_in, const torch::Tensor& weight, d
   return y;
 }
 
-bool fast_path_available() { return has_avx2_fma(); }
+static bool fast_path_available() { return has_avx2_fma(); }
 
+// Built into another extension (`lean.cpp`), this file gives its functions and no module of its own.
+#ifndef LEAPDECODE_NO_MODULE
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("row_exact_linear", &row_exact_linear, "row-exact linear (float32, or bfloat16 through AVX512-BF16)");
   m.def("row_exact_attention", &row_exact_attention, "attention, each query row over its visible keys, rows bit-exact");
@@ -773,3 +775,4 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("bf16_path_available", &has_avx512_bf16, "whether the AVX512-BF16 path of the bfloat16 linear runs on this CPU");
   m.def("fast_path_available", &fast_path_available, "whether the AVX2/FMA path runs on this CPU");
 }
+#endif

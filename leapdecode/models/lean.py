@@ -1,0 +1,252 @@
+"""A lean forward for a draft model: the decoder body of a Llama-family model in a few calls a layer.
+
+Why: a draft model's pass is small, so what a pass spends outside its matrix products weighs:
+transformers' forward of the 0.5B Qwen2.5 runs ~40 small torch ops and a dozen module calls,
+decorators and hooks a layer, about 0.3 ms a layer on two cores and 7 of its 23 ms a pass
+(`docs/results/...-int4-pass-profile`). This forward runs the same layers in the same float
+operations through the same kernels, with the query, key and value projections fused into one
+quantized product and the gate and up projections into another (output blocks are computed
+independently, so a fused product gives each output's bits unchanged): about twenty calls a layer.
+
+It is built only for a model it reproduces: a decoder of RMS-normed layers, each attention (the
+four projections, nothing else) then a SwiGLU MLP (gate, up, down and a SiLU), its norms and
+linear layers on the row-exact and quantized kernels, and its own rotary module. `LeanDecoder.build`
+checks that structure; its user (`engine.draft_head`) runs a short prompt and two more tokens
+through both forwards, and keeps this one only where the states are bitwise equal.
+A draft model's numerics never change what the target emits; the check keeps its acceptance.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from leapdecode.models import quantize, row_exact
+from leapdecode.models.extensions import build
+from leapdecode.models.quantize import QuantizedLinear
+from leapdecode.models.row_exact import RowExactRMSNorm
+
+# (layer index, query [1, heads, n, dim], key and value [1, kv_heads, n, dim]) -> [1, n, heads, dim]:
+# writes the keys and values to the sequence's (or each packed sequence's) cache and attends there
+Attend = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+_LAYER_PARTS = {"self_attn", "mlp", "input_layernorm", "post_attention_layernorm"}
+_ATTENTION_PARTS = {"q_proj", "k_proj", "v_proj", "o_proj"}
+_MLP_PARTS = {"gate_proj", "up_proj", "down_proj", "act_fn"}
+
+
+@dataclass(frozen=True)
+class LeanLayer:
+    """One decoder layer's parts, the fused projections sharing the model's packed weights."""
+
+    norm_in: RowExactRMSNorm
+    qkv: QuantizedLinear  # [hidden] -> [(heads + 2 kv_heads) * dim]
+    o: QuantizedLinear
+    norm_post: RowExactRMSNorm
+    gate_up: QuantizedLinear  # [hidden] -> [2 * intermediate]
+    down: QuantizedLinear
+
+
+class LeanDecoder:
+    """The decoder body's forward (embeddings to the final norm) over one or several sequences."""
+
+    def __init__(self, body: nn.Module, layers: list[LeanLayer], heads: int, kv_heads: int, head_dim: int) -> None:
+        self.body = body
+        self.layers = layers
+        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
+        self.scale = head_dim**-0.5
+        self.quant = quantize.kernel()
+        self.exact = row_exact.kernel()
+        self.native = self._native_args()
+
+    def _native_args(self) -> dict[str, Any] | None:
+        """The layers as `lean.cpp` takes them, with the extension; None where they do not share
+        one kernel path and norm epsilon (or it does not build): then the Python loop runs."""
+        linears = [linear for layer in self.layers for linear in (layer.qkv, layer.o, layer.gate_up, layer.down)]
+        norms = [norm for layer in self.layers for norm in (layer.norm_in, layer.norm_post)]
+        if len({linear.isa for linear in linears}) != 1 or len({norm.variance_epsilon for norm in norms}) != 1:
+            return None
+        module = build("lean", "lean.cpp", "quant.cpp", "row_exact.cpp", defines=("LEAPDECODE_NO_MODULE",))
+        if module is None:
+            return None
+        none = torch.empty(0)
+        return dict(
+            module=module,
+            weights=[
+                t
+                for layer in self.layers
+                for t in (
+                    layer.norm_in.weight,
+                    layer.qkv.packed,
+                    layer.o.packed,
+                    layer.norm_post.weight,
+                    layer.gate_up.packed,
+                    layer.down.packed,
+                )
+            ],
+            biases=[none if linear.bias is None else linear.bias for linear in linears],
+            outs=[linear.out_features for linear in linears],
+            bits=[linear.bits for linear in linears],
+            super_blocks=[int(linear.super_blocks) for linear in linears],
+            eps=norms[0].variance_epsilon,
+            isa=linears[0].isa,
+        )
+
+    @classmethod
+    def build(cls, model: Any) -> tuple[LeanDecoder | None, str]:
+        """The lean forward of `model` (a transformers causal LM on the CPU kernels), or None and
+        why it keeps its own forward. Its structure only: the caller checks the numbers."""
+        body = model.get_decoder()
+        parts = dict(body.named_children())
+        if quantize.kernel() is None or row_exact.kernel() is None:
+            return None, "the C++ kernels are not built"
+        if not {"embed_tokens", "layers", "norm", "rotary_emb"} <= parts.keys() or not isinstance(
+            parts["norm"], RowExactRMSNorm
+        ):
+            return None, "its decoder is not embeddings, layers, a final RMS norm and a rotary module"
+        text = model.config.get_text_config()
+        heads, kv_heads = int(text.num_attention_heads), int(text.num_key_value_heads)
+        head_dim = int(getattr(text, "head_dim", None) or text.hidden_size // heads)
+        layers = []
+        for layer in parts["layers"]:
+            lean = _lean_layer(layer)
+            if lean is None:
+                return None, "a layer is not an RMS-normed attention and SwiGLU MLP on the quantized kernels"
+            layers.append(lean)
+        return cls(body, layers, heads, kv_heads, head_dim), ""
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attend: Attend) -> torch.Tensor:
+        """input_ids, positions [n] -> the final norm's states [n, hidden]."""
+        n = input_ids.shape[0]
+        x = self.body.embed_tokens(input_ids[None])[0]  # [n, hidden]
+        cos, sin = self.body.rotary_emb(x[None], positions[None])  # each [1, n, dim]
+        cos, sin = cos[:, None], sin[:, None]  # [1, 1, n, dim]
+        h, kv, d = self.heads, self.kv_heads, self.head_dim
+        half = d // 2
+        for index, layer in enumerate(self.layers):
+            qkv = self._linear(layer.qkv, layer.norm_in(x))  # [n, (h + 2 kv) d]
+            qk = qkv[:, : (h + kv) * d].view(1, n, h + kv, d).transpose(1, 2)  # [1, h + kv, n, d]
+            # rotary as transformers applies it (q * cos + rotate_half(q) * sin): the same bits
+            turned = torch.cat((-qk[..., half:], qk[..., :half]), dim=-1)
+            qk = (qk * cos) + (turned * sin)
+            values = qkv[:, (h + kv) * d :].view(1, n, kv, d).transpose(1, 2)  # [1, kv, n, d]
+            out = attend(index, qk[:, :h], qk[:, h:], values)  # [1, n, h, d]
+            x = x + self._linear(layer.o, out.reshape(n, h * d))
+            gate_up = self._linear(layer.gate_up, layer.norm_post(x))  # [n, 2 * intermediate]
+            width = gate_up.shape[1] // 2
+            x = x + self._linear(layer.down, nn.functional.silu(gate_up[:, :width]) * gate_up[:, width:])
+        states: torch.Tensor = self.body.norm(x)  # [n, hidden]
+        return states
+
+    def forward_native(
+        self, input_ids: torch.Tensor, length: int, buffers: list[tuple[torch.Tensor, torch.Tensor]]
+    ) -> torch.Tensor:
+        """`forward` of a chain after `length` cached tokens in one C++ call (`native` set): the
+        same states. buffers: per layer the cache's key and value buffers [1, kv_heads, capacity,
+        dim] with room for the chain, whose rows it writes (the caller then extends the cache)."""
+        assert self.native is not None, "the layers take the C++ call"
+        args = self.native
+        n = input_ids.shape[0]
+        x = self.body.embed_tokens(input_ids[None])[0]  # [n, hidden]
+        positions = torch.arange(length, length + n)[None]  # [1, n]
+        cos, sin = self.body.rotary_emb(x[None], positions)  # each [1, n, dim]
+        x = args["module"].lean_layers(
+            x,
+            args["weights"],
+            args["biases"],
+            args["outs"],
+            [keys for keys, _ in buffers],
+            [values for _, values in buffers],
+            length,
+            cos[0],
+            sin[0],
+            self.heads,
+            self.kv_heads,
+            args["eps"],
+            self.scale,
+            args["bits"],
+            args["super_blocks"],
+            args["isa"],
+        )  # [n, hidden]
+        states: torch.Tensor = self.body.norm(x)
+        return states
+
+    def attend_cache(self, cache: Any) -> Attend:
+        """Attention for one sequence over `cache` (a transformers cache: `update` appends and
+        returns the layer's keys and values), causal: a chain after the cached tokens."""
+
+        def attend(index: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+            keys, values = cache.update(key, value, index)
+            result: torch.Tensor = self.exact.row_exact_attention(query, keys, values, None, self.scale, False)
+            return result
+
+        return attend
+
+    def _linear(self, layer: QuantizedLinear, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.quant.quantized_linear(
+            x, layer.packed, layer.bits, layer.super_blocks, layer.out_features, layer.bias, layer.isa
+        )
+        return out
+
+
+def _lean_layer(layer: nn.Module) -> LeanLayer | None:
+    """One decoder layer's lean parts, or None where its structure is not the one this forward runs."""
+    parts = dict(layer.named_children())
+    if parts.keys() != _LAYER_PARTS or layer._forward_hooks or layer._forward_pre_hooks:
+        return None
+    attention, mlp = dict(parts["self_attn"].named_children()), dict(parts["mlp"].named_children())
+    norms = (parts["input_layernorm"], parts["post_attention_layernorm"])
+    if attention.keys() != _ATTENTION_PARTS or mlp.keys() != _MLP_PARTS:
+        return None
+    if not all(isinstance(norm, RowExactRMSNorm) for norm in norms):
+        return None
+    linears = [attention[name] for name in ("q_proj", "k_proj", "v_proj", "o_proj")]
+    linears += [mlp[name] for name in ("gate_proj", "up_proj", "down_proj")]
+    if not all(isinstance(linear, QuantizedLinear) for linear in linears) or not _is_silu(mlp["act_fn"]):
+        return None
+    q, k, v, o, gate, up, down = linears
+    qkv, gate_up = _fused([q, k, v]), _fused([gate, up])
+    if qkv is None or gate_up is None:
+        return None
+    return LeanLayer(norms[0], qkv, o, norms[1], gate_up, down)
+
+
+def _fused(layers: list[QuantizedLinear]) -> QuantizedLinear | None:
+    """One quantized layer computing `layers`' outputs side by side, or None where they cannot
+    share one product (other bits or inputs, an output count off the kernel's blocks of 8, biases
+    on some only). The layers then read their weights from the fused layer's memory (views of
+    it), so the model's own forward keeps working and nothing is held twice."""
+    first = layers[0]
+    if (
+        any(
+            (layer.bits, layer.super_blocks, layer.in_features) != (first.bits, first.super_blocks, first.in_features)
+            or layer.out_features % quantize.BLOCK
+            for layer in layers
+        )
+        or len({layer.bias is None for layer in layers}) != 1
+    ):
+        return None
+    packed = torch.cat([layer.packed for layer in layers])  # [sum of blocks, ...]
+    bias = None if first.bias is None else torch.cat([layer.bias for layer in layers if layer.bias is not None])
+    out = sum(layer.out_features for layer in layers)
+    fused = QuantizedLinear(packed, first.bits, out, first.in_features, bias, super_blocks=first.super_blocks)
+    start = 0
+    for layer in layers:
+        blocks = layer.packed.shape[0]
+        layer.packed = fused.packed[start : start + blocks]
+        start += blocks
+    return fused
+
+
+def _is_silu(module: nn.Module) -> bool:
+    """Whether `module` computes SiLU (checked on values, whatever its class)."""
+    x = torch.linspace(-6, 6, 97)  # [97]
+    with torch.inference_mode():
+        try:
+            return torch.equal(module(x), nn.functional.silu(x))
+        except (RuntimeError, TypeError):
+            return False

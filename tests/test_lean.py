@@ -1,0 +1,120 @@
+"""The lean forward of a draft model (`models.lean`, `lean.cpp`): the model's own states, bitwise,
+in one sequence and in packed passes, and the model's own forward wherever it does not reproduce it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from leapdecode.engine.backend import cache_room
+from leapdecode.engine.batch import BatchItem, forward_batch
+from leapdecode.engine.draft_head import DraftHeadBackend
+from leapdecode.models.lean import LeanDecoder
+from leapdecode.models.quantize import QuantizedLinear, quantize_model
+from leapdecode.models.row_exact import use_row_exact
+from tests.helpers import TINY_VOCAB, make_tiny_model, prompts
+
+VOCAB = tuple(range(0, TINY_VOCAB, 3)) + (1,)
+
+
+def draft_path(arch: str, seed: int = 0, head_bits: int = 4):
+    """A tiny model as the draft model's cheapest path loads it: int4 layers, row-exact."""
+    model = make_tiny_model(arch, seed=seed)
+    quantize_model(model, "int4", head_bits=head_bits)
+    use_row_exact(model)
+    return model
+
+
+def pair(model):
+    return DraftHeadBackend(model, VOCAB, exact_tokens=16), DraftHeadBackend(model, VOCAB, exact_tokens=16, lean=False)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_the_lean_forward_scores_bitwise_as_the_models_own_through_prefill_chains_and_rollback(arch) -> None:
+    lean, own = pair(draft_path(arch))
+    assert lean.lean is not None and lean.lean_reason == ""
+    assert lean.lean.native is not None, "the C++ layers build here"
+    assert own.lean is None
+    prompt = prompts(1, seed=2)[0]
+    with torch.inference_mode():
+        (seq_l, first_l), (seq_o, first_o) = lean.prefill(prompt), own.prefill(prompt)
+        assert torch.equal(first_l.logits, first_o.logits)
+        assert cache_room(seq_l, 3) is not None, "after the prefill, chains take the C++ layers"
+        for step, chain in enumerate([[5], [6, 7, 8], [9], [10, 11]]):
+            got, want = lean.forward(seq_l, chain), own.forward(seq_o, chain)
+            assert torch.equal(got.logits, want.logits), step
+            assert seq_l.length == seq_o.length
+            if len(chain) > 1:  # the draft's last tokens rejected
+                lean.rollback(seq_l, seq_l.length - 1)
+                own.rollback(seq_o, seq_o.length - 1)
+        for index, layer in enumerate(seq_l.cache.layers):
+            assert torch.equal(layer.keys, seq_o.cache.layers[index].keys)
+            assert torch.equal(layer.values, seq_o.cache.layers[index].values)
+
+
+def test_the_lean_forward_grows_its_cache_and_keeps_scoring_as_the_models_own() -> None:
+    """A cache that fills (the buffers hold the prompt and 256 more) grows through the Python
+    loop's `update`, and the C++ layers take the passes after it."""
+    lean, own = pair(draft_path("qwen2", seed=3))
+    prompt = prompts(1, seed=6)[0]
+    with torch.inference_mode():
+        seq_l, seq_o = lean.prefill(prompt)[0], own.prefill(prompt)[0]
+        capacity = seq_l.cache.layers[0].buffers[0].shape[-2]
+        grew = False
+        for i in range(capacity - len(prompt) + 3):
+            token = [(7 * i) % TINY_VOCAB]
+            room = cache_room(seq_l, 1)
+            grew |= room is None
+            assert torch.equal(lean.forward(seq_l, token).logits, own.forward(seq_o, token).logits), i
+        assert grew and seq_l.cache.layers[0].buffers[0].shape[-2] > capacity
+        assert cache_room(seq_l, 1) is not None
+
+
+def test_the_lean_forwards_packed_pass_scores_each_sequence_as_its_own_pass() -> None:
+    lean, own = pair(draft_path("qwen2", seed=1))
+    first, second = prompts(2, seed=5)
+    with torch.inference_mode():
+        alone = [own.prefill(p)[0] for p in (first, second)]
+        packed = [lean.prefill(p)[0] for p in (first, second)]
+        want = [own.forward(alone[0], [5, 6, 7]).logits, own.forward(alone[1], [9]).logits]
+        got = forward_batch(lean, [BatchItem(packed[0], [5, 6, 7]), BatchItem(packed[1], [9])])
+    for g, w in zip(got, want):
+        assert torch.equal(g.logits, w)
+
+
+def test_a_lean_forward_that_differs_from_the_models_own_is_not_used() -> None:
+    lean, _ = pair(draft_path("llama"))
+    assert lean.lean is not None and lean._lean_agrees()
+    lean.lean.scale *= 1.5  # attention at the wrong temperature: other states
+    assert not lean._lean_agrees()
+
+
+def test_models_the_lean_forward_does_not_run_keep_their_own_forward() -> None:
+    float_model = make_tiny_model("llama")
+    use_row_exact(float_model)
+    decoder, reason = LeanDecoder.build(float_model)
+    assert decoder is None and "quantized kernels" in reason
+    backend = DraftHeadBackend(float_model, VOCAB)
+    assert backend.lean is None and "quantized kernels" in backend.lean_reason
+
+    other = draft_path("llama")
+    other.model.layers[0].mlp.act_fn = torch.nn.GELU()  # not a SwiGLU MLP
+    assert LeanDecoder.build(other)[0] is None
+
+
+def test_fused_projections_share_the_layers_memory_and_keep_each_outputs_bits() -> None:
+    model = draft_path("qwen2")
+    attention = model.model.layers[0].self_attn
+    x = torch.randn(3, 64, generator=torch.Generator().manual_seed(0))  # [3, hidden]
+    with torch.inference_mode():
+        before = [attention.q_proj(x), attention.k_proj(x), attention.v_proj(x)]
+    decoder, _ = LeanDecoder.build(model)
+    assert decoder is not None
+    qkv = decoder.layers[0].qkv
+    assert isinstance(qkv, QuantizedLinear) and qkv.out_features == 64 + 32 + 32
+    with torch.inference_mode():
+        fused = qkv(x)
+        after = [attention.q_proj(x), attention.k_proj(x), attention.v_proj(x)]
+    assert torch.equal(fused, torch.cat(before, dim=-1))
+    assert all(torch.equal(a, b) for a, b in zip(after, before))
+    assert attention.q_proj.packed.data_ptr() == qkv.packed.data_ptr()
