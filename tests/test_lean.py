@@ -82,11 +82,19 @@ def test_the_lean_forwards_packed_pass_scores_each_sequence_as_its_own_pass() ->
         assert torch.equal(g.logits, w)
 
 
-def test_a_lean_forward_that_differs_from_the_models_own_is_not_used() -> None:
+def test_a_lean_forward_that_differs_from_the_models_own_is_not_used(monkeypatch) -> None:
+    from leapdecode.models.lean import LeanDecoder as Decoder
+
+    build = Decoder.build
+
+    def wrong_scale(model):  # attention at the wrong temperature: other states
+        decoder, reason = build(model)
+        decoder.scale *= 1.5
+        return decoder, reason
+
+    monkeypatch.setattr(Decoder, "build", staticmethod(wrong_scale))
     lean, _ = pair(draft_path("llama"))
-    assert lean.lean is not None and lean._lean_agrees()
-    lean.lean.scale *= 1.5  # attention at the wrong temperature: other states
-    assert not lean._lean_agrees()
+    assert lean.lean is None and "differ" in lean.lean_reason
 
 
 def test_models_the_lean_forward_does_not_run_keep_their_own_forward() -> None:
@@ -110,7 +118,7 @@ def test_fused_projections_share_the_layers_memory_and_keep_each_outputs_bits() 
         before = [attention.q_proj(x), attention.k_proj(x), attention.v_proj(x)]
     decoder, _ = LeanDecoder.build(model)
     assert decoder is not None
-    qkv = decoder.layers[0].qkv
+    (qkv,) = decoder.layers[0].attention_in
     assert isinstance(qkv, QuantizedLinear) and qkv.out_features == 64 + 32 + 32
     with torch.inference_mode():
         fused = qkv(x)
@@ -118,3 +126,38 @@ def test_fused_projections_share_the_layers_memory_and_keep_each_outputs_bits() 
     assert torch.equal(fused, torch.cat(before, dim=-1))
     assert all(torch.equal(a, b) for a, b in zip(after, before))
     assert attention.q_proj.packed.data_ptr() == qkv.packed.data_ptr()
+    again, _ = LeanDecoder.build(model)  # a second backend over the same model: no second copy
+    assert again is not None and again.layers[0].attention_in[0].packed.data_ptr() == qkv.packed.data_ptr()
+    with torch.inference_mode():
+        assert torch.equal(again.layers[0].attention_in[0](x), fused)
+
+
+def test_a_targets_chains_trees_and_packed_passes_score_as_its_own_forward() -> None:
+    """The target's backend takes the lean forward for chains and packed passes (its own forward
+    for trees and states), each bitwise the own forward's scores; a layer whose projections have
+    different bits (a GGUF's 6-bit value projection) runs them unfused."""
+    from leapdecode.engine.backend import TorchBackend
+    from leapdecode.engine.tree import compile_tree
+
+    model = draft_path("qwen2", seed=4, head_bits=8)
+    attention = model.model.layers[1].self_attn
+    attention.v_proj = QuantizedLinear.from_weight(attention.v_proj.weight_float(), 8, attention.v_proj.bias)
+    lean, own = TorchBackend(model, exact_tokens=16), TorchBackend(model, exact_tokens=16, lean=False)
+    assert lean.lean is not None and lean.lean.native is not None and own.lean is None
+    assert [len(layer.attention_in) for layer in lean.lean.layers] == [1, 3]
+    prompt, other = prompts(2, seed=8)
+    tree = compile_tree((-1, -1, 0))  # the root, two children, a grandchild
+    with torch.inference_mode():
+        (seq_l, first_l), (seq_o, first_o) = lean.prefill(prompt), own.prefill(prompt)
+        assert torch.equal(first_l.logits, first_o.logits)
+        for chain in ([3], [4, 5, 6, 7], [8, 9]):
+            assert torch.equal(lean.forward(seq_l, chain).logits, own.forward(seq_o, chain).logits)
+        got, want = lean.forward(seq_l, [1, 2, 3, 4], tree=tree), own.forward(seq_o, [1, 2, 3, 4], tree=tree)
+        assert torch.equal(got.logits, want.logits)
+        lean.keep(seq_l, seq_l.length - 4, [0, 1])
+        own.keep(seq_o, seq_o.length - 4, [0, 1])
+        assert torch.equal(lean.forward(seq_l, [5]).logits, own.forward(seq_o, [5]).logits)
+        packed, alone = lean.prefill(other)[0], own.prefill(other)[0]
+        scored = forward_batch(lean, [BatchItem(seq_l, [6, 7]), BatchItem(packed, [8])])
+        assert torch.equal(scored[0].logits, own.forward(seq_o, [6, 7]).logits)
+        assert torch.equal(scored[1].logits, own.forward(alone, [8]).logits)

@@ -288,7 +288,9 @@ def layer_outputs(model, run) -> list[torch.Tensor]:
 
 @pytest.mark.parametrize("rows", [2, 4, 8, 16])
 def test_every_row_of_every_layer_is_bitwise_a_one_token_pass(exact_lm, rows) -> None:
-    backend = TorchBackend(exact_lm.model)
+    # the model's own forward, whose layers the hooks see (the lean forward calls no layer module;
+    # tests/test_lean.py checks it against this one)
+    backend = TorchBackend(exact_lm.model, lean=False)
     ids = exact_lm.tokenizer("def fibonacci(n):\n    if n < 2:\n        return n\n" * 12)["input_ids"]
     context, tokens = 150, ids[150 : 150 + rows]
     num_layers = len(exact_lm.model.model.layers)

@@ -129,7 +129,7 @@ class EngineRunner:
 def make_runner(
     lm: LoadedModel,
     entry: Entry,
-    load_draft: Callable[[str, LoadedModel], LoadedModel],
+    load_draft: Callable[..., LoadedModel],
     sampling: SamplingParams = SamplingParams(),
 ) -> Runner:
     method = entry.method
@@ -139,7 +139,11 @@ def make_runner(
         from leapdecode.bench.llamacpp_tools import LlamaCppSpeculativeRunner
 
         return LlamaCppSpeculativeRunner(lm, method, load_draft(method.model, lm), entry.label, sampling)
-    draft = load_draft(method.model, lm) if isinstance(method, (DraftModel, HfAssisted)) and method.model else None
+    draft = None
+    if isinstance(method, DraftModel) and method.model:
+        draft = load_draft(method.model, lm, method)
+    elif isinstance(method, HfAssisted) and method.model:
+        draft = load_draft(method.model, lm)
     if method.peer:
         return HfRunner(lm, method, draft, entry.label, sampling)
     return EngineRunner(lm, method, draft, entry.label, sampling)
@@ -206,9 +210,15 @@ def run_benchmark(
     drafts: dict[tuple[str, str, str], LoadedModel] = {}
     models: dict[Variant, LoadedModel] = {Variant(): lm}
 
-    def load_draft(name: str, target: LoadedModel) -> LoadedModel:
+    def load_draft(name: str, target: LoadedModel, method: DraftModel | None = None) -> LoadedModel:
         """One copy of each draft model per target dtype and quantization, loaded as the target is
-        (in llama.cpp for a target there)."""
+        (in llama.cpp for a target there); for this engine's draft-model method, as the method
+        loads it for a user (its `precision`: on a CPU, int4 for drafting), one copy per precision."""
+        if method is not None and target.backend == "torch":
+            key = (name, f"draft:{method.precision}", f"{target.model.dtype} {target.quantize}")
+            if key not in drafts:
+                drafts[key] = method.load_draft(target, log)
+            return drafts[key]
         if target.backend == "llama.cpp":
             key = (name, "llama.cpp", "")
             if key not in drafts:

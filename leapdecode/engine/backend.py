@@ -7,24 +7,22 @@ loaded model can serve several sequences one after another.
 
 from __future__ import annotations
 
-import functools
 import inspect
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
 
-from leapdecode.engine.tree import TreeLayout, TreeMaskBuffer
+from leapdecode.engine.cache import CacheState as CacheState
+from leapdecode.engine.cache import cache_room as cache_room
+from leapdecode.engine.cache import extend_cache as extend_cache
+from leapdecode.engine.cache import keep_cache_entries as keep_cache_entries
+from leapdecode.engine.cache import new_growing_cache as new_growing_cache
+from leapdecode.engine.cache import rollback_cache as rollback_cache
+from leapdecode.engine.lean_pass import attend_packed, lean_agrees, lean_states
+from leapdecode.engine.tree import TreeLayout
 from leapdecode.errors import InputError, ModelLoadError
-
-
-@dataclass
-class CacheState:
-    """One sequence's KV cache. `length` is how many tokens the cache holds."""
-
-    cache: Any
-    length: int
-    tree_mask: TreeMaskBuffer = field(default_factory=TreeMaskBuffer)  # reused by every tree pass
+from leapdecode.models.lean import LeanDecoder
 
 
 @dataclass(frozen=True)
@@ -140,10 +138,11 @@ def cache_argument(forward: Any) -> str:
 class TorchBackend:
     """A `transformers` causal LM, driven only through its public forward and cache objects."""
 
-    def __init__(self, model: Any, exact_tokens: int | None = None) -> None:
+    def __init__(self, model: Any, exact_tokens: int | None = None, *, lean: bool = True) -> None:
         """`exact_tokens`: on a row-exact model (every pass's rows bitwise one-token passes), the
         longest decoding pass to verify (`LoadedModel.exact_tokens`); drafts are kept one token
-        shorter (the pending token). None: no row-exact guarantee."""
+        shorter (the pending token). None: no row-exact guarantee. `lean`: chains and packed
+        passes on the lean forward where it gives bitwise this model's scores (`take_lean`)."""
         self.model = model
         self.exact_tokens = exact_tokens
         self.device: torch.device = model.device
@@ -151,8 +150,52 @@ class TorchBackend:
         self.layout = AttentionLayout(model.config)
         self.attention = str(getattr(model.config, "_attn_implementation", None) or "eager")
         self.cache_argument = cache_argument(model.forward)
+        self.lean: LeanDecoder | None = None
+        self.lean_reason = "not asked for"  # why the model's own forward runs (empty on the lean one)
+        if lean:
+            self.take_lean()
+
+    def take_lean(self) -> None:
+        """Run chains and packed passes without states on the lean forward (`models.lean`: the
+        decoder layers in a few calls, in one C++ call a chain where it builds) when it scores
+        bitwise as the model's own forward (`engine.lean_pass.lean_agrees`)."""
+        decoder, reason = LeanDecoder.build(self.model)
+        if decoder is not None:
+            lean = decoder
+            if not lean_agrees(
+                lambda ids, seq: self._own_run(seq, ids, 0).logits,
+                lambda ids, seq, native: self._lean_run(lean, seq, ids, 0, native=native).logits,
+                self.vocab_size,
+            ):
+                decoder, reason = None, "its scores differ from the model's own forward"
+        self.lean, self.lean_reason = decoder, reason
+
+    def head_logits(self, states: torch.Tensor) -> torch.Tensor:
+        """The output layer over the final norm's states [k, hidden] -> [k, vocab]."""
+        logits: torch.Tensor = self.model.get_output_embeddings()(states)
+        return logits
 
     def _run(
+        self,
+        seq: CacheState,
+        token_ids: list[int],
+        logits_to_keep: int,
+        tree: TreeLayout | None = None,
+        features: tuple[int, ...] = (),
+    ) -> Scores:
+        if self.lean is not None and (tree is None or tree.is_chain) and not features:
+            return self._lean_run(self.lean, seq, token_ids, logits_to_keep)
+        return self._own_run(seq, token_ids, logits_to_keep, tree, features)
+
+    def _lean_run(
+        self, decoder: LeanDecoder, seq: CacheState, token_ids: list[int], logits_to_keep: int, *, native: bool = True
+    ) -> Scores:
+        tokens = torch.tensor(token_ids, dtype=torch.long, device=self.device)  # [n]
+        states = lean_states(decoder, tokens, seq, native=native)  # [n, hidden]
+        seq.length += len(token_ids)
+        return Scores(logits=self.head_logits(states[-logits_to_keep:] if logits_to_keep else states))
+
+    def _own_run(
         self,
         seq: CacheState,
         token_ids: list[int],
@@ -200,6 +243,10 @@ class TorchBackend:
         """One packed pass (`engine.batch.forward_batch`: `cache` a `PackedCache`, also handed to
         attention): the logits of `rows` [kept, vocab] and the `features` layers' states [N, F]."""
         from leapdecode.models.row_exact import BATCH_KEYWORD
+
+        if self.lean is not None and not features:
+            states = self.lean.forward(input_ids[0], position_ids[0], attend_packed(self.lean, cache))  # [N, hidden]
+            return self.head_logits(states[rows]), None
 
         out = self.model(
             input_ids=input_ids,  # [1, N]
@@ -310,116 +357,6 @@ class TorchBackend:
         return CacheState(cache=copy, length=seq.length)
 
 
-def new_growing_cache() -> Any:
-    """A `transformers` DynamicCache whose layers append in place (`GrowingLayer`)."""
-    from transformers import DynamicCache
-
-    cache = DynamicCache()
-    cache.layer_class_to_replicate = _growing_layer_class()
-    return cache
-
-
-@functools.cache
-def _growing_layer_class() -> type:
-    from transformers.cache_utils import DynamicLayer
-
-    class GrowingLayer(DynamicLayer):
-        """A cache layer whose keys and values are views of a longer buffer: appending writes the
-        new tokens in place (the buffer grows by half when full, so copies are amortised), and
-        cropping narrows the views. A decode step then copies its own tokens, never the context,
-        where `DynamicLayer` concatenates the whole cache every step."""
-
-        def update(
-            self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
-        ) -> tuple[torch.Tensor, torch.Tensor]:
-            if not self.is_initialized:
-                self.lazy_initialization(key_states, value_states)
-            length = self.get_seq_length()
-            end = length + key_states.shape[-2]
-            keys, values = self.keys, self.values
-            assert keys is not None and values is not None, "initialised above"
-            buffers: tuple[torch.Tensor, ...] | None = getattr(self, "buffers", None)  # set below, first update
-            # rebuilt when full, or when something outside replaced the views (e.g. a beam reorder)
-            if buffers is None or end > buffers[0].shape[-2] or buffers[0].data_ptr() != keys.data_ptr() or length == 0:
-                capacity = end + max(256, end // 2)
-                buffers = tuple(
-                    torch.cat(
-                        [old[..., :length, :], new.new_zeros((*new.shape[:-2], capacity - length, new.shape[-1]))],
-                        dim=-2,
-                    )
-                    if length
-                    else new.new_zeros((*new.shape[:-2], capacity, new.shape[-1]))
-                    for old, new in ((keys, key_states), (values, value_states))
-                )  # each [batch, kv_heads, capacity, head_dim]
-                self.buffers = buffers
-            buffers[0][..., length:end, :] = key_states
-            buffers[1][..., length:end, :] = value_states
-            self.keys, self.values = buffers[0][..., :end, :], buffers[1][..., :end, :]
-            return self.keys, self.values
-
-        def room(self, end: int) -> tuple[torch.Tensor, torch.Tensor] | None:
-            """The key and value buffers when they hold this layer's tokens and have room up to
-            `end`, for a forward that writes them itself (`models.lean`); else None."""
-            buffers: tuple[torch.Tensor, ...] | None = getattr(self, "buffers", None)
-            if buffers is None or self.keys is None or buffers[0].data_ptr() != self.keys.data_ptr():
-                return None
-            return (buffers[0], buffers[1]) if end <= buffers[0].shape[-2] else None
-
-        def extend(self, end: int) -> None:
-            """Take in the tokens a forward wrote into the buffers up to `end` (after `room`)."""
-            self.keys, self.values = self.buffers[0][..., :end, :], self.buffers[1][..., :end, :]
-
-    return GrowingLayer
-
-
-def cache_room(seq: CacheState, count: int) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
-    """Each layer's key and value buffers [1, kv_heads, capacity, dim] with room for `count` more
-    tokens, when every layer of `seq`'s cache is a growing one holding its `length` tokens; else
-    None (a forward through the cache's `update` then grows it). After writing them, `extend_cache`."""
-    layers: list[Any] = list(seq.cache.layers)
-    growing = _growing_layer_class()
-    if not layers or not all(isinstance(layer, growing) for layer in layers):
-        return None
-    if any(layer.get_seq_length() != seq.length for layer in layers):
-        return None
-    rooms = [layer.room(seq.length + count) for layer in layers]
-    return None if any(room is None for room in rooms) else [room for room in rooms if room is not None]
-
-
-def extend_cache(seq: CacheState, count: int) -> None:
-    """Every layer takes in `count` tokens written into its buffers (after `cache_room`); the
-    caller then counts them in `seq.length`."""
-    for layer in seq.cache.layers:
-        layer.extend(seq.length + count)
-
-
 def _chosen_states(out: Any, features: tuple[int, ...]) -> torch.Tensor | None:
     """The `features` layers' states of a forward's output, side by side: [n, F], or None."""
     return torch.cat([out.hidden_states[i][0] for i in features], dim=-1) if features else None
-
-
-def rollback_cache(seq: CacheState, length: int) -> None:
-    """Cut a `transformers` cache back to `length` tokens (every layer, however far a failed pass
-    wrote into it); the one place a cache shrinks."""
-    if not 0 <= length <= seq.length:
-        raise ValueError(f"cannot roll a cache of {seq.length} tokens back to {length}")
-    # each layer from its own length: a pass that failed part-way leaves the first layers longer
-    for layer in seq.cache.layers:
-        extra = layer.get_seq_length() - length
-        if extra > 0:
-            layer.crop(-extra)  # a negative count: tokens to remove from the end
-    seq.length = length
-
-
-def keep_cache_entries(seq: CacheState, start: int, nodes: list[int]) -> None:
-    """Move the entries `start + nodes[j]` to `start + j` in every layer, then cut the rest:
-    after a tree pass, only the root and the accepted path stay, in order. A chain's path is
-    already in place, so this is then a plain rollback."""
-    if any(n < 0 or start + n >= seq.length for n in nodes):
-        raise ValueError(f"cannot keep nodes {nodes} after {start} in a cache of {seq.length} tokens")
-    if nodes != list(range(len(nodes))):
-        source = torch.tensor(nodes, dtype=torch.long, device=seq.cache.layers[0].keys.device) + start  # [len(nodes)]
-        for layer in seq.cache.layers:
-            for states in (layer.keys, layer.values):  # [batch, heads, length, head_dim]
-                states[:, :, start : start + len(nodes)] = states[:, :, source]
-    rollback_cache(seq, start + len(nodes))

@@ -22,8 +22,11 @@ torch::Tensor row_exact_attention(const torch::Tensor& query, const torch::Tenso
 
 namespace {
 
-constexpr int64_t kParts = 6;    // per layer: input norm, qkv, o, post-attention norm, gate_up, down
-constexpr int64_t kLinears = 4;  // per layer: qkv, o, gate_up, down
+// Per layer, the weights: input norm, q (or q, k and v fused), k, v, o, post-attention norm, gate (or
+// gate and up fused), up, down; a fused layer's k, v or up slot is empty. Its products: the same less
+// the norms.
+constexpr int64_t kParts = 9;
+constexpr int64_t kLinears = 7;
 
 // Rotary as transformers applies it, out = x * cos + rotate_half(x) * sin, rotate_half(x) =
 // (-x[half:], x[:half]): each product and the sum rounded once, as its three tensor ops round them.
@@ -35,12 +38,20 @@ __attribute__((optimize("fp-contract=off"))) void rotate(const float* x, const f
 
 std::optional<torch::Tensor> bias_of(const torch::Tensor& b) { return b.numel() ? std::optional<torch::Tensor>(b) : std::nullopt; }
 
+// The products of `count` slots from `first` side by side (one fused product, or several joined).
+torch::Tensor products(const torch::Tensor& x, const torch::Tensor* w, const torch::Tensor* b, const int64_t* N, const int64_t* B,
+                       const int64_t* S, int count, int64_t isa) {
+  std::vector<torch::Tensor> outs;
+  for (int i = 0; i < count && (i == 0 || w[i].numel()); ++i) outs.push_back(quantized_linear(x, w[i], B[i], S[i] != 0, N[i], bias_of(b[i]), isa));
+  return outs.size() == 1 ? outs[0] : at::cat(outs, 1);
+}
+
 }  // namespace
 
 // x [n, hidden] float32, the embeddings of n tokens appended after `length` cached ones (a chain:
 // each row attends causally). Per layer, `weights` holds kParts tensors (the norms' weights and the
-// linear layers' packed blocks), `biases` kLinears (empty: none), `outs` their output counts and
-// `bits`, `super` their packed forms (quant.cpp);
+// linear layers' packed blocks, in the order above), `biases` kLinears (empty: none), `outs` their
+// output counts and `bits`, `super` their packed forms (quant.cpp);
 // `keys`, `values` [1, kv_heads, capacity, dim] with capacity >= length + n: this call writes rows
 // length .. length + n - 1. cos, sin [n, dim] at the rows' positions. Returns the last layer's
 // output [n, hidden] (before the final norm).
@@ -66,17 +77,18 @@ torch::Tensor lean_layers(const torch::Tensor& x_in, const std::vector<torch::Te
     const int64_t* B = bits.data() + kLinears * l;
     const int64_t* S = super.data() + kLinears * l;
     const torch::Tensor &K = keys[l], &V = values[l];
-    TORCH_CHECK(N[0] == (H + 2 * KV) * D && K.dim() == 4 && V.sizes() == K.sizes() && K.size(1) == KV && K.size(3) == D &&
-                    K.size(2) >= length + n && K.stride(3) == 1 && V.stride(3) == 1 && K.scalar_type() == torch::kFloat &&
-                    V.scalar_type() == torch::kFloat,
+    TORCH_CHECK(N[0] + N[1] + N[2] == (H + 2 * KV) * D && K.dim() == 4 && V.sizes() == K.sizes() && K.size(1) == KV &&
+                    K.size(3) == D && K.size(2) >= length + n && K.stride(3) == 1 && V.stride(3) == 1 &&
+                    K.scalar_type() == torch::kFloat && V.scalar_type() == torch::kFloat,
                 "lean_layers: layer ", l, "'s projections or cache buffers do not fit");
-    // 1. attention: norm, the fused projections, rotary (queries to `q`, keys straight into the cache)
-    const torch::Tensor qkv = quantized_linear(rms_norm(x, w[0], eps, false), w[1], B[0], S[0], N[0], bias_of(b[0]), isa);
+    // 1. attention: norm, the projections, rotary (queries to `q`, keys straight into the cache)
+    const torch::Tensor qkv = products(rms_norm(x, w[0], eps, false), w + 1, b, N, B, S, 3, isa);  // [n, (H + 2 KV) D]
     torch::Tensor q = torch::empty({1, n, H, D}, x.options());
     const float *src = qkv.data_ptr<float>(), *cp = cos.data_ptr<float>(), *sp = sin.data_ptr<float>();
     float *qp = q.data_ptr<float>(), *kp = K.data_ptr<float>(), *vp = V.data_ptr<float>();
+    const int64_t width = (H + 2 * KV) * D;
     for (int64_t r = 0; r < n; ++r) {
-      const float* row = src + r * N[0];
+      const float* row = src + r * width;
       for (int64_t h = 0; h < H; ++h) rotate(row + h * D, cp + r * D, sp + r * D, qp + (r * H + h) * D, D);
       for (int64_t h = 0; h < KV; ++h) {
         rotate(row + (H + h) * D, cp + r * D, sp + r * D, kp + h * K.stride(1) + (length + r) * K.stride(2), D);
@@ -85,12 +97,12 @@ torch::Tensor lean_layers(const torch::Tensor& x_in, const std::vector<torch::Te
     }
     const torch::Tensor seen = row_exact_attention(q.transpose(1, 2), K.narrow(2, 0, length + n), V.narrow(2, 0, length + n),
                                                    std::nullopt, scale, false);  // [1, n, H, D]
-    x.add_(quantized_linear(seen.reshape({n, H * D}), w[2], B[1], S[1], N[1], bias_of(b[1]), isa));
-    // 2. the MLP: norm, gate and up in one product, SiLU(gate) * up, down
-    const torch::Tensor gate_up = quantized_linear(rms_norm(x, w[3], eps, false), w[4], B[2], S[2], N[2], bias_of(b[2]), isa);
-    const int64_t I = N[2] / 2;
+    x.add_(quantized_linear(seen.reshape({n, H * D}), w[4], B[3], S[3] != 0, N[3], bias_of(b[3]), isa));
+    // 2. the MLP: norm, gate and up, SiLU(gate) * up, down
+    const torch::Tensor gate_up = products(rms_norm(x, w[5], eps, false), w + 6, b + 4, N + 4, B + 4, S + 4, 2, isa);
+    const int64_t I = gate_up.size(1) / 2;
     const torch::Tensor act = at::mul(at::silu(gate_up.narrow(1, 0, I)), gate_up.narrow(1, I, I));
-    x.add_(quantized_linear(act, w[5], B[3], S[3], N[3], bias_of(b[3]), isa));
+    x.add_(quantized_linear(act, w[8], B[6], S[6] != 0, N[6], bias_of(b[6]), isa));
   }
   return x;
 }

@@ -41,14 +41,21 @@ _MLP_PARTS = {"gate_proj", "up_proj", "down_proj", "act_fn"}
 
 @dataclass(frozen=True)
 class LeanLayer:
-    """One decoder layer's parts, the fused projections sharing the model's packed weights."""
+    """One decoder layer's parts. `attention_in`: the query, key and value projections fused into
+    one product, or the three where they cannot share one (other bits); `mlp_in` likewise the gate
+    and up projections (one or two)."""
 
     norm_in: RowExactRMSNorm
-    qkv: QuantizedLinear  # [hidden] -> [(heads + 2 kv_heads) * dim]
+    attention_in: tuple[QuantizedLinear, ...]  # [hidden] -> [(heads + 2 kv_heads) * dim] side by side
     o: QuantizedLinear
     norm_post: RowExactRMSNorm
-    gate_up: QuantizedLinear  # [hidden] -> [2 * intermediate]
+    mlp_in: tuple[QuantizedLinear, ...]  # [hidden] -> [2 * intermediate] side by side
     down: QuantizedLinear
+
+    def linears(self) -> list[QuantizedLinear | None]:
+        """The layer's products in `lean.cpp`'s slots (None: an empty slot, the part fused)."""
+        a, m = self.attention_in, self.mlp_in
+        return [a[0], *(a[1:] or (None, None)), self.o, m[0], *(m[1:] or (None,)), self.down]
 
 
 class LeanDecoder:
@@ -66,7 +73,8 @@ class LeanDecoder:
     def _native_args(self) -> dict[str, Any] | None:
         """The layers as `lean.cpp` takes them, with the extension; None where they do not share
         one kernel path and norm epsilon (or it does not build): then the Python loop runs."""
-        linears = [linear for layer in self.layers for linear in (layer.qkv, layer.o, layer.gate_up, layer.down)]
+        slots = [linear for layer in self.layers for linear in layer.linears()]
+        linears = [linear for linear in slots if linear is not None]
         norms = [norm for layer in self.layers for norm in (layer.norm_in, layer.norm_post)]
         if len({linear.isa for linear in linears}) != 1 or len({norm.variance_epsilon for norm in norms}) != 1:
             return None
@@ -74,24 +82,17 @@ class LeanDecoder:
         if module is None:
             return None
         none = torch.empty(0)
+        weights = []
+        for layer in self.layers:
+            packed = [none if linear is None else linear.packed for linear in layer.linears()]
+            weights += [layer.norm_in.weight, *packed[:4], layer.norm_post.weight, *packed[4:]]
         return dict(
             module=module,
-            weights=[
-                t
-                for layer in self.layers
-                for t in (
-                    layer.norm_in.weight,
-                    layer.qkv.packed,
-                    layer.o.packed,
-                    layer.norm_post.weight,
-                    layer.gate_up.packed,
-                    layer.down.packed,
-                )
-            ],
-            biases=[none if linear.bias is None else linear.bias for linear in linears],
-            outs=[linear.out_features for linear in linears],
-            bits=[linear.bits for linear in linears],
-            super_blocks=[int(linear.super_blocks) for linear in linears],
+            weights=weights,
+            biases=[none if linear is None or linear.bias is None else linear.bias for linear in slots],
+            outs=[0 if linear is None else linear.out_features for linear in slots],
+            bits=[0 if linear is None else linear.bits for linear in slots],
+            super_blocks=[int(linear is not None and linear.super_blocks) for linear in slots],
             eps=norms[0].variance_epsilon,
             isa=linears[0].isa,
         )
@@ -128,7 +129,7 @@ class LeanDecoder:
         h, kv, d = self.heads, self.kv_heads, self.head_dim
         half = d // 2
         for index, layer in enumerate(self.layers):
-            qkv = self._linear(layer.qkv, layer.norm_in(x))  # [n, (h + 2 kv) d]
+            qkv = self._linears(layer.attention_in, layer.norm_in(x))  # [n, (h + 2 kv) d]
             qk = qkv[:, : (h + kv) * d].view(1, n, h + kv, d).transpose(1, 2)  # [1, h + kv, n, d]
             # rotary as transformers applies it (q * cos + rotate_half(q) * sin): the same bits
             turned = torch.cat((-qk[..., half:], qk[..., :half]), dim=-1)
@@ -136,7 +137,7 @@ class LeanDecoder:
             values = qkv[:, (h + kv) * d :].view(1, n, kv, d).transpose(1, 2)  # [1, kv, n, d]
             out = attend(index, qk[:, :h], qk[:, h:], values)  # [1, n, h, d]
             x = x + self._linear(layer.o, out.reshape(n, h * d))
-            gate_up = self._linear(layer.gate_up, layer.norm_post(x))  # [n, 2 * intermediate]
+            gate_up = self._linears(layer.mlp_in, layer.norm_post(x))  # [n, 2 * intermediate]
             width = gate_up.shape[1] // 2
             x = x + self._linear(layer.down, nn.functional.silu(gate_up[:, :width]) * gate_up[:, width:])
         states: torch.Tensor = self.body.norm(x)  # [n, hidden]
@@ -186,6 +187,11 @@ class LeanDecoder:
 
         return attend
 
+    def _linears(self, layers: tuple[QuantizedLinear, ...], x: torch.Tensor) -> torch.Tensor:
+        """The products of `layers` (one fused, or several) side by side: [n, sum of outputs]."""
+        outs = [self._linear(layer, x) for layer in layers]
+        return outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
+
     def _linear(self, layer: QuantizedLinear, x: torch.Tensor) -> torch.Tensor:
         out: torch.Tensor = self.quant.quantized_linear(
             x, layer.packed, layer.bits, layer.super_blocks, layer.out_features, layer.bias, layer.isa
@@ -206,20 +212,20 @@ def _lean_layer(layer: nn.Module) -> LeanLayer | None:
         return None
     linears = [attention[name] for name in ("q_proj", "k_proj", "v_proj", "o_proj")]
     linears += [mlp[name] for name in ("gate_proj", "up_proj", "down_proj")]
-    if not all(isinstance(linear, QuantizedLinear) for linear in linears) or not _is_silu(mlp["act_fn"]):
+    if not all(isinstance(linear, QuantizedLinear) and not linear._forward_hooks for linear in linears):
+        return None
+    if not _is_silu(mlp["act_fn"]):
         return None
     q, k, v, o, gate, up, down = linears
-    qkv, gate_up = _fused([q, k, v]), _fused([gate, up])
-    if qkv is None or gate_up is None:
-        return None
-    return LeanLayer(norms[0], qkv, o, norms[1], gate_up, down)
+    return LeanLayer(norms[0], _fused([q, k, v]), o, norms[1], _fused([gate, up]), down)
 
 
-def _fused(layers: list[QuantizedLinear]) -> QuantizedLinear | None:
-    """One quantized layer computing `layers`' outputs side by side, or None where they cannot
-    share one product (other bits or inputs, an output count off the kernel's blocks of 8, biases
-    on some only). The layers then read their weights from the fused layer's memory (views of
-    it), so the model's own forward keeps working and nothing is held twice."""
+def _fused(layers: list[QuantizedLinear]) -> tuple[QuantizedLinear, ...]:
+    """One quantized layer computing `layers`' outputs side by side, or `layers` themselves where
+    they cannot share one product (other bits or inputs, an output count off the kernel's blocks
+    of 8, biases on some only). The layers then read their weights from the fused layer's memory
+    (views of it), so the model's own forward keeps working, nothing is held twice, and a second
+    build over the same model fuses without copying."""
     first = layers[0]
     if (
         any(
@@ -229,17 +235,32 @@ def _fused(layers: list[QuantizedLinear]) -> QuantizedLinear | None:
         )
         or len({layer.bias is None for layer in layers}) != 1
     ):
-        return None
-    packed = torch.cat([layer.packed for layer in layers])  # [sum of blocks, ...]
+        return tuple(layers)
     bias = None if first.bias is None else torch.cat([layer.bias for layer in layers if layer.bias is not None])
     out = sum(layer.out_features for layer in layers)
+    blocks = sum(layer.packed.shape[0] for layer in layers)
+    if _side_by_side([layer.packed for layer in layers]):  # fused before: one view over them
+        packed = first.packed.new_empty(0).set_(
+            first.packed.untyped_storage(), first.packed.storage_offset(), (blocks, *first.packed.shape[1:])
+        )
+        return (QuantizedLinear(packed, first.bits, out, first.in_features, bias, first.super_blocks, copy=False),)
+    packed = torch.cat([layer.packed for layer in layers])  # [blocks, ...]
     fused = QuantizedLinear(packed, first.bits, out, first.in_features, bias, super_blocks=first.super_blocks)
     start = 0
     for layer in layers:
-        blocks = layer.packed.shape[0]
-        layer.packed = fused.packed[start : start + blocks]
-        start += blocks
-    return fused
+        count = layer.packed.shape[0]
+        layer.packed = fused.packed[start : start + count]
+        start += count
+    return (fused,)
+
+
+def _side_by_side(tensors: list[torch.Tensor]) -> bool:
+    """Whether `tensors` (contiguous) lie one right after another in one storage."""
+    storage = tensors[0].untyped_storage().data_ptr()
+    for before, after in zip(tensors, tensors[1:]):
+        if after.untyped_storage().data_ptr() != storage or after.data_ptr() != before.data_ptr() + before.nbytes:
+            return False
+    return all(t.is_contiguous() for t in tensors)
 
 
 def _is_silu(module: nn.Module) -> bool:

@@ -365,7 +365,11 @@ class QuantizedLinear(nn.Module):
         in_features: int,
         bias: torch.Tensor | None,
         super_blocks: bool = False,
+        *,
+        copy: bool = True,
     ) -> None:
+        """`copy`: take `packed` into memory of its own (huge pages); False: use it as it is (a view
+        of weights another layer holds)."""
         super().__init__()
         if (
             bits not in BODY
@@ -382,7 +386,7 @@ class QuantizedLinear(nn.Module):
         self.super_blocks = super_blocks
         self.out_features = out_features
         self.in_features = in_features
-        self.register_buffer("packed", _in_huge_pages(packed))
+        self.register_buffer("packed", _in_huge_pages(packed) if copy else packed)
         self.bias = nn.Parameter(bias.detach().float(), requires_grad=False) if bias is not None else None
 
     @classmethod
