@@ -134,8 +134,8 @@ def forward_batch(backend: TorchBackend, items: Sequence[BatchItem], features: t
         # one chain: the sequence's own pass (bitwise the same, and where the backend has a faster
         # path for one sequence, as the lean forward's one C++ call, that one)
         item = items[0]
-        scores = backend.forward(item.seq, list(item.tokens))
-        return [Scores(logits=scores.logits[-1:]) if item.last_only else scores]
+        own = backend.forward(item.seq, list(item.tokens))
+        return [Scores(logits=own.logits[-1:]) if item.last_only else own]
     device = backend.device
     masks: list[torch.Tensor | None] = []
     positions = []
