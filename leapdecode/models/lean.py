@@ -1,19 +1,20 @@
-"""A lean forward for a draft model: the decoder body of a Llama-family model in a few calls a layer.
+"""A lean forward: the decoder body of a Llama-family model on the quantized kernels, in few calls.
 
-Why: a draft model's pass is small, so what a pass spends outside its matrix products weighs:
-transformers' forward of the 0.5B Qwen2.5 runs ~40 small torch ops and a dozen module calls,
-decorators and hooks a layer, about 0.3 ms a layer on two cores and 7 of its 23 ms a pass
-(`docs/results/...-int4-pass-profile`). This forward runs the same layers in the same float
-operations through the same kernels, with the query, key and value projections fused into one
-quantized product and the gate and up projections into another (output blocks are computed
-independently, so a fused product gives each output's bits unchanged): about twenty calls a layer.
+Why: on a CPU, transformers' forward runs ~40 small torch ops and a dozen module calls,
+decorators and hooks a layer, and each small op between two weight streams waits for its code
+to come back into the caches: 7 of the 0.5B's 23 ms a pass, and ~20 of the 1.5B's 75
+(`docs/lossless.md`). This forward runs the same layers in the same float operations through the
+same kernels, with the query, key and value projections fused into one quantized product and
+the gate and up projections into another where their bits match (output blocks are computed
+independently, so a fused product gives each output's bits unchanged): a Python loop of about
+twenty calls a layer (`forward`, any pass) or one C++ call for all layers (`forward_native`, a
+chain of one sequence, `lean.cpp`).
 
 It is built only for a model it reproduces: a decoder of RMS-normed layers, each attention (the
 four projections, nothing else) then a SwiGLU MLP (gate, up, down and a SiLU), its norms and
 linear layers on the row-exact and quantized kernels, and its own rotary module. `LeanDecoder.build`
-checks that structure; its user (`engine.draft_head`) runs a short prompt and two more tokens
-through both forwards, and keeps this one only where the states are bitwise equal.
-A draft model's numerics never change what the target emits; the check keeps its acceptance.
+checks that structure; a backend (`engine.lean_pass.lean_agrees`) then scores a short prompt and
+a chain through both forwards and takes this one only where the scores are bitwise equal.
 """
 
 from __future__ import annotations
