@@ -1,10 +1,10 @@
-// The lean forward's decoder layers in one call (`models/lean.py`): for a draft model's pass over a
-// few rows of one sequence, what transformers runs as ~40 torch ops and a dozen module calls a
-// layer. Each small op between two weight streams pays for its code coming back into the caches
-// (measured: 5-25 us an op after a layer's weights went through), so the layers run here, calling
-// the same kernels as the model's own modules (built into this extension from `quant.cpp` and
-// `row_exact.cpp`) and the same ATen ops where a float formula is ATen's own (SiLU): the states
-// are bitwise those of the Python forward, which checks them at load (`LeanDecoder.agrees`).
+// The lean forward's decoder layers in one call (`models/lean.py`): for a chain of one sequence, what
+// transformers runs as ~40 torch ops and a dozen module calls a layer. Each small op between two
+// weight streams pays for its code coming back into the caches (measured: 5-26 us an op after a
+// layer's weights went through), so the layers run here, calling the same kernels as the model's
+// own modules (built into this extension from `quant.cpp` and `row_exact.cpp`) and the same ATen
+// ops where a float formula is ATen's own (SiLU): the scores are bitwise the model's own, which a
+// backend checks before it takes this path (`engine/lean_pass.py`, `lean_agrees`).
 #include <torch/extension.h>
 
 #include <cstdint>
