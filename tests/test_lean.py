@@ -161,3 +161,14 @@ def test_a_targets_chains_trees_and_packed_passes_score_as_its_own_forward() -> 
         scored = forward_batch(lean, [BatchItem(seq_l, [6, 7]), BatchItem(packed, [8])])
         assert torch.equal(scored[0].logits, own.forward(seq_o, [6, 7]).logits)
         assert torch.equal(scored[1].logits, own.forward(alone, [8]).logits)
+
+
+def test_a_sliding_window_keeps_the_models_own_forward() -> None:
+    """A window the load-time check's short prompt would never reach: refused by the layout."""
+    from leapdecode.engine.backend import TorchBackend
+
+    model = draft_path("qwen2", seed=2, head_bits=8)
+    model.config.layer_types = ["sliding_attention"] * len(model.model.layers)
+    model.config.sliding_window = 8
+    backend = TorchBackend(model, exact_tokens=16)
+    assert backend.lean is None and "sliding" in backend.lean_reason

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 import torch
 
@@ -138,11 +138,13 @@ def cache_argument(forward: Any) -> str:
 class TorchBackend:
     """A `transformers` causal LM, driven only through its public forward and cache objects."""
 
+    scores_trees: ClassVar[bool] = True  # token trees (a tree mask); False: chains only
+
     def __init__(self, model: Any, exact_tokens: int | None = None, *, lean: bool = True) -> None:
         """`exact_tokens`: on a row-exact model (every pass's rows bitwise one-token passes), the
         longest decoding pass to verify (`LoadedModel.exact_tokens`); drafts are kept one token
-        shorter (the pending token). None: no row-exact guarantee. `lean`: chains and packed
-        passes on the lean forward where it gives bitwise this model's scores (`take_lean`)."""
+        shorter (the pending token). None: no row-exact guarantee. `lean`: passes without states
+        on the lean forward where it gives bitwise this model's scores (`take_lean`)."""
         self.model = model
         self.exact_tokens = exact_tokens
         self.device: torch.device = model.device
@@ -156,16 +158,20 @@ class TorchBackend:
             self.take_lean()
 
     def take_lean(self) -> None:
-        """Run chains and packed passes without states on the lean forward (`models.lean`: the
-        decoder layers in a few calls, in one C++ call a chain where it builds) when it scores
-        bitwise as the model's own forward (`engine.lean_pass.lean_agrees`)."""
+        """Run passes without states on the lean forward (`models.lean`: the decoder layers in a few
+        calls, in one C++ call a sequence's chain or tree where it builds) when it scores bitwise as
+        the model's own forward (`engine.lean_pass.lean_agrees`); not with a sliding window."""
+        if self.layout.window is not None:  # a window the short check would not reach
+            self.lean, self.lean_reason = None, "sliding-window attention"
+            return
         decoder, reason = LeanDecoder.build(self.model)
         if decoder is not None:
             lean = decoder
             if not lean_agrees(
-                lambda ids, seq: self._own_run(seq, ids, 0).logits,
-                lambda ids, seq, native: self._lean_run(lean, seq, ids, 0, native=native).logits,
+                lambda ids, seq, tree: self._own_run(seq, ids, 0, tree).logits,
+                lambda ids, seq, native, tree: self._lean_run(lean, seq, ids, 0, native=native, tree=tree).logits,
                 self.vocab_size,
+                trees=self.scores_trees,
             ):
                 decoder, reason = None, "its scores differ from the model's own forward"
         self.lean, self.lean_reason = decoder, reason
@@ -183,15 +189,22 @@ class TorchBackend:
         tree: TreeLayout | None = None,
         features: tuple[int, ...] = (),
     ) -> Scores:
-        if self.lean is not None and (tree is None or tree.is_chain) and not features:
-            return self._lean_run(self.lean, seq, token_ids, logits_to_keep)
+        if self.lean is not None and not features:
+            return self._lean_run(self.lean, seq, token_ids, logits_to_keep, tree=tree)
         return self._own_run(seq, token_ids, logits_to_keep, tree, features)
 
     def _lean_run(
-        self, decoder: LeanDecoder, seq: CacheState, token_ids: list[int], logits_to_keep: int, *, native: bool = True
+        self,
+        decoder: LeanDecoder,
+        seq: CacheState,
+        token_ids: list[int],
+        logits_to_keep: int,
+        *,
+        native: bool = True,
+        tree: TreeLayout | None = None,
     ) -> Scores:
         tokens = torch.tensor(token_ids, dtype=torch.long, device=self.device)  # [n]
-        states = lean_states(decoder, tokens, seq, native=native)  # [n, hidden]
+        states = lean_states(decoder, tokens, seq, native=native, tree=tree)  # [n, hidden]
         seq.length += len(token_ids)
         return Scores(logits=self.head_logits(states[-logits_to_keep:] if logits_to_keep else states))
 

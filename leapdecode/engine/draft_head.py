@@ -15,7 +15,7 @@ Where the draft model's structure allows, its decoder body runs the lean forward
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -49,6 +49,8 @@ def trimmed_head(model: Any, ids: torch.Tensor) -> nn.Module:
 class DraftHeadBackend(TorchBackend):
     """A `TorchBackend` over a draft model whose logits come from a draft vocabulary's rows of its
     output layer (see the module doc). Chains only: a draft model drafts chains."""
+
+    scores_trees: ClassVar[bool] = False
 
     def __init__(self, model: Any, ids: Sequence[int], exact_tokens: int | None = None, *, lean: bool = True) -> None:
         """`lean`: the decoder body on the lean forward where it gives the model's own scores

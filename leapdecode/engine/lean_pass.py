@@ -1,9 +1,9 @@
 """Passes of a `TorchBackend` on the lean forward (`models.lean`): the model's decoder layers in a
 few calls, or one C++ call a pass, giving bitwise the scores its own forward gives.
 
-A backend takes the lean forward only after `lean_agrees`: a 6-token prompt and a 2-token chain
-after it, scored through the model's own forward, the C++ layers and the Python loop, must give
-the same bits. By construction they run the same kernels and float operations, so a model that
+A backend takes the lean forward only after `lean_agrees`: a 6-token prompt, a 2-token chain and
+a 4-node tree after it, scored through the model's own forward, the C++ layers and the Python
+loop, must give the same bits. By construction they run the same kernels and float operations, so a model that
 fails the check has something the lean forward does not run (and keeps its own forward).
 """
 
@@ -15,24 +15,33 @@ from typing import Any
 import torch
 
 from leapdecode.engine.cache import CacheState, cache_room, extend_cache, new_growing_cache
+from leapdecode.engine.tree import TreeLayout, compile_tree
 from leapdecode.models.lean import Attend, LeanDecoder
 
-# (tokens [n] appended to the sequence, the sequence; `native`: the C++ layers where they can run)
-# -> the pass's scores [n, vocab]
-LeanRun = Callable[[list[int], CacheState, bool], torch.Tensor]
-OwnRun = Callable[[list[int], CacheState], torch.Tensor]
+# (tokens [n] appended to the sequence, the sequence; `native`: the C++ layers where they can run;
+# a tree or None: a chain) -> the pass's scores [n, vocab]
+LeanRun = Callable[[list[int], CacheState, bool, TreeLayout | None], torch.Tensor]
+OwnRun = Callable[[list[int], CacheState, TreeLayout | None], torch.Tensor]
 
 
-def lean_states(decoder: LeanDecoder, tokens: torch.Tensor, seq: CacheState, *, native: bool = True) -> torch.Tensor:
+def lean_states(
+    decoder: LeanDecoder, tokens: torch.Tensor, seq: CacheState, *, native: bool = True, tree: TreeLayout | None = None
+) -> torch.Tensor:
     """The lean forward of `tokens` [n] after `seq`'s cache, which it writes (`seq.length` is the
-    caller's to move): the C++ layers where the cache has room, else the Python loop, which grows
-    it -> the final norm's states [n, hidden]."""
-    n = tokens.shape[0]
+    caller's to move), a chain or `tree`'s nodes (root first, each seeing its own path): the C++
+    layers where the cache has room, else the Python loop, which grows it -> the final norm's
+    states [n, hidden]."""
+    n, device = tokens.shape[0], tokens.device
+    visible = None
+    if tree is None or tree.is_chain:
+        positions = torch.arange(seq.length, seq.length + n, device=device)  # [n]
+    else:
+        positions = seq.length + tree.depth_on(device)  # [n]
+        visible = seq.tree_mask.mask(tree, seq.length, torch.float32, device)[0, 0] == 0  # [n, past+n]
     room = cache_room(seq, n) if native and decoder.native is not None else None
     if room is None:
-        positions = torch.arange(seq.length, seq.length + n, device=tokens.device)  # [n]
-        return decoder.forward(tokens, positions, decoder.attend_cache(seq.cache))
-    states = decoder.forward_native(tokens, seq.length, room)
+        return decoder.forward(tokens, positions, decoder.attend_cache(seq.cache, visible))
+    states = decoder.forward_native(tokens, positions, seq.length, room, visible)
     extend_cache(seq, n)
     return states
 
@@ -49,15 +58,20 @@ def attend_packed(decoder: LeanDecoder, cache: Any) -> Attend:
     return attend
 
 
-def lean_agrees(own: OwnRun, lean: LeanRun, vocab: int) -> bool:
-    """Whether `lean` scores bitwise as `own` does: a 6-token prompt, then a 2-token chain after
-    it, on fresh sequences, through the C++ layers (the chain) and through the Python loop."""
-    tokens = torch.randint(0, vocab, (8,), generator=torch.Generator().manual_seed(0)).tolist()
+CHECK_TREE = compile_tree((-1, -1, 0))  # the root, two children, a grandchild: `lean_agrees`' tree pass
+
+
+def lean_agrees(own: OwnRun, lean: LeanRun, vocab: int, *, trees: bool = True) -> bool:
+    """Whether `lean` scores bitwise as `own` does: a 6-token prompt, a 2-token chain after it and
+    (`trees`: where the backend scores trees) a 4-node tree (`CHECK_TREE`) after that, on fresh
+    sequences, through the C++ layers (the chain and the tree) and through the Python loop."""
+    tokens = torch.randint(0, vocab, (12,), generator=torch.Generator().manual_seed(0)).tolist()
     sequences = [CacheState(cache=new_growing_cache(), length=0) for _ in range(3)]  # own, C++, Python
+    passes = [(0, 6, None), (6, 8, None)] + ([(8, 12, CHECK_TREE)] if trees else [])
     with torch.inference_mode():
-        for a, b in ((0, 6), (6, 8)):
-            want = own(tokens[a:b], sequences[0])
-            got = [lean(tokens[a:b], sequences[1], True), lean(tokens[a:b], sequences[2], False)]
+        for a, b, tree in passes:
+            want = own(tokens[a:b], sequences[0], tree)
+            got = [lean(tokens[a:b], sequences[1], True, tree), lean(tokens[a:b], sequences[2], False, tree)]
             if not all(torch.equal(want, scores) for scores in got):
                 return False
     return True

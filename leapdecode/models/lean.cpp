@@ -1,4 +1,4 @@
-// The lean forward's decoder layers in one call (`models/lean.py`): for a chain of one sequence, what
+// The lean forward's decoder layers in one call (`models/lean.py`): for a pass of one sequence, what
 // transformers runs as ~40 torch ops and a dozen module calls a layer. Each small op between two
 // weight streams pays for its code coming back into the caches (measured: 5-26 us an op after a
 // layer's weights went through), so the layers run here, calling the same kernels as the model's
@@ -48,8 +48,9 @@ torch::Tensor products(const torch::Tensor& x, const torch::Tensor* w, const tor
 
 }  // namespace
 
-// x [n, hidden] float32, the embeddings of n tokens appended after `length` cached ones (a chain:
-// each row attends causally). Per layer, `weights` holds kParts tensors (the norms' weights and the
+// x [n, hidden] float32, the embeddings of n tokens appended after `length` cached ones: a chain
+// (`visible` None: each row attends causally) or a tree's nodes (`visible` [n, length + n] bool:
+// the keys each row may see, as `row_exact_attention` takes them; cos, sin at the nodes' depths). Per layer, `weights` holds kParts tensors (the norms' weights and the
 // linear layers' packed blocks, in the order above), `biases` kLinears (empty: none), `outs` their
 // output counts and `bits`, `super` their packed forms (quant.cpp);
 // `keys`, `values` [1, kv_heads, capacity, dim] with capacity >= length + n: this call writes rows
@@ -57,7 +58,8 @@ torch::Tensor products(const torch::Tensor& x, const torch::Tensor* w, const tor
 // output [n, hidden] (before the final norm).
 torch::Tensor lean_layers(const torch::Tensor& x_in, const std::vector<torch::Tensor>& weights, const std::vector<torch::Tensor>& biases,
                           const std::vector<int64_t>& outs, const std::vector<torch::Tensor>& keys, const std::vector<torch::Tensor>& values,
-                          int64_t length, const torch::Tensor& cos_in, const torch::Tensor& sin_in, int64_t heads, int64_t kv_heads,
+                          int64_t length, const torch::Tensor& cos_in, const torch::Tensor& sin_in,
+                          const std::optional<torch::Tensor>& visible, int64_t heads, int64_t kv_heads,
                           double eps, double scale, const std::vector<int64_t>& bits, const std::vector<int64_t>& super,
                           int64_t isa) {
   const int64_t layers = static_cast<int64_t>(keys.size());
@@ -96,7 +98,7 @@ torch::Tensor lean_layers(const torch::Tensor& x_in, const std::vector<torch::Te
       }
     }
     const torch::Tensor seen = row_exact_attention(q.transpose(1, 2), K.narrow(2, 0, length + n), V.narrow(2, 0, length + n),
-                                                   std::nullopt, scale, false);  // [1, n, H, D]
+                                                   visible, scale, false);  // [1, n, H, D]
     x.add_(quantized_linear(seen.reshape({n, H * D}), w[4], B[3], S[3] != 0, N[3], bias_of(b[3]), isa));
     // 2. the MLP: norm, gate and up, SiLU(gate) * up, down
     const torch::Tensor gate_up = products(rms_norm(x, w[5], eps, false), w + 6, b + 4, N + 4, B + 4, S + 4, 2, isa);

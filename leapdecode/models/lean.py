@@ -8,7 +8,7 @@ same kernels, with the query, key and value projections fused into one quantized
 the gate and up projections into another where their bits match (output blocks are computed
 independently, so a fused product gives each output's bits unchanged): a Python loop of about
 twenty calls a layer (`forward`, any pass) or one C++ call for all layers (`forward_native`, a
-chain of one sequence, `lean.cpp`).
+chain or a tree of one sequence, `lean.cpp`).
 
 It is built only for a model it reproduces: a decoder of RMS-normed layers, each attention (the
 four projections, nothing else) then a SwiGLU MLP (gate, up, down and a SiLU), its norms and
@@ -145,17 +145,22 @@ class LeanDecoder:
         return states
 
     def forward_native(
-        self, input_ids: torch.Tensor, length: int, buffers: list[tuple[torch.Tensor, torch.Tensor]]
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        length: int,
+        buffers: list[tuple[torch.Tensor, torch.Tensor]],
+        visible: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """`forward` of a chain after `length` cached tokens in one C++ call (`native` set): the
-        same states. buffers: per layer the cache's key and value buffers [1, kv_heads, capacity,
-        dim] with room for the chain, whose rows it writes (the caller then extends the cache)."""
+        """`forward` of one sequence's pass after `length` cached tokens in one C++ call (`native`
+        set): the same states. buffers: per layer the cache's key and value buffers [1, kv_heads,
+        capacity, dim] with room for the pass, whose rows it writes (the caller then extends the
+        cache); visible: None for a chain, else a tree's [n, length + n] bool (the keys each node
+        sees; positions [n] at the nodes' depths)."""
         assert self.native is not None, "the layers take the C++ call"
         args = self.native
-        n = input_ids.shape[0]
         x = self.body.embed_tokens(input_ids[None])[0]  # [n, hidden]
-        positions = torch.arange(length, length + n)[None]  # [1, n]
-        cos, sin = self.body.rotary_emb(x[None], positions)  # each [1, n, dim]
+        cos, sin = self.body.rotary_emb(x[None], positions[None])  # each [1, n, dim]
         x = args["module"].lean_layers(
             x,
             args["weights"],
@@ -166,6 +171,7 @@ class LeanDecoder:
             length,
             cos[0],
             sin[0],
+            visible,
             self.heads,
             self.kv_heads,
             args["eps"],
@@ -177,13 +183,14 @@ class LeanDecoder:
         states: torch.Tensor = self.body.norm(x)
         return states
 
-    def attend_cache(self, cache: Any) -> Attend:
+    def attend_cache(self, cache: Any, visible: torch.Tensor | None = None) -> Attend:
         """Attention for one sequence over `cache` (a transformers cache: `update` appends and
-        returns the layer's keys and values), causal: a chain after the cached tokens."""
+        returns the layer's keys and values): causal for a chain after the cached tokens, or over
+        the keys `visible` [n, past + n] (bool) gives each row (a tree's nodes)."""
 
         def attend(index: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
             keys, values = cache.update(key, value, index)
-            result: torch.Tensor = self.exact.row_exact_attention(query, keys, values, None, self.scale, False)
+            result: torch.Tensor = self.exact.row_exact_attention(query, keys, values, visible, self.scale, False)
             return result
 
         return attend
