@@ -91,9 +91,7 @@ class DraftHeadBackend(TorchBackend):
         out = self.body(input_ids=input_ids, use_cache=True, **{self.body_cache_argument: seq.cache})
         seq.length += len(token_ids)
         states = out.last_hidden_state[0]  # [n, hidden], after the final norm
-        if logits_to_keep:
-            states = states[-logits_to_keep:]  # [k, hidden]
-        return Scores(logits=self._widened(states))
+        return Scores(logits=self.head_logits(states[-logits_to_keep:] if logits_to_keep else states))
 
     @torch.inference_mode()
     def score_packed(

@@ -59,6 +59,20 @@ class LeanLayer:
         return [a[0], *(a[1:] or (None, None)), self.o, m[0], *(m[1:] or (None,)), self.down]
 
 
+@dataclass(frozen=True)
+class NativeLayers:
+    """Every layer's parts as `lean.cpp` takes them (its slot order), with the built extension."""
+
+    module: Any
+    weights: list[torch.Tensor]  # per layer: norms' weights and packed blocks (empty: a fused slot)
+    biases: list[torch.Tensor]  # per linear slot (empty: none)
+    outs: list[int]  # per linear slot: outputs (0: empty)
+    bits: list[int]
+    super_blocks: list[int]
+    eps: float
+    isa: int
+
+
 class LeanDecoder:
     """The decoder body's forward (embeddings to the final norm) over one or several sequences."""
 
@@ -71,7 +85,7 @@ class LeanDecoder:
         self.exact = row_exact.kernel()
         self.native = self._native_args()
 
-    def _native_args(self) -> dict[str, Any] | None:
+    def _native_args(self) -> NativeLayers | None:
         """The layers as `lean.cpp` takes them, with the extension; None where they do not share
         one kernel path and norm epsilon (or it does not build): then the Python loop runs."""
         slots = [linear for layer in self.layers for linear in layer.linears()]
@@ -87,7 +101,7 @@ class LeanDecoder:
         for layer in self.layers:
             packed = [none if linear is None else linear.packed for linear in layer.linears()]
             weights += [layer.norm_in.weight, *packed[:4], layer.norm_post.weight, *packed[4:]]
-        return dict(
+        return NativeLayers(
             module=module,
             weights=weights,
             biases=[none if linear is None or linear.bias is None else linear.bias for linear in slots],
@@ -158,14 +172,14 @@ class LeanDecoder:
         cache); visible: None for a chain, else a tree's [n, length + n] bool (the keys each node
         sees; positions [n] at the nodes' depths)."""
         assert self.native is not None, "the layers take the C++ call"
-        args = self.native
+        native = self.native
         x = self.body.embed_tokens(input_ids[None])[0]  # [n, hidden]
         cos, sin = self.body.rotary_emb(x[None], positions[None])  # each [1, n, dim]
-        x = args["module"].lean_layers(
+        x = native.module.lean_layers(
             x,
-            args["weights"],
-            args["biases"],
-            args["outs"],
+            native.weights,
+            native.biases,
+            native.outs,
             [keys for keys, _ in buffers],
             [values for _, values in buffers],
             length,
@@ -174,11 +188,11 @@ class LeanDecoder:
             visible,
             self.heads,
             self.kv_heads,
-            args["eps"],
+            native.eps,
             self.scale,
-            args["bits"],
-            args["super_blocks"],
-            args["isa"],
+            native.bits,
+            native.super_blocks,
+            native.isa,
         )  # [n, hidden]
         states: torch.Tensor = self.body.norm(x)
         return states
