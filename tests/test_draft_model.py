@@ -38,8 +38,9 @@ VARIANTS = [
     dict(k=3, schedule="heuristic"),
     dict(k=5, threshold=0.3),
     dict(k=5, schedule="heuristic", threshold=0.2, cascade_n=3),
+    dict(k=4, window=10),
 ]
-IDS = ["k4", "k1", "cascade", "heuristic", "threshold", "all-options"]
+IDS = ["k4", "k1", "cascade", "heuristic", "threshold", "all-options", "window"]
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +61,9 @@ def test_target_as_its_own_draft_model_accepts_every_draft(tiny_model, options) 
         got, steps, _ = run(tiny_model, tiny_model, prompt, 30, **options)
         assert got == greedy_reference(tiny_model, prompt, 30)
         drafted = sum(len(s.drafted) for s in steps)
-        assert drafted > 0 and sum(s.num_accepted for s in steps) == drafted
+        # a windowed draft model reads less of a long prompt than the target: not every draft holds
+        exact = "window" not in options or len(prompt) <= options["window"]
+        assert drafted > 0 and (sum(s.num_accepted for s in steps) == drafted or not exact)
 
 
 @pytest.mark.parametrize("options", VARIANTS, ids=IDS)
@@ -187,7 +190,7 @@ def test_a_draft_model_with_another_vocabulary_is_refused(tiny_model) -> None:
 def test_draft_method_parameters_are_validated() -> None:
     assert str(parse_method("draft:model=qwen2.5-coder-0.5b,k=5,cascade=true")) == (
         "draft:model=qwen2.5-coder-0.5b,k=5,schedule=constant,threshold=0.0,cascade=True,coupled=True,precision=int4,vocab=32768,lean=True,"
-        "cost_aware=True,suffix=True,suffix_k=16,suffix_min=3"
+        "cost_aware=True,suffix=True,suffix_k=16,suffix_min=1,suffix_tree=True,window=256"
     )
     for bad in (
         "draft:k=0",
@@ -555,9 +558,10 @@ def test_the_draft_models_prefill_is_priced_against_the_steps_left(tiny_model) -
     assert [t for s in steps for t in s.tokens] == expected and drafter.draft_passes == 0
 
 
+@pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
 @pytest.mark.parametrize("draft_pass", [1e-6, 0.010, 1.0], ids=["free", "a-third", "dear"])
 def test_retrieval_first_drafts_from_a_long_match_and_never_changes_the_output(
-    tiny_model, random_draft, draft_pass
+    tiny_model, random_draft, draft_pass, tree
 ) -> None:
     """A suffix match drafts instead of the draft model where it promises more tokens per second:
     when a draft pass is dear, seldom when drafting is free and the draft model is the target
@@ -585,7 +589,7 @@ def test_retrieval_first_drafts_from_a_long_match_and_never_changes_the_output(
         0.058,
         0.06,
     )
-    retrieved = 0
+    retrieved = as_trees = 0
     for seed, prompt in enumerate(prompts(6, seed=14)):
         expected = greedy_reference(tiny_model, prompt, 48)
         for draft in (tiny_model, random_draft):
@@ -593,15 +597,17 @@ def test_retrieval_first_drafts_from_a_long_match_and_never_changes_the_output(
                 TorchBackend(draft),
                 k=4,
                 cost=DraftCost(ForwardCost((draft_pass,)), ForwardCost(costs)),
-                retrieval=SuffixDrafter(16, min_match=3, tree=False),
+                retrieval=SuffixDrafter(16, min_match=1 if tree else 3, tree=tree),
             )
             steps = list(decode(TorchBackend(tiny_model), prompt, drafter, StopCriteria(frozenset(), 48), *GREEDY))
             assert [t for s in steps for t in s.tokens] == expected, (draft_pass, seed)
             retrieved += drafter.retrieved_steps
+            as_trees += sum(s.parents is not None for s in steps)
             if draft_pass == 1e-6 and draft is tiny_model:  # the draft model is always right and free: it drafts
                 assert drafter.retrieved_steps < len(steps) // 4  # once its rates are learned, the match loses
     if draft_pass == 1.0:
         assert retrieved > 0  # random models fall into loops: long matches, and a draft pass is dear
+        assert (as_trees > 0) == tree  # a tree of what followed the match, verified as one
 
 
 def test_retrieval_is_off_where_the_draft_models_q_is_needed(tiny_model) -> None:
@@ -769,3 +775,44 @@ def test_a_cost_aware_draft_offers_each_token_with_its_reach_for_the_shared_cut(
     plain.reset(prompts(1, seed=6)[0])
     (whole,) = drive_rounds(backend, [plain.offer_rounds(4)])
     assert whole.reach is None and len(whole.draft) == 4
+
+
+def test_a_windowed_draft_model_reads_the_prompts_sinks_and_tail_and_never_changes_the_output(
+    tiny_model, random_draft
+) -> None:
+    """With `window`, the draft model's first pass feeds the prompt's first SINK_TOKENS and its
+    last tokens, `window` in all, and its cache stays that far behind the stream: rollbacks and
+    catch-ups land on the right tokens, alone and in shared passes, right drafts or wrong."""
+    from leapdecode.drafters.draft_model import SINK_TOKENS
+
+    prompt = [(7 * i + 3) % TINY_VOCAB for i in range(40)]
+    for draft in (tiny_model, random_draft):
+        backend = TorchBackend(draft)
+        fed: list[list[int]] = []
+        prefill = backend.prefill
+        backend.prefill = lambda tokens, fed=fed, prefill=prefill: fed.append(list(tokens)) or prefill(tokens)
+        drafter = DraftModelDrafter(backend, k=4, window=16)
+        steps = list(decode(TorchBackend(tiny_model), prompt, drafter, StopCriteria(frozenset(), 30), *GREEDY))
+        assert [t for s in steps for t in s.tokens] == greedy_reference(tiny_model, prompt, 30)
+        first = fed[0]
+        assert first[:16] == prompt[:SINK_TOKENS] + prompt[-(16 - SINK_TOKENS) :]
+        assert drafter.seq is not None and drafter.seq.length <= len(drafter.stream) - drafter.skip
+        if draft is tiny_model:  # the target as its own draft: its windowed drafts are still mostly right
+            assert sum(s.num_accepted for s in steps) > 0
+    with pytest.raises(ValueError, match="window"):
+        DraftModelDrafter(TorchBackend(tiny_model), window=2 * SINK_TOKENS)
+    with pytest.raises(MethodError, match="window"):
+        parse_method("draft:window=8")
+    target = _row_exact(make_tiny_model("qwen2"))
+    draft = _row_exact(make_tiny_model("qwen2", seed=1))
+    decoder = wrap(target, "draft:k=3,cost_aware=false,window=16", draft_model=draft)
+    scheduler = BatchScheduler(wrap(target, "ar").backend, ForwardCost((0.01,) * 64), max_batch=4, max_rows=32)
+    long_prompts = [[(5 * i + s) % TINY_VOCAB for i in range(24 + 5 * s)] for s in range(3)]
+    outputs: list[list[int]] = [[] for _ in long_prompts]
+    for i, prompt in enumerate(long_prompts):
+        run_ = decoder.start(prompt, max_new_tokens=16)
+        scheduler.submit(Submission(run_, lambda s, i=i: outputs[i].extend(s.tokens), lambda r: None))
+    while not scheduler.idle:
+        scheduler.step()
+    for prompt, got in zip(long_prompts, outputs):
+        assert got == greedy_reference(target.model, prompt, 16)

@@ -34,13 +34,18 @@ Options:
   batch where rows are dear, never runs the draft model at all (and never probes into it). The
   draft is then cut by those chances as a shared pass cuts every request's
   (`engine.cost.allocate`), alone too. Not with the cascade.
-- `retrieval` (a chain `SuffixDrafter`, with `cost`): where the text repeats (code edits, quoted
+- `retrieval` (a `SuffixDrafter`, with `cost`): where the text repeats (code edits, quoted
   text, later turns), a suffix match drafts at no draft-model cost. Each step takes whichever plan
-  promises more tokens per second: the match's chain (each token's chance from the acceptance of
-  its match evidence so far) cut to its best length against the target's pass cost, or the draft
-  model's (its per-depth acceptance, one draft pass per token). The draft model skips the steps
-  the match drafts; the tokens it has not seen are fed in its next pass, never in a pass of their
-  own. Only where no draft-model q is needed (greedy or coupled sampling).
+  promises more tokens per second: the match's chain or tree (each token's chance the acceptance
+  of its match evidence so far, times its parent's) cut to its most probable tokens against the
+  target's pass cost, or the draft model's (its per-depth acceptance, one draft pass per token).
+  The draft model skips the steps the match drafts; the tokens it has not seen are fed in its
+  next pass, never in a pass of their own. Only where no draft-model q is needed (greedy or
+  coupled sampling).
+- `window` > 0: the draft model reads at most `window` tokens of the prompt, its first
+  `SINK_TOKENS` and its last (StreamingLLM's attention sinks; TriForce drafts over such a partial
+  cache): a long prompt's draft prefill stays short, and the target, which reads everything,
+  still decides every token.
 """
 
 from __future__ import annotations
@@ -62,6 +67,7 @@ from leapdecode.engine.noise import PositionNoise, Stream
 from leapdecode.engine.sampling import SamplingParams, logits_to_probs
 from leapdecode.verifiers import Verdict, verify_greedy, verify_speculative
 
+SINK_TOKENS = 4  # a windowed prompt keeps its first tokens too: attention sinks (StreamingLLM, 2309.17453)
 PROBE_EVERY = 8  # silent steps (no draft: the first token did not pay) before one token is drafted anyway
 MAX_DEPTH_BUCKET = 8
 
@@ -109,9 +115,12 @@ class DraftModelDrafter(Drafter):
         cost: DraftCost | None = None,
         estimate: AcceptanceEstimate | None = None,
         retrieval: SuffixDrafter | None = None,
+        window: int = 0,
     ) -> None:
         if k < 1:
             raise ValueError(f"k must be >= 1, got {k}")
+        if window and window <= 2 * SINK_TOKENS:
+            raise ValueError(f"window must be 0 (the whole prompt) or more than {2 * SINK_TOKENS}, got {window}")
         if schedule not in DRAFT_SCHEDULES:
             raise ValueError(f"schedule must be one of {DRAFT_SCHEDULES}, got {schedule!r}")
         self.backend = backend
@@ -126,6 +135,11 @@ class DraftModelDrafter(Drafter):
         noise = noise if noise is not None else PositionNoise(0)
         self.noise = noise if coupled else noise.derived(Stream.DRAFT)
         self.prompt_len = 0
+        # the draft model reads at most `window` prompt tokens (0: all): the first SINK_TOKENS and
+        # the last ones; `skip` prompt tokens between them are never fed (its cache position c
+        # holds stream token c, or c + skip past the sinks)
+        self.window = window
+        self.skip = 0
         self.max_new_tokens: int | None = None  # the request's budget (`horizon`); None: unknown
         self.schedule = schedule
         self.threshold = threshold
@@ -146,14 +160,15 @@ class DraftModelDrafter(Drafter):
         needs_q = not (sampling.greedy or coupled) or threshold > 0.0
         self.retrieval = retrieval if self.cost is not None and not needs_q else None
         self.retrieved = False  # the last draft came from the suffix match
-        self.unused_match: list[
-            tuple[int, Hashable]
-        ] = []  # the match a step left for the draft model, with its buckets
+        # the step's whole suffix match (tokens, parents, buckets), drafted or left to the draft
+        # model: judged against what the target emits either way
+        self.judged: tuple[list[int], tuple[int, ...], list[Hashable]] = ([], (), [])
         self.retrieved_steps = 0  # for statistics and tests
 
     def reset(self, prompt_ids: Sequence[int]) -> None:
         self.stream = list(prompt_ids)
         self.prompt_len = len(self.stream)
+        self.skip = max(0, self.prompt_len - self.window) if self.window else 0
         self.max_new_tokens = None
         self.seq = None
         self.last_draft = []
@@ -162,7 +177,7 @@ class DraftModelDrafter(Drafter):
         self.rates = RequestEstimate(self.shared)
         self.buckets = []
         self.silent = 0
-        self.retrieved, self.retrieved_steps, self.unused_match = False, 0, []
+        self.retrieved, self.retrieved_steps, self.judged = False, 0, ([], (), [])
         if self.retrieval is not None:
             self.retrieval.reset(prompt_ids)
         if self.ngram is not None:
@@ -177,7 +192,7 @@ class DraftModelDrafter(Drafter):
         silent or retrieved steps later): fed once, they let it draft for the rest of the request,
         so their cost is spread over the steps left. Not charged where the budget is unknown."""
         assert self.cost is not None
-        lag = len(self.stream) - (self.seq.length if self.seq is not None else 0)
+        lag = len(self.stream) - self._covered()
         if lag <= 1 or self.max_new_tokens is None:
             return 0.0
         left = max(1, self.max_new_tokens - (len(self.stream) - self.prompt_len))
@@ -195,9 +210,17 @@ class DraftModelDrafter(Drafter):
         """q for the rows of `logits`; greedy runs use the plain softmax (for the threshold)."""
         return logits.float().softmax(-1) if self.sampling.greedy else logits_to_probs(logits, self.sampling)
 
-    def _tokens_from(self, start: int, drafted: list[int]) -> list[int]:
-        """(stream + drafted)[start:], without copying the stream: work proportional to the tail."""
-        n = len(self.stream)
+    def _covered(self) -> int:
+        """The stream tokens the draft model's cache accounts for: those it holds, and the prompt
+        tokens its window skips."""
+        return (self.seq.length if self.seq is not None else 0) + self.skip
+
+    def _unfed(self, drafted: list[int]) -> list[int]:
+        """What the draft model's cache lacks of stream + drafted, without copying the stream
+        (work proportional to the tail); before its first pass, its window of the prompt."""
+        if self.seq is None and self.skip:
+            return self.stream[:SINK_TOKENS] + self.stream[SINK_TOKENS + self.skip :] + drafted
+        start, n = self._covered(), len(self.stream)
         return drafted[start - n :] if start >= n else self.stream[start:] + drafted
 
     def _last(self, count: int, drafted: list[int]) -> list[int]:
@@ -243,29 +266,28 @@ class DraftModelDrafter(Drafter):
         return best
 
     def _retrieve(self, max_tokens: int, budget: int) -> Draft | None:
-        """The suffix match's chain, cut to its best length, when it promises more tokens per
-        second than the draft model would drafting `budget` tokens; None: the draft model drafts
-        (the match is still judged against what the target emits, so its rates keep learning)."""
+        """The suffix match's chain or tree, cut to its best part (`cut_alone`: the most probable
+        tokens, each token's chance the acceptance of its match evidence so far times its
+        parent's), when it promises more tokens per second than the draft model would drafting
+        `budget` tokens; None: the draft model drafts (the match is still judged against what the
+        target emits, so its rates keep learning)."""
         assert self.retrieval is not None and self.cost is not None
         match = self.retrieval.propose(max_tokens)
         if not match.tokens:
             return None
         evidence = match.evidence or (0,) * len(match)
+        parents = match.parents if match.parents is not None else tuple(range(-1, len(match) - 1))
         buckets: list[Hashable] = [("suffix", e) for e in evidence]
-        self.unused_match = list(zip(match.tokens, buckets))
-        reach, expected, best, length = 1.0, 1.0, 0.0, 0
-        reaches: list[float] = []
-        for i, bucket in enumerate(buckets, 1):
-            reach *= self.rates.rate(bucket)
-            expected += reach
-            reaches.append(reach)
-            rate = expected / self.cost.target.of(i + 1)
-            if rate > best:
-                best, length = rate, i
-        if best <= self._model_rate(budget):
+        self.judged = (match.tokens, parents, buckets)
+        reach: list[float] = []
+        for bucket, parent in zip(buckets, parents):
+            reach.append(self.rates.rate(bucket) * (reach[parent] if parent >= 0 else 1.0))
+        kept = cut_alone(Offer(match, tuple(reach)), self.cost.target)
+        best = (1.0 + sum(reach[i] for i in kept)) / self.cost.target.of(len(kept) + 1)
+        if not kept or best <= self._model_rate(budget):
             return None
-        self.buckets, self.unused_match, self.reach = list(buckets[:length]), [], reaches[:length]
-        return match.first(length)
+        self.reach = [reach[i] for i in kept]
+        return match.subset(kept)
 
     def propose(self, max_tokens: int) -> Draft:
         # alone in its pass, the draft is cut by the shared pass's rule with one offer (the
@@ -295,7 +317,7 @@ class DraftModelDrafter(Drafter):
     ) -> Generator[DraftFeed, tuple[CacheState, Scores], Draft]:
         """The draft, as rounds: each yields what the draft model must score next (see `DraftFeed`)."""
         budget = min(self.k_now, max_tokens)
-        self.last_draft, self.buckets, self.retrieved, self.unused_match = [], [], False, []
+        self.last_draft, self.buckets, self.retrieved, self.judged = [], [], False, ([], (), [])
         self.reach, self.probing = [], False
         if budget <= 0:
             return Draft()
@@ -304,7 +326,7 @@ class DraftModelDrafter(Drafter):
             if found is not None:
                 self.last_draft, self.retrieved = list(found.tokens), True
                 self.retrieved_steps += 1
-                return Draft(list(found.tokens))
+                return Draft(list(found.tokens), parents=found.parents)
         drafted: list[int] = []
         q_rows: list[torch.Tensor] = []  # each [tokens in that round, vocab]
         reach, expected = 1.0, 1.0
@@ -312,7 +334,7 @@ class DraftModelDrafter(Drafter):
             if self.cost is not None and not self._pays(len(drafted), reach, expected, batch, cost):
                 break
             # 1. What the cache lacks (at least the last emitted or drafted token), plus n-gram drafts.
-            tail = self._tokens_from(self.seq.length if self.seq is not None else 0, drafted)
+            tail = self._unfed(drafted)
             lower: list[int] = []
             if self.ngram is not None and self.seq is not None:
                 lower = self.ngram.predict_chain(self._last(self.ngram.n - 1, drafted), budget - len(drafted) - 1)
@@ -344,7 +366,7 @@ class DraftModelDrafter(Drafter):
                     cut = len(drafted) - len(new) + int(doubtful[0]) + 1
                     q_rows[-1] = probs[: cut - (len(drafted) - len(new))]
                     drafted = drafted[:cut]
-                    self.backend.rollback(self.seq, min(self.seq.length, len(self.stream) + cut))
+                    self.backend.rollback(self.seq, min(self.seq.length, len(self.stream) + cut - self.skip))
                     break
         self.last_draft = drafted
         self.silent = 0 if drafted else self.silent + 1
@@ -352,30 +374,42 @@ class DraftModelDrafter(Drafter):
         return Draft(drafted, q)
 
     def cut(self, kept: Sequence[int]) -> None:
-        # a chain's kept part is a prefix: the rest was never scored
-        self.last_draft = self.last_draft[: len(kept)]
+        # a chain's kept part is a prefix, a tree's keeps parents: the rest was never scored (a
+        # match is judged whole in `update`)
+        self.last_draft = [self.last_draft[i] for i in kept]
         self.buckets = self.buckets[: len(kept)]
+
+    def _judge(self, tokens: Sequence[int]) -> None:
+        """The step's suffix match, drafted or not, judged whole: the target's tokens do not
+        depend on the draft (greedy, or coupled sampling), so a match token whose parent would
+        have been accepted would have been accepted iff it equals the emitted token there; down
+        the path the emitted tokens follow, every child is judged (`CostAwareDrafter` alike)."""
+        match, parents, buckets = self.judged
+        self.judged = ([], (), [])
+        node = -1
+        for emitted in tokens:
+            following = -1
+            for child in (i for i, p in enumerate(parents) if p == node):
+                hit = match[child] == emitted
+                self.rates.observe(buckets[child], hit)
+                following = child if hit else following
+            if following < 0:
+                return
+            node = following
 
     def update(self, tokens: Sequence[int], num_accepted: int) -> None:
         # each scored token up to the first rejected one: accepted or not, given its parent was
-        for j, bucket in enumerate(self.buckets[: num_accepted + 1]):
-            hit = j < num_accepted
-            if not self.retrieved:
+        if not self.retrieved:
+            for j, bucket in enumerate(self.buckets[: num_accepted + 1]):
+                hit = j < num_accepted
                 self.rates.observe(_depth_bucket(j + 1), hit)
-            self.rates.observe(bucket, hit)
-        # a match the step did not use, judged as if drafted: the target's tokens do not depend on
-        # the draft (greedy, or coupled sampling), so its j-th token would have been accepted iff
-        # it equals the j-th emitted token and every one before it did
-        for (token, bucket), emitted in zip(self.unused_match, tokens):
-            self.rates.observe(bucket, token == emitted)
-            if token != emitted:
-                break
-        self.unused_match = []
+                self.rates.observe(bucket, hit)
+        self._judge(tokens)
         if self.retrieval is not None:
             self.retrieval.update(tokens, num_accepted)
         if self.seq is not None:
             # The cache stays valid over the stream and the accepted drafts; drop the rest.
-            self.backend.rollback(self.seq, min(self.seq.length, len(self.stream) + num_accepted))
+            self.backend.rollback(self.seq, min(self.seq.length, len(self.stream) + num_accepted - self.skip))
         if self.last_draft and self.schedule == "heuristic" and not self.retrieved:
             full = num_accepted == len(self.last_draft)
             self.k_now = min(self.k_now + 2, self.k_max) if full else max(1, self.k_now - 1)

@@ -23,6 +23,7 @@ PRECISIONS = (
 )  # the draft model's linear layers: the packed int4 kernel, or what the target's precision gives it
 CASCADE_N = 5  # the n-gram order of ANPD at the bottom of the cascade
 DRAFT_COST_ROWS = 8  # the draft pass's cost measured for 1..8 sequences of a row each (more: its last slope goes on)
+MIN_WINDOW = 16  # the 4 attention sinks and a dozen recent tokens
 MIN_VOCAB = 256  # a smaller draft vocabulary could not hold the end-of-turn and byte tokens a chat needs
 
 
@@ -55,10 +56,15 @@ class DraftModel(Method):
     # the draft's own probability calibrated online (`DraftModelDrafter`'s `cost`); not with the cascade
     cost_aware: bool = True
     # retrieval first: where a suffix match (of at least `suffix_min` tokens) promises more than
-    # the draft model, draft up to `suffix_k` tokens from it and skip the draft model (with cost_aware)
+    # the draft model, draft up to `suffix_k` tokens from it, a tree of what followed the match
+    # (`suffix_tree`; false: its most probable path), and skip the draft model (with cost_aware)
     suffix: bool = True
     suffix_k: int = 16
-    suffix_min: int = 3
+    suffix_min: int = 1
+    suffix_tree: bool = True
+    # the draft model reads at most `window` tokens of a prompt, its first 4 (attention sinks) and
+    # its last, so that a long prompt's draft prefill stays short (0: the whole prompt)
+    window: int = 256
 
     @property
     def capabilities(self) -> Capabilities:
@@ -78,6 +84,10 @@ class DraftModel(Method):
         self._require(0.0 <= self.threshold < 1.0, f"threshold must be in [0, 1), got {self.threshold}")
         self._require(1 <= self.suffix_k <= 64, f"suffix_k must be between 1 and 64, got {self.suffix_k}")
         self._require(1 <= self.suffix_min <= 16, f"suffix_min must be between 1 and 16, got {self.suffix_min}")
+        self._require(
+            self.window == 0 or self.window >= MIN_WINDOW,
+            f"window must be 0 (the whole prompt) or at least {MIN_WINDOW} tokens, got {self.window}",
+        )
         self._require(
             self.precision in PRECISIONS, f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}"
         )
@@ -155,7 +165,12 @@ class DraftModel(Method):
                 cascade_n=cascade_n,
                 cost=draft_cost,
                 estimate=shared if sampling.greedy else AcceptanceEstimate(),
-                retrieval=SuffixDrafter(self.suffix_k, min_match=self.suffix_min, tree=False) if self.suffix else None,
+                retrieval=(
+                    SuffixDrafter(self.suffix_k, min_match=self.suffix_min, tree=self.suffix_tree)
+                    if self.suffix
+                    else None
+                ),
+                window=self.window,
             )
 
         return factory
