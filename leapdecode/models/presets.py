@@ -32,10 +32,21 @@ class Preset:
     sha256: str
     size: int
     hub_id: str  # where real users get the unquantized model
+    draft: str = ""  # the preset of a smaller model with its tokenizer that drafts for it ("": none)
 
     @property
     def dist_names(self) -> tuple[str, ...]:
         return tuple(req.split("==")[0] for req in self.packages)
+
+    @property
+    def installed(self) -> bool:
+        """Whether every package holding a part of its file is installed."""
+        try:
+            for dist in self.dist_names:
+                importlib.metadata.distribution(dist)
+        except importlib.metadata.PackageNotFoundError:
+            return False
+        return True
 
 
 def _split(dist: str, version: str, count: int, fmt: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -74,6 +85,7 @@ PRESETS: tuple[Preset, ...] = (
         sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
         size=1_117_320_768,
         hub_id="Qwen/Qwen2.5-Coder-1.5B-Instruct",
+        draft="qwen2.5-coder-0.5b",
     ),
 )
 
