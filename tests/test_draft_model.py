@@ -236,6 +236,8 @@ def test_real_qwen_pair_greedy_equals_plain_decoding() -> None:
     # same path drafting every step (the cut's decisions follow the machine's timings)
     decoders["default path"] = wrap(target, "draft:model=qwen2.5-coder-0.5b,k=5")
     decoders["default path, uncut"] = wrap(target, "draft:model=qwen2.5-coder-0.5b,k=5,cost_aware=false")
+    # a window shorter than the prompts: the draft model reads their first 4 and last 12 tokens
+    decoders["windowed, uncut"] = wrap(target, "draft:model=qwen2.5-coder-0.5b,k=5,cost_aware=false,window=16")
     plain = wrap(target, "ar")
     expected = []
     for prompt, chat in zip(prompts_, (False, True)):

@@ -46,6 +46,28 @@ class AcceptanceEstimate:
         self.counts[bucket] = (a * self.decay + accepted, s * self.decay + 1.0)
 
 
+def judged(drafted: Sequence[int], parents: Sequence[int], emitted: Sequence[int]) -> list[tuple[int, bool]]:
+    """Each drafted node (index) whose parent lies on the path the emitted tokens follow down the
+    draft, and whether it equals the emitted token at its depth: scored or cut, that is whether it
+    would have been accepted, since greedy (or coupled) targets emit the same tokens whatever was
+    drafted. Parents come first (-1: the root)."""
+    children: dict[int, list[int]] = {}
+    for i, p in enumerate(parents):
+        children.setdefault(p, []).append(i)
+    out: list[tuple[int, bool]] = []
+    node = -1
+    for token in emitted:
+        following = -1
+        for child in children.get(node, ()):
+            hit = drafted[child] == token
+            out.append((child, hit))
+            following = child if hit else following
+        if following < 0:
+            break
+        node = following
+    return out
+
+
 PRIOR_WEIGHT = 6.0  # observations the shared rate counts for in a request's own estimate
 
 
@@ -124,22 +146,9 @@ class CostAwareDrafter(Delegating):
         return self.take(offer, cut_alone(offer, self.cost))
 
     def update(self, tokens: Sequence[int], num_accepted: int) -> None:
-        # Walk the accepted path down the full draft; at each level every child of the accepted
-        # node (kept or dropped) is judged against the target's token there.
-        children: dict[int, list[int]] = {}
-        for i, p in enumerate(self._parents):
-            children.setdefault(p, []).append(i)
-        node = -1
-        for level, target in enumerate(tokens[: num_accepted + 1]):
-            following = -1
-            for child in children.get(node, ()):
-                hit = self._full.tokens[child] == target
-                self.request.observe(self._buckets[child], hit)
-                if hit:
-                    following = child
-            if level == num_accepted or following < 0:
-                break
-            node = following
+        # every child of the accepted path's nodes (kept or dropped), judged against the target's token there
+        for child, hit in judged(self._full.tokens, self._parents, tokens[: num_accepted + 1]):
+            self.request.observe(self._buckets[child], hit)
         self._full, self._parents, self._buckets = Draft(), (), []
         self.inner.update(tokens, num_accepted)
 

@@ -57,7 +57,7 @@ import torch
 
 from leapdecode.choices import DRAFT_SCHEDULES
 from leapdecode.drafters.base import Draft, Drafter, DraftFeed, Offer
-from leapdecode.drafters.cost_aware import AcceptanceEstimate, RequestEstimate
+from leapdecode.drafters.cost_aware import AcceptanceEstimate, RequestEstimate, judged
 from leapdecode.drafters.ngram import NGramModule
 from leapdecode.drafters.suffix import SuffixDrafter
 from leapdecode.engine.backend import Backend, CacheState, Scores
@@ -162,7 +162,7 @@ class DraftModelDrafter(Drafter):
         self.retrieved = False  # the last draft came from the suffix match
         # the step's whole suffix match (tokens, parents, buckets), drafted or left to the draft
         # model: judged against what the target emits either way
-        self.judged: tuple[list[int], tuple[int, ...], list[Hashable]] = ([], (), [])
+        self.match: tuple[list[int], tuple[int, ...], list[Hashable]] = ([], (), [])
         self.retrieved_steps = 0  # for statistics and tests
 
     def reset(self, prompt_ids: Sequence[int]) -> None:
@@ -177,7 +177,7 @@ class DraftModelDrafter(Drafter):
         self.rates = RequestEstimate(self.shared)
         self.buckets = []
         self.silent = 0
-        self.retrieved, self.retrieved_steps, self.judged = False, 0, ([], (), [])
+        self.retrieved, self.retrieved_steps, self.match = False, 0, ([], (), [])
         if self.retrieval is not None:
             self.retrieval.reset(prompt_ids)
         if self.ngram is not None:
@@ -278,7 +278,7 @@ class DraftModelDrafter(Drafter):
         evidence = match.evidence or (0,) * len(match)
         parents = match.parents if match.parents is not None else tuple(range(-1, len(match) - 1))
         buckets: list[Hashable] = [("suffix", e) for e in evidence]
-        self.judged = (match.tokens, parents, buckets)
+        self.match = (match.tokens, parents, buckets)
         reach: list[float] = []
         for bucket, parent in zip(buckets, parents):
             reach.append(self.rates.rate(bucket) * (reach[parent] if parent >= 0 else 1.0))
@@ -317,7 +317,7 @@ class DraftModelDrafter(Drafter):
     ) -> Generator[DraftFeed, tuple[CacheState, Scores], Draft]:
         """The draft, as rounds: each yields what the draft model must score next (see `DraftFeed`)."""
         budget = min(self.k_now, max_tokens)
-        self.last_draft, self.buckets, self.retrieved, self.judged = [], [], False, ([], (), [])
+        self.last_draft, self.buckets, self.retrieved, self.match = [], [], False, ([], (), [])
         self.reach, self.probing = [], False
         if budget <= 0:
             return Draft()
@@ -379,24 +379,6 @@ class DraftModelDrafter(Drafter):
         self.last_draft = [self.last_draft[i] for i in kept]
         self.buckets = self.buckets[: len(kept)]
 
-    def _judge(self, tokens: Sequence[int]) -> None:
-        """The step's suffix match, drafted or not, judged whole: the target's tokens do not
-        depend on the draft (greedy, or coupled sampling), so a match token whose parent would
-        have been accepted would have been accepted iff it equals the emitted token there; down
-        the path the emitted tokens follow, every child is judged (`CostAwareDrafter` alike)."""
-        match, parents, buckets = self.judged
-        self.judged = ([], (), [])
-        node = -1
-        for emitted in tokens:
-            following = -1
-            for child in (i for i, p in enumerate(parents) if p == node):
-                hit = match[child] == emitted
-                self.rates.observe(buckets[child], hit)
-                following = child if hit else following
-            if following < 0:
-                return
-            node = following
-
     def update(self, tokens: Sequence[int], num_accepted: int) -> None:
         # each scored token up to the first rejected one: accepted or not, given its parent was
         if not self.retrieved:
@@ -404,7 +386,11 @@ class DraftModelDrafter(Drafter):
                 hit = j < num_accepted
                 self.rates.observe(_depth_bucket(j + 1), hit)
                 self.rates.observe(bucket, hit)
-        self._judge(tokens)
+        # the step's suffix match, drafted or left to the draft model, judged whole (`judged`)
+        match, parents, buckets = self.match
+        for child, hit in judged(match, parents, tokens):
+            self.rates.observe(buckets[child], hit)
+        self.match = ([], (), [])
         if self.retrieval is not None:
             self.retrieval.update(tokens, num_accepted)
         if self.seq is not None:
