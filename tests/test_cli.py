@@ -83,6 +83,18 @@ def test_forward_cost_command(tmp_path) -> None:
     assert (tmp_path / "forward_cost.png").stat().st_size > 0
 
 
+def test_forward_cost_splits_a_quantized_pass_by_layer_kind(tmp_path) -> None:
+    args = ["forward-cost", "--tokens", "1,4", "--context", "20", "--repeats", "1", "--layers"]
+    result = runner.invoke(app, [*args, "--quantize", "int4", "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    table = (tmp_path / "layers.md").read_text()
+    # smollm2-135m: 30 layers, each with gate and up 576→1536
+    assert "4-bit 576→1536 ×60" in table and "| all products |" in table and "| rest (attention" in table
+    assert "| layers | MB | 1 rows | 4 rows |" in table
+    plain = runner.invoke(app, [*args, "--dtype", "float32"])
+    assert plain.exit_code == 2 and "times quantized layers" in plain.output
+
+
 def test_methods_and_models_listings() -> None:
     result = runner.invoke(app, ["methods"])
     assert result.exit_code == 0 and "anpd" in result.output and "lossless" in result.output

@@ -404,11 +404,20 @@ def forward_cost(
     backend: BackendOpt = "torch",
     row_exact: RowExactOpt = None,
     quantize: QuantizeOpt = "auto",
+    layers: Annotated[
+        bool,
+        typer.Option(
+            "--layers",
+            help="Also time each kind of quantized layer alone at every size, beside the whole pass: "
+            "where a pass goes (ms, G multiply-adds a second, GB/s).",
+        ),
+    ] = False,
 ) -> None:
     """Time one forward pass against the number of tokens it scores (draft and tree sizes)."""
     from leapdecode.bench import plots
     from leapdecode.bench.forward_cost import compare, markdown
     from leapdecode.bench.harness import machine_description, use_threads
+    from leapdecode.bench.layer_cost import layers_markdown, measure_layers
 
     try:
         sizes = [int(t) for t in tokens.split(",") if t.strip()]
@@ -419,17 +428,29 @@ def forward_cost(
     sizes = sorted(set(sizes) | {1})
     n_threads = use_threads(threads)
     lm = load_with_progress(model, backend=backend, dtype=dtype, row_exact=row_exact, quantize=quantize)
+    if layers and (lm.backend != "torch" or lm.quantize == "none"):
+        raise InputError(f"--layers times quantized layers; {lm.name} runs {lm.describe}")
     results = compare(lm, sizes, context, repeats)
     what = f"`{lm.name}` ({lm.describe})"
+    machine = machine_description(n_threads)
     table = markdown(
-        results,
-        f"One forward pass of {what} after {context} cached tokens, median of {repeats}; "
-        f"{machine_description(n_threads)}.",
+        results, f"One forward pass of {what} after {context} cached tokens, median of {repeats}; {machine}."
     )
     console.print(Markdown(table))
+    split = None
+    if layers:
+        split = layers_markdown(
+            measure_layers(lm.model, sizes, repeats),
+            next(iter(results.values())),
+            f"Where a pass of {what} goes: each kind of quantized layer alone, ms (G multiply-adds a second; "
+            f"GB/s at one row), median of {repeats}; {machine}.",
+        )
+        console.print(Markdown(split))
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
         (out / "forward_cost.md").write_text(table + "\n", encoding="utf-8")
+        if split is not None:
+            (out / "layers.md").write_text(split + "\n", encoding="utf-8")
         plots.forward_cost_plot(results, out / "forward_cost.png", f"{lm.name}: one forward pass vs tokens scored")
         console.print(f"wrote {out}/forward_cost.md, forward_cost.png")
 
