@@ -190,7 +190,7 @@ def test_a_draft_model_with_another_vocabulary_is_refused(tiny_model) -> None:
 def test_draft_method_parameters_are_validated() -> None:
     assert str(parse_method("draft:model=qwen2.5-coder-0.5b,k=5,cascade=true")) == (
         "draft:model=qwen2.5-coder-0.5b,k=5,schedule=constant,threshold=0.0,cascade=True,coupled=True,precision=int4,vocab=32768,lean=True,"
-        "cost_aware=True,suffix=True,suffix_k=16,suffix_min=1,suffix_tree=True,window=256"
+        "cost_aware=True,suffix=True,suffix_k=16,suffix_min=1,suffix_tree=True,window=128"
     )
     for bad in (
         "draft:k=0",
@@ -558,6 +558,33 @@ def test_the_draft_models_prefill_is_priced_against_the_steps_left(tiny_model) -
     drafter = DraftModelDrafter(TorchBackend(tiny_model), k=4, cost=cost, estimate=estimate)
     steps = list(decode(TorchBackend(tiny_model), prompt, drafter, StopCriteria(frozenset(), 8), *GREEDY))
     assert [t for s in steps for t in s.tokens] == expected and drafter.draft_passes == 0
+
+
+def test_in_a_batch_the_draft_models_prefill_is_charged_to_the_whole_pass(tiny_model) -> None:
+    """A draft model's prefill holds up every request of the batch: with rows free, a feed that a
+    request alone repays over its steps left is charged as if each of eight requests fed as much,
+    and does not pay; the same request whose draft cache holds its prompt drafts."""
+    from leapdecode.drafters.draft_model import DraftCost
+    from leapdecode.engine.batch import drive_rounds
+
+    estimate = learnt(True)
+    # a 40-token prompt's feed (39 x 10 ms) over ~50 steps: 7.8 ms a step, against a 30 ms pass
+    cost = DraftCost(ForwardCost((0.010,) * 64), ForwardCost((0.030,) * 64), catch_up=0.010)
+    prompt = [(7 * i + 3) % 90 + 4 for i in range(40)]
+
+    def offered(batch: int, fed: bool) -> int:
+        drafter = DraftModelDrafter(TorchBackend(tiny_model), k=4, cost=cost, estimate=estimate)
+        drafter.reset(prompt)
+        drafter.horizon(100)
+        with torch.inference_mode():
+            if fed:  # the draft model's cache holds all but the last token (as after a step)
+                drafter.seq, _ = drafter.backend.prefill(prompt[:-1])
+            (offer,) = drive_rounds(drafter.backend, [drafter.offer_rounds(4, batch, cost.target)])
+        return len(offer.draft)
+
+    assert offered(1, fed=False) > 0  # alone: 7.8 ms more a step repays
+    assert offered(8, fed=False) == 0  # eight feeding as much: 62 ms a step does not
+    assert offered(8, fed=True) > 0
 
 
 @pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])

@@ -31,7 +31,9 @@ Options:
   lacks (its whole prompt, before its first draft) are fed once and serve the rest of the
   request: the first token of a step is charged their feed spread over the steps left
   (`horizon`), so a request whose prefill would not pay back, such as one among many in a
-  batch where rows are dear, never runs the draft model at all (and never probes into it). The
+  batch where rows are dear, never runs the draft model at all (and never probes into it). In a
+  batch the feed is charged against the whole pass, as if every request fed as much: a draft
+  model's prefill holds up every request's pass, not only the one it serves. The
   draft is then cut by those chances as a shared pass cuts every request's
   (`engine.cost.allocate`), alone too. Not with the cascade.
 - `retrieval` (a `SuffixDrafter`, with `cost`): where the text repeats (code edits, quoted
@@ -248,7 +250,9 @@ class DraftModelDrafter(Drafter):
         target = cost if cost is not None else self.cost.target
         rows, round_ = batch * (drafted + 1), self.cost.draft.of(batch)
         now = drafted * round_ + target.of(rows)
-        more = round_ + catch_up + target.of(rows + batch) - target.of(rows)
+        # each of the batch catching up as this one does: a prefill of the draft model is paid by
+        # every request's wall time, not by this one's share of the pass
+        more = round_ + batch * catch_up + target.of(rows + batch) - target.of(rows)
         return (expected + guess) / (now + more) > expected / now
 
     def _model_rate(self, budget: int) -> float:

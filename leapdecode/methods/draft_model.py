@@ -64,7 +64,7 @@ class DraftModel(Method):
     suffix_tree: bool = True
     # the draft model reads at most `window` tokens of a prompt, its first 4 (attention sinks) and
     # its last, so that a long prompt's draft prefill stays short (0: the whole prompt)
-    window: int = 256
+    window: int = 128
 
     @property
     def capabilities(self) -> Capabilities:
