@@ -90,7 +90,7 @@ def test_forward_cost_splits_a_quantized_pass_by_layer_kind(tmp_path) -> None:
     table = (tmp_path / "layers.md").read_text()
     # smollm2-135m: 30 layers, each with gate and up 576→1536
     assert "4-bit 576→1536 ×60" in table and "| all products |" in table and "| rest (attention" in table
-    assert "| layers | MB | 1 rows | 4 rows |" in table
+    assert "| layers | MB | 1 row | 4 rows |" in table
     plain = runner.invoke(app, [*args, "--dtype", "float32"])
     assert plain.exit_code == 2 and "times quantized layers" in plain.output
 

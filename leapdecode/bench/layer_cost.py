@@ -2,9 +2,12 @@
 
 A pass of a quantized model is its linear layers' products over packed 4-, 6- and 8-bit blocks
 (`models.quantize`) and the rest: attention, norms, rotary, element-wise work and Python. Per kind
-of layer (bits and shape), this times all the model's layers of that kind one after another, each
-on its own weights (so they stream from memory as they do in a pass), at each row count, and sets
-their sum beside a whole pass of as many rows: the rest is the difference. Each kind's bytes and
+of layer (bits, packing and shape), this times all the model's layers of that kind one after
+another, each on its own weights (so they stream from memory as they do in a pass), at each row
+count, and sets their sum beside a whole pass of as many rows: the rest is the difference. The
+kinds are the model's own layers, each called on its own; the lean forward fuses some (q, k and v;
+gate and up) and runs a chain's layers in one call, so the rest also holds what that saves. Each
+kind's bytes and
 multiply-adds turn its time into GB/s and G multiply-adds a second, the two figures to hold against
 the machine's limits (its memory bandwidth for one row, its integer dot-product peak for many).
 """
@@ -28,6 +31,7 @@ class LayerKind:
     """The model's quantized layers of one precision and shape."""
 
     bits: int
+    super_blocks: bool  # the packed form of the scales (`QuantizedLinear.super_blocks`)
     in_features: int
     out_features: int
     count: int  # layers of this kind in the model
@@ -35,6 +39,7 @@ class LayerKind:
 
     @property
     def label(self) -> str:
+        """The kind as the table names it."""
         return f"{self.bits}-bit {self.in_features}→{self.out_features} ×{self.count}"
 
     def macs(self, rows: int) -> int:
@@ -63,13 +68,14 @@ class LayerCost:
 
 def layer_kinds(model: nn.Module) -> dict[LayerKind, list[QuantizedLinear]]:
     """The model's quantized layers grouped by kind, in the order the model first holds each."""
-    groups: dict[tuple[int, int, int], list[QuantizedLinear]] = {}
+    groups: dict[tuple[int, bool, int, int], list[QuantizedLinear]] = {}
     for module in model.modules():
         if isinstance(module, QuantizedLinear):
-            groups.setdefault((module.bits, module.in_features, module.out_features), []).append(module)
+            key = (module.bits, module.super_blocks, module.in_features, module.out_features)
+            groups.setdefault(key, []).append(module)
     return {
-        LayerKind(bits, n_in, n_out, len(layers), sum(layer.packed.numel() for layer in layers)): layers
-        for (bits, n_in, n_out), layers in groups.items()
+        LayerKind(bits, super_blocks, n_in, n_out, len(layers), sum(layer.packed.numel() for layer in layers)): layers
+        for (bits, super_blocks, n_in, n_out), layers in groups.items()
     }
 
 
@@ -102,7 +108,7 @@ def layers_markdown(costs: Sequence[LayerCost], passes: Sequence[ForwardCost], t
     lines = [
         title,
         "",
-        "| layers | MB | " + " | ".join(f"{n} rows" for n in sizes) + " |",
+        "| layers | MB | " + " | ".join(f"{n} row{'s' if n > 1 else ''}" for n in sizes) + " |",
         "|---|---:|" + "---:|" * len(sizes),
     ]
     for kind in kinds:
@@ -115,10 +121,11 @@ def layers_markdown(costs: Sequence[LayerCost], passes: Sequence[ForwardCost], t
     products = {n: sum(by[(kind, n)].ms for kind in kinds) for n in sizes}
     macs = {n: sum(kind.macs(n) for kind in kinds) for n in sizes}
     total_mb = sum(kind.nbytes for kind in kinds) / 1e6
+    rates = {
+        n: f"{total_mb / products[n]:.0f} GB/s" if n == 1 else f"{macs[n] / products[n] / 1e6:.0f} G/s" for n in sizes
+    }
     lines.append(
-        f"| all products | {total_mb:.0f} | "
-        + " | ".join(f"{products[n]:.1f} ({macs[n] / products[n] / 1e6:.0f} G/s)" for n in sizes)
-        + " |"
+        f"| all products | {total_mb:.0f} | " + " | ".join(f"{products[n]:.1f} ({rates[n]})" for n in sizes) + " |"
     )
     lines.append("| whole pass | | " + " | ".join(f"{whole[n]:.1f}" if n in whole else "–" for n in sizes) + " |")
     lines.append(

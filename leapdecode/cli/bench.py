@@ -441,9 +441,10 @@ def forward_cost(
     if layers:
         split = layers_markdown(
             measure_layers(lm.model, sizes, repeats),
-            next(iter(results.values())),
-            f"Where a pass of {what} goes: each kind of quantized layer alone, ms (G multiply-adds a second; "
-            f"GB/s at one row), median of {repeats}; {machine}.",
+            next(iter(results.values())),  # `compare` gives the chain as loaded first
+            f"Where a pass of {what} goes: each kind of the model's quantized layers alone, ms (GB/s at one "
+            f"row, then G multiply-adds a second), median of {repeats}; the rest also holds what the lean "
+            f"forward's fused layers and single call save; {machine}.",
         )
         console.print(Markdown(split))
     if out is not None:
@@ -452,7 +453,7 @@ def forward_cost(
         if split is not None:
             (out / "layers.md").write_text(split + "\n", encoding="utf-8")
         plots.forward_cost_plot(results, out / "forward_cost.png", f"{lm.name}: one forward pass vs tokens scored")
-        console.print(f"wrote {out}/forward_cost.md, forward_cost.png")
+        console.print(f"wrote {out}/forward_cost.md, {'layers.md, ' if split else ''}forward_cost.png")
 
 
 def register(app: typer.Typer) -> None:

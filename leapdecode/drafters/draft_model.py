@@ -238,8 +238,8 @@ class DraftModelDrafter(Drafter):
         With `batch` sequences in the target's pass, each taken to draft as this one does, a
         drafted token costs `batch` target rows and a round of the draft model a packed pass of
         `batch` rows (shared by them all), the target's rows priced by the shared passes' `cost`
-        (the scheduler's curve) where given: where rows are dear, a batch drafts less than a
-        request alone."""
+        (the scheduler's curve) where given, and each request's draft prefill (`_catch_up`) charged
+        as the batch's: where rows are dear, a batch drafts less than a request alone."""
         assert self.cost is not None
         catch_up = self._catch_up() if drafted == 0 else 0.0
         # probe: the rates learn only from drafted tokens (never one that pays for a prefill)
