@@ -469,7 +469,8 @@ def test_alone_the_draft_is_cut_by_the_shared_passes_rule(tiny_model) -> None:
 def test_a_probe_is_verified_whole_alone_and_in_a_shared_pass(tiny_model) -> None:
     """Where nothing pays the draft model is silent, and every `PROBE_EVERY` silent steps it
     drafts one token anyway: that probe offers no reach, so neither cut drops it and the rates
-    learn from its verdict."""
+    learn from its verdict. In a batch of four each request probes four times as seldom, so the
+    shared passes carry about as many probes as a request's own passes do."""
     from leapdecode.drafters.draft_model import PROBE_EVERY, DraftCost
     from leapdecode.engine.batch import drive_rounds
     from leapdecode.engine.cost import allocate
@@ -485,7 +486,10 @@ def test_a_probe_is_verified_whole_alone_and_in_a_shared_pass(tiny_model) -> Non
         assert len(probe) == 1 and len(drafter.buckets) == 1  # kept, though its chance is ~0
         drafter.update([*probe.tokens, 3], 1)
         drafter.silent = PROBE_EVERY
+        (early,) = drive_rounds(drafter.backend, [drafter.offer_rounds(10, 4)])
+        drafter.silent = 4 * PROBE_EVERY
         (offer,) = drive_rounds(drafter.backend, [drafter.offer_rounds(10, 4)])
+    assert len(early.draft) == 0  # one of four: not yet
     assert len(offer.draft) == 1 and offer.reach is None
     assert allocate([offer], [1], 4, 4, cost.target, 8) == [[0]]  # a shared pass keeps it too
 

@@ -27,7 +27,8 @@ Options:
   more than the draft pass and the extra verification row cost; after it, the draft model's own
   probability of its token, calibrated online per depth and probability decile (`estimate`),
   sets that token's chance. Zero tokens when even the first does not pay (one probe every
-  `PROBE_EVERY` silent steps keeps the rates learning). The tokens the draft model's cache
+  `PROBE_EVERY` silent steps keeps the rates learning; in a batch of B, every B x `PROBE_EVERY`,
+  so the shared passes carry no more probes than a request's own). The tokens the draft model's cache
   lacks (its whole prompt, before its first draft) are fed once and serve the rest of the
   request: the first token of a step is charged their feed spread over the steps left
   (`horizon`), so a request whose prefill would not pay back, such as one among many in a
@@ -242,8 +243,10 @@ class DraftModelDrafter(Drafter):
         as the batch's: where rows are dear, a batch drafts less than a request alone."""
         assert self.cost is not None
         catch_up = self._catch_up() if drafted == 0 else 0.0
-        # probe: the rates learn only from drafted tokens (never one that pays for a prefill)
-        if drafted == 0 and self.silent >= PROBE_EVERY and (self.seq is not None or catch_up == 0.0):
+        # probe: the rates learn only from drafted tokens (never one that pays for a prefill); in a
+        # batch each request probes `batch` times as seldom, so the passes carry about one probe
+        # every PROBE_EVERY, as a request alone does (a probe is kept whatever it costs)
+        if drafted == 0 and self.silent >= PROBE_EVERY * batch and (self.seq is not None or catch_up == 0.0):
             self.probing = True
             return True
         guess = reach * self.rates.rate(_depth_bucket(drafted + 1))
