@@ -7,9 +7,9 @@ another, each on its own weights (so they stream from memory as they do in a pas
 count, and sets their sum beside a whole pass of as many rows: the rest is the difference. The
 kinds are the model's own layers, each called on its own; the lean forward fuses some (q, k and v;
 gate and up) and runs a chain's layers in one call, so the rest also holds what that saves. Each
-kind's bytes and
-multiply-adds turn its time into GB/s and G multiply-adds a second, the two figures to hold against
-the machine's limits (its memory bandwidth for one row, its integer dot-product peak for many).
+kind's bytes and multiply-adds turn its time into GB/s and G multiply-adds a second, the two
+figures to hold against the machine's limits (its memory bandwidth for one row, its integer
+dot-product peak for many).
 """
 
 from __future__ import annotations
