@@ -17,8 +17,9 @@ from leapdecode import wrap
 from leapdecode.drafters import Draft, Offer
 from leapdecode.engine import TorchBackend, compile_tree
 from leapdecode.engine.batch import BatchItem, forward_batch
-from leapdecode.engine.cost import ForwardCost, measure_batch_cost
-from leapdecode.engine.scheduler import BatchScheduler, Submission, allocate, efficient_rows, share_rows
+from leapdecode.engine.cost import ForwardCost, allocate, efficient_rows, measure_batch_cost, share_rows
+from leapdecode.engine.scheduler import BatchScheduler
+from leapdecode.engine.submission import Submission
 from leapdecode.errors import InputError
 from leapdecode.models.row_exact import use_row_exact
 from tests.helpers import TINY_VOCAB, make_tiny_model, tiny_lm

@@ -16,7 +16,8 @@ from leapdecode.engine import StopCriteria, TorchBackend, decode
 from leapdecode.engine.cost import ForwardCost
 from leapdecode.engine.noise import PositionNoise
 from leapdecode.engine.reference import greedy_reference, sample_reference
-from leapdecode.engine.scheduler import BatchScheduler, Submission
+from leapdecode.engine.scheduler import BatchScheduler
+from leapdecode.engine.submission import Submission
 from leapdecode.errors import InputError, MethodError, ModelLoadError
 from leapdecode.methods import DraftModel, parse_method
 from leapdecode.models import LoadedModel

@@ -147,7 +147,8 @@ def test_every_method_keeps_the_call_order_and_its_output_in_shared_passes(cls, 
     import dataclasses
 
     from leapdecode.engine.cost import ForwardCost
-    from leapdecode.engine.scheduler import BatchScheduler, Submission
+    from leapdecode.engine.scheduler import BatchScheduler
+    from leapdecode.engine.submission import Submission
     from leapdecode.models.row_exact import use_row_exact
 
     model = make_tiny_model()

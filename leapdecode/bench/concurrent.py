@@ -23,7 +23,8 @@ import torch
 from leapdecode.api import Decoder
 from leapdecode.bench.concurrent_result import SOLO, ConcurrentResult
 from leapdecode.engine.cost import ForwardCost, measure_batch_cost
-from leapdecode.engine.scheduler import BatchScheduler, Submission
+from leapdecode.engine.scheduler import BatchScheduler
+from leapdecode.engine.submission import Submission
 from leapdecode.errors import MethodError
 from leapdecode.methods import LlamaCppServer, backend_for, parse_method
 from leapdecode.models import LoadedModel

@@ -19,7 +19,8 @@ from typing import Protocol
 from leapdecode.engine.backend import Backend, TorchBackend
 from leapdecode.engine.cost import ForwardCost, measure_batch_cost
 from leapdecode.engine.loop import Step
-from leapdecode.engine.scheduler import BatchScheduler, PassReport, Submission
+from leapdecode.engine.scheduler import BatchScheduler
+from leapdecode.engine.submission import PassReport, Submission
 from leapdecode.errors import InputError
 from leapdecode.methods import backend_for
 from leapdecode.models import LoadedModel

@@ -23,7 +23,7 @@ class Job:
 
     Its decoder is built (cached per canonical method string) when it is submitted; its prefill
     has a time limit of its own from when it joins the batch (waiting in the queue does not
-    count), and its decoding one from its first token (`engine.scheduler.Submission.overdue`)."""
+    count), and its decoding one from its first token (`engine.submission.Submission.overdue`)."""
 
     method: Method
     decoder_for: Callable[[Method], Decoder]
