@@ -8,7 +8,7 @@ MODEL ?= smollm2-135m
 # vLLM (the `vllm` extra) pins other versions of some of our dependencies: it gets its own venv.
 VLLM_VENV ?= .venv-vllm
 
-.PHONY: setup model test-models browser llamacpp llamacpp-tools peers vllm demo lint test test-fast docs clean
+.PHONY: setup kernels model test-models browser llamacpp llamacpp-tools peers vllm demo lint test test-setup test-fast docs clean
 
 setup: $(VENV)/.installed
 
@@ -20,6 +20,10 @@ $(VENV)/.installed: pyproject.toml
 
 model: setup
 	$(BIN)/leapdecode models pull $(MODEL)
+
+# The C++ kernels, which otherwise build on first use (about two minutes on two cores, then cached).
+kernels: setup
+	$(PY) -c "from leapdecode.models import lean, quantize, row_exact; quantize.kernel(); row_exact.kernel(); lean.kernel()"
 
 demo: model
 	$(BIN)/leapdecode demo --model $(MODEL)
@@ -33,25 +37,24 @@ test-models: model
 	$(BIN)/leapdecode models pull qwen2.5-coder-0.5b
 	$(BIN)/leapdecode models pull qwen2.5-coder-1.5b
 
-# The llama.cpp backend (an optional extra): llama-cpp-python compiles llama.cpp, about four minutes.
-# Built for this CPU (-march=native) but without AMX: on CPUs that have it, ggml's AMX matmul
-# crashes (SIGSEGV in ggml_backend_amx_mul_mat) on the OpenMP threads torch started first.
-NO_AMX := -mno-amx-tile -mno-amx-int8 -mno-amx-bf16
-llamacpp: setup
-	@$(PY) -c "import llama_cpp" 2>/dev/null || CMAKE_ARGS="'-DCMAKE_C_FLAGS=$(NO_AMX)' '-DCMAKE_CXX_FLAGS=$(NO_AMX)'" \
-	  $(PY) -m pip install -q --disable-pip-version-check --no-cache-dir -e ".[dev,llamacpp]"
+# What the compiled peers build with (cmake and ninja from PyPI; a C++ compiler from the machine).
+$(VENV)/.build-tools: | $(VENV)/.installed
+	$(PY) -m pip install -q --disable-pip-version-check numpy nanobind==2.9.2 cmake ninja setuptools wheel
+	touch $@
 
-# llama.cpp's own programs as peers (`llama-cpp-spec` in the benchmark: llama-speculative-simple;
-# llama-server; llama-bench), built from the llama.cpp source in llama-cpp-python's sdist (the
-# llama.cpp the `llamacpp` extra links), without AMX as above, into the venv (about five minutes;
-# cmake comes from PyPI, a C++ compiler from the machine).
+# llama.cpp, built once from the source in llama-cpp-python's sdist (the version the `llamacpp` extra
+# pins), into the venv: its own programs as peers (`llama-cpp-spec` in the benchmark:
+# llama-speculative-simple; llama-server; llama-bench) and the shared libraries the Python binding
+# (the llama.cpp backend) loads. Built for this CPU (-march=native) but without AMX: on CPUs that
+# have it, ggml's AMX matmul crashes (SIGSEGV in ggml_backend_amx_mul_mat) on the OpenMP threads
+# torch started first. cmake comes from PyPI, a C++ compiler from the machine.
+NO_AMX := -mno-amx-tile -mno-amx-int8 -mno-amx-bf16
 LLAMA_TOOLS := $(VENV)/llama.cpp
 LLAMA_SDIST := llama_cpp_python-0.3.36
 llamacpp-tools: $(LLAMA_TOOLS)/bin/llama-speculative-simple
 
-$(LLAMA_TOOLS)/bin/llama-speculative-simple: | $(VENV)/.installed
+$(LLAMA_TOOLS)/bin/llama-speculative-simple: | $(VENV)/.build-tools
 	rm -rf $(LLAMA_TOOLS) && mkdir -p $(LLAMA_TOOLS)/src
-	$(PY) -m pip install -q --disable-pip-version-check cmake
 	$(PY) -m pip download -q --disable-pip-version-check --no-binary :all: --no-deps llama-cpp-python==0.3.36 -d $(LLAMA_TOOLS)
 	tar xzf $(LLAMA_TOOLS)/$(LLAMA_SDIST).tar.gz -C $(LLAMA_TOOLS)/src --strip-components=3 $(LLAMA_SDIST)/vendor/llama.cpp
 	$(BIN)/cmake -S $(LLAMA_TOOLS)/src -B $(LLAMA_TOOLS)/build -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF \
@@ -60,12 +63,20 @@ $(LLAMA_TOOLS)/bin/llama-speculative-simple: | $(VENV)/.installed
 	mkdir -p $(LLAMA_TOOLS)/bin && cp $(LLAMA_TOOLS)/build/bin/llama-speculative-simple $(LLAMA_TOOLS)/build/bin/llama-server \
 	  $(LLAMA_TOOLS)/build/bin/llama-bench $(LLAMA_TOOLS)/bin/
 
+# The llama.cpp backend (an optional extra): llama-cpp-python installed from that sdist without
+# compiling llama.cpp a second time (LLAMA_BUILD=OFF), the libraries built above copied into it.
+llamacpp: llamacpp-tools
+	@$(PY) -c "import llama_cpp" 2>/dev/null || { \
+	  CMAKE_ARGS="-DLLAMA_BUILD=OFF -DLLAVA_BUILD=OFF" $(PY) -m pip install -q --disable-pip-version-check \
+	    --no-cache-dir $(LLAMA_TOOLS)/$(LLAMA_SDIST).tar.gz && \
+	  lib=$$($(PY) -c "import importlib.util, pathlib; print(pathlib.Path(importlib.util.find_spec('llama_cpp').origin).parent / 'lib')") && \
+	  mkdir -p $$lib && cp -P $(LLAMA_TOOLS)/build/bin/libllama.so* $(LLAMA_TOOLS)/build/bin/libggml*.so* $(LLAMA_TOOLS)/build/bin/libmtmd.so* $$lib/ && $(PY) -c "import llama_cpp"; }
+
 # SuffixDecoding's own code (arctic-inference, a peer in the benchmark: `arctic-suffix`). PyPI has
 # only its source, and building it in isolation would pull a CUDA torch: it is built here against
 # this torch, without CUDA (about 30 s).
-peers: setup
+peers: $(VENV)/.build-tools
 	@$(PY) -c "import arctic_inference.suffix_decoding" 2>/dev/null || { \
-	  $(PY) -m pip install -q --disable-pip-version-check numpy nanobind==2.9.2 cmake ninja setuptools wheel && \
 	  CMAKE_ARGS=-DPython_EXECUTABLE=$(abspath $(PY)) $(PY) -m pip wheel -q --disable-pip-version-check --no-build-isolation --no-deps arctic_inference==0.3.0 -w $(VENV)/wheels && \
 	  $(PY) -m pip install -q --disable-pip-version-check --no-deps $(VENV)/wheels/arctic_inference-0.3.0-*.whl; }
 
@@ -88,8 +99,15 @@ lint: setup
 	$(BIN)/ruff format --check leapdecode tests
 	$(BIN)/mypy leapdecode/engine leapdecode/verifiers leapdecode/drafters leapdecode/methods
 
-test: lint test-models browser llamacpp llamacpp-tools peers vllm
-	$(PY) -m pytest -q
+# The whole suite. Its set-up steps run side by side: compiling llama.cpp keeps the two cores busy
+# while the models and vLLM download.
+# The whole suite. Its set-up steps run side by side (compiling keeps the two cores busy while the
+# models and vLLM download), then the tests in two pytest-xdist workers, a test file to a worker.
+test: test-setup
+	$(PY) -m pytest -q -n 2 --dist loadfile
+
+test-setup: setup
+	$(MAKE) --no-print-directory -j 4 --output-sync=target lint kernels test-models browser llamacpp llamacpp-tools peers vllm
 
 # The tiny-model tests only (minutes): no real model, no optional backend, no browser.
 test-fast: setup

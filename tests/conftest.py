@@ -8,13 +8,21 @@ of one optional backend carry their marker at the top; `make test-fast` runs the
 
 from __future__ import annotations
 
+import os
+
 import pytest
+import torch
 
 from tests.helpers import make_tiny_model
 
 # A fixture that loads a real model or needs an optional backend marks every test that uses it
 # (directly or through another fixture).
 FIXTURE_MARKERS = {"real_lm": "real_model", "int4_lm": "real_model", "cpp_lm": "llamacpp", "vllm_python": "vllm"}
+
+# `make test` runs two pytest-xdist workers, one per core: each computes on one thread, so the two
+# never contend for a core (torch's default is a thread per core in each process).
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    torch.set_num_threads(1)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -1,4 +1,4 @@
-"""A soak, bounded: a few hundred requests against a real server on loopback — every file-free
+"""A soak, bounded: over a hundred requests against a real server on loopback — every file-free
 lossless method, `n` of 1 and 2, streamed and not, clients that disconnect or abandon, and a
 long prompt among short ones. No answer may be a 5xx; every greedy answer is the library's;
 afterwards every slot and gauge is back to zero, and resident memory is flat over the soak's
@@ -30,7 +30,7 @@ PROMPTS = [
     "Describe a cat in one sentence.",
     LONG + " Which river is number 42?",
 ]
-CLIENTS, WARM_UP, PER_CLIENT, MAX_TOKENS = 8, 5, 20, 12
+CLIENTS, WARM_UP, PER_CLIENT, MAX_TOKENS = 8, 3, 12, 12
 RSS_GROWTH_MB = 96  # over the soak's second half
 
 
@@ -102,7 +102,7 @@ def test_a_soak_of_mixed_requests_ends_clean(soak_server, real_lm) -> None:
                 result = one(client, offset + c * requests + r)
                 with lock:
                     results.append(result)
-                    if len(results) % 40 == 0:
+                    if len(results) % 24 == 0:
                         rss.append(psutil.Process(proc.pid).memory_info().rss / 2**20)
 
     for requests, offset in ((WARM_UP, 10_000), (PER_CLIENT, 0)):  # a warm-up round of the same mix, then the soak

@@ -93,7 +93,7 @@ class LeanDecoder:
         norms = [norm for layer in self.layers for norm in (layer.norm_in, layer.norm_post)]
         if len({linear.isa for linear in linears}) != 1 or len({norm.variance_epsilon for norm in norms}) != 1:
             return None
-        module = build("lean", "lean.cpp", "quant.cpp", "row_exact.cpp", defines=("LEAPDECODE_NO_MODULE",))
+        module = kernel()
         if module is None:
             return None
         none = torch.empty(0)
@@ -219,6 +219,12 @@ class LeanDecoder:
             x, layer.packed, layer.bits, layer.super_blocks, layer.out_features, layer.bias, layer.isa
         )
         return out
+
+
+def kernel() -> Any | None:
+    """The compiled whole-pass extension (the quantized and row-exact kernels linked in), or None
+    (logged) where it cannot be built."""
+    return build("lean", "lean.cpp", "quant.cpp", "row_exact.cpp", defines=("LEAPDECODE_NO_MODULE",))
 
 
 def _lean_layer(layer: nn.Module) -> LeanLayer | None:
