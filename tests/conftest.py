@@ -25,10 +25,27 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(1)
 
 
+# The slowest test files (real models, servers, training) run first: xdist hands out whole files in
+# collection order, and a long file handed out last runs alone while the other worker idles.
+SLOW_FIRST = (
+    "test_server_soak.py",
+    "test_bench_real.py",
+    "test_head_training.py",
+    "test_draft_model.py",
+    "test_row_exact.py",
+    "test_real_model.py",
+    "test_vllm_integration.py",
+    "test_early_exit.py",
+    "test_eagle3.py",
+)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         for name in set(getattr(item, "fixturenames", ())) & FIXTURE_MARKERS.keys():
             item.add_marker(FIXTURE_MARKERS[name])
+    rank = {name: i for i, name in enumerate(SLOW_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(SLOW_FIRST)))  # stable: the rest keep their order
 
 
 @pytest.fixture(scope="session", params=["llama", "qwen2"])

@@ -168,7 +168,7 @@ REQUIRED = {
 
 
 @pytest.mark.parametrize("cls", METHODS, ids=[m.name for m in METHODS])
-def test_every_registered_method_is_complete(cls: type[Method]) -> None:
+def test_every_registered_method_is_complete(cls: type[Method], monkeypatch: pytest.MonkeyPatch) -> None:
     """What would have caught `pld` reporting K = 0: every chain method's draft length is its
     length parameter, the canonical string round-trips, and `leapdecode methods` lists it."""
     example = parse_method(f"{cls.name}:{REQUIRED[cls.name]}" if cls.name in REQUIRED else cls.name)
@@ -185,6 +185,11 @@ def test_every_registered_method_is_complete(cls: type[Method]) -> None:
         assert bigger.draft_length == example.draft_length + 1
     else:
         assert example.draft_length == 0
+    from leapdecode.cli import common
+
+    # the table is as wide as the console: rich fixes a width read from COLUMNS when the console is
+    # made, which another test's CliRunner may have set first
+    monkeypatch.setattr(common.console, "_width", 200)
     listing = CliRunner().invoke(_app(), ["methods"], env={"COLUMNS": "200"})
     assert listing.exit_code == 0 and cls.name in listing.output and cls.summary[:30] in listing.output
 
