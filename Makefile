@@ -47,7 +47,7 @@ $(VENV)/.build-tools: | $(VENV)/.installed
 # llama-speculative-simple; llama-server; llama-bench) and the shared libraries the Python binding
 # (the llama.cpp backend) loads. Built for this CPU (-march=native) but without AMX: on CPUs that
 # have it, ggml's AMX matmul crashes (SIGSEGV in ggml_backend_amx_mul_mat) on the OpenMP threads
-# torch started first. cmake comes from PyPI, a C++ compiler from the machine.
+# torch started first.
 NO_AMX := -mno-amx-tile -mno-amx-int8 -mno-amx-bf16
 LLAMA_TOOLS := $(VENV)/llama.cpp
 LLAMA_SDIST := llama_cpp_python-0.3.36
@@ -99,8 +99,6 @@ lint: setup
 	$(BIN)/ruff format --check leapdecode tests
 	$(BIN)/mypy leapdecode/engine leapdecode/verifiers leapdecode/drafters leapdecode/methods
 
-# The whole suite. Its set-up steps run side by side: compiling llama.cpp keeps the two cores busy
-# while the models and vLLM download.
 # The whole suite. Its set-up steps run side by side (compiling keeps the two cores busy while the
 # models and vLLM download), then the tests in two pytest-xdist workers, a test file to a worker.
 test: test-setup
