@@ -47,7 +47,8 @@ $(VENV)/.build-tools: | $(VENV)/.installed
 # llama-speculative-simple; llama-server; llama-bench) and the shared libraries the Python binding
 # (the llama.cpp backend) loads. Built for this CPU (-march=native) but without AMX: on CPUs that
 # have it, ggml's AMX matmul crashes (SIGSEGV in ggml_backend_amx_mul_mat) on the OpenMP threads
-# torch started first.
+# torch started first. A unity build (cmake/llama-cpp-unity.cmake): about 12 minutes on two cores,
+# not 24.
 NO_AMX := -mno-amx-tile -mno-amx-int8 -mno-amx-bf16
 LLAMA_TOOLS := $(VENV)/llama.cpp
 LLAMA_SDIST := llama_cpp_python-0.3.36
@@ -57,9 +58,11 @@ $(LLAMA_TOOLS)/bin/llama-speculative-simple: | $(VENV)/.build-tools
 	rm -rf $(LLAMA_TOOLS) && mkdir -p $(LLAMA_TOOLS)/src
 	$(PY) -m pip download -q --disable-pip-version-check --no-binary :all: --no-deps llama-cpp-python==0.3.36 -d $(LLAMA_TOOLS)
 	tar xzf $(LLAMA_TOOLS)/$(LLAMA_SDIST).tar.gz -C $(LLAMA_TOOLS)/src --strip-components=3 $(LLAMA_SDIST)/vendor/llama.cpp
-	$(BIN)/cmake -S $(LLAMA_TOOLS)/src -B $(LLAMA_TOOLS)/build -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF \
-	  -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=ON -DLLAMA_BUILD_SERVER=ON "-DCMAKE_C_FLAGS=$(NO_AMX)" "-DCMAKE_CXX_FLAGS=$(NO_AMX)" >/dev/null
-	$(BIN)/cmake --build $(LLAMA_TOOLS)/build -j 2 --target llama-speculative-simple llama-server llama-bench >/dev/null
+	$(BIN)/cmake -S $(LLAMA_TOOLS)/src -B $(LLAMA_TOOLS)/build -G Ninja -DCMAKE_MAKE_PROGRAM=$(abspath $(BIN)/ninja) \
+	  -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=ON -DLLAMA_BUILD_SERVER=ON \
+	  -DCMAKE_UNITY_BUILD=ON -DCMAKE_PROJECT_INCLUDE=$(abspath cmake/llama-cpp-unity.cmake) \
+	  "-DCMAKE_C_FLAGS=$(NO_AMX)" "-DCMAKE_CXX_FLAGS=$(NO_AMX)" >/dev/null
+	$(BIN)/cmake --build $(LLAMA_TOOLS)/build -j $(shell nproc) --target llama-speculative-simple llama-server llama-bench >/dev/null
 	mkdir -p $(LLAMA_TOOLS)/bin && cp $(LLAMA_TOOLS)/build/bin/llama-speculative-simple $(LLAMA_TOOLS)/build/bin/llama-server \
 	  $(LLAMA_TOOLS)/build/bin/llama-bench $(LLAMA_TOOLS)/bin/
 
@@ -102,7 +105,7 @@ lint: setup
 # The whole suite. Its set-up steps run side by side (compiling keeps the two cores busy while the
 # models and vLLM download), then the tests in two pytest-xdist workers, a test file to a worker.
 test: test-setup
-	$(PY) -m pytest -q -n 2 --dist loadfile
+	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder
 
 test-setup: setup
 	$(MAKE) --no-print-directory -j 4 --output-sync=target lint kernels test-models browser llamacpp llamacpp-tools peers vllm

@@ -17,11 +17,20 @@ from tests.helpers import make_tiny_model
 
 # A fixture that loads a real model or needs an optional backend marks every test that uses it
 # (directly or through another fixture).
-FIXTURE_MARKERS = {"real_lm": "real_model", "int4_lm": "real_model", "cpp_lm": "llamacpp", "vllm_python": "vllm"}
+FIXTURE_MARKERS = {
+    "real_lm": "real_model",
+    "real_lm_float32": "real_model",
+    "int4_lm": "real_model",
+    "cpp_lm": "llamacpp",
+    "vllm_python": "vllm",
+}
 
-# `make test` runs two pytest-xdist workers, one per core: each computes on one thread, so the two
-# never contend for a core (torch's default is a thread per core in each process).
+# `make test` runs two pytest-xdist workers, one per core: each computes on one thread, and so does
+# every process a test starts (servers, vLLM, llama.cpp's programs inherit OMP_NUM_THREADS), so the
+# two never contend for a core. Torch's default is a thread per core in each process: two workers'
+# spinning OpenMP threads on two cores run each test three to four times slower.
 if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ["OMP_NUM_THREADS"] = "1"
     torch.set_num_threads(1)
 
 
@@ -55,7 +64,17 @@ def tiny_model(request):
 
 @pytest.fixture(scope="session")
 def real_lm():
-    """The real `smollm2-135m` (pulled by `.ci/run` before the tests; pulled here if missing)."""
+    """The real `smollm2-135m` as a user gets it with no options (on a CPU: int4, the GGUF's own
+    blocks, row-exact), pulled by `.ci/run` before the tests (here if missing). Its float32 path,
+    five times slower on one core, is tested where it is the point (`test_row_exact.py`)."""
+    from leapdecode.models import load_model
+
+    return load_model("smollm2-135m", log=lambda msg: None)
+
+
+@pytest.fixture(scope="session")
+def real_lm_float32():
+    """The same model in float32 (its GGUF de-quantized, row-exact), where a test needs float weights."""
     from leapdecode.models import load_model
 
     return load_model("smollm2-135m", dtype="float32", log=lambda msg: None)

@@ -34,7 +34,7 @@ def test_bench_command_writes_tables_plots_and_checks_every_sample(tmp_path) -> 
             "--out",
             str(out),
             "--threads",
-            "2",
+            "1",
             "--repeats",
             "2",
         ],
@@ -51,7 +51,7 @@ def test_bench_command_writes_tables_plots_and_checks_every_sample(tmp_path) -> 
     )
     assert "–" in table.split("`anpd:n=4,k=5`")[1].split("\n")[0]  # the spread of the two repeats
     meta = json.loads((out / "summary.json").read_text())["meta"]
-    assert meta["date"] and meta["version"] and meta["threads"] == 2 and "commit" in meta
+    assert meta["date"] and meta["version"] and meta["threads"] == 1 and "commit" in meta
 
 
 def test_bench_runs_other_dtypes_and_quantizations_in_the_same_run(tmp_path) -> None:
@@ -69,7 +69,7 @@ def test_bench_runs_other_dtypes_and_quantizations_in_the_same_run(tmp_path) -> 
             "--out",
             str(out),
             "--threads",
-            "2",
+            "1",
             "--no-plots",
             "--dtype",
             "float32",
@@ -106,7 +106,7 @@ def test_sampled_bench_checks_every_sample_against_plain_sampling(tmp_path) -> N
             "--out",
             str(out),
             "--threads",
-            "2",
+            "1",
             "--no-plots",
             "--temperature",
             "0.8",

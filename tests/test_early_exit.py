@@ -307,9 +307,7 @@ def test_calibrate_commands_on_the_real_model(real_lm, tmp_path, monkeypatch) ->
     monkeypatch.setattr("leapdecode.models.default_cache_dir", lambda: tmp_path)
     runner = CliRunner()
     out = tmp_path / "calibration.json"
-    result = runner.invoke(
-        app, ["calibrate", "layer-skip", "-n", "4", "--fractions", "0.1", "--dtype", "float32", "--out", str(out)]
-    )
+    result = runner.invoke(app, ["calibrate", "layer-skip", "-n", "4", "--fractions", "0.1", "--out", str(out)])
     assert result.exit_code == 0, result.output
     saved = json.loads(out.read_text())
     assert saved["num_layers"] == 30 and len(saved["trials"]) == 1 and saved["skip"]
@@ -321,9 +319,7 @@ def test_calibrate_commands_on_the_real_model(real_lm, tmp_path, monkeypatch) ->
         fast.generate(REAL_PROMPTS[0], max_new_tokens=12).token_ids
         == wrap(real_lm, "ar").generate(REAL_PROMPTS[0], max_new_tokens=12).token_ids
     )
-    result = runner.invoke(
-        app, ["calibrate", "calm", "-n", "4", "--first", "20", "--every", "4", "--epsilon", "0.1", "--dtype", "float32"]
-    )
+    result = runner.invoke(app, ["calibrate", "calm", "-n", "4", "--first", "20", "--every", "4", "--epsilon", "0.1"])
     assert result.exit_code == 0, result.output
     assert "calm:threshold=" in result.stdout
     bad = runner.invoke(app, ["calibrate", "calm", "--measure", "entropy"])

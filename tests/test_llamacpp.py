@@ -267,7 +267,7 @@ def test_llama_server_serves_the_same_load_as_a_throughput_peer(cpp_lm, referenc
     prompts = [encode(cpp_lm, p) for p in PROMPTS]
     want = [references[p][:16] for p in PROMPTS]
     for concurrency, solo in ((1, True), (2, False)):
-        result = run_llama_server(Path(cpp_lm.model.path), prompts, 16, concurrency, want, 2, solo=solo)
+        result = run_llama_server(Path(cpp_lm.model.path), prompts, 16, concurrency, want, 1, solo=solo)
         assert result.concurrency == ("solo" if solo else "2") and result.requests == len(PROMPTS)
         assert len(result.latencies_s) == len(PROMPTS) and result.wall_s > 0
         assert all(1 <= len(t) <= 16 for t in result.outputs)  # it stops at the model's end of text

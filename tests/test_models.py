@@ -156,6 +156,23 @@ def test_folders_that_are_not_causal_lms(tmp_path) -> None:
         load_model(broken, cache_dir=tmp_path, **QUIET)
 
 
+def test_the_gguf_tensor_table_is_read_as_gguf_reads_it_and_a_cut_header_is_an_error(tmp_path) -> None:
+    """`gguf_header` steps over the metadata (the tokenizer's 49,152 strings) instead of building it."""
+    from gguf import GGUFReader
+
+    from leapdecode.models.gguf_header import GGUFHeaderError, read_tensor_infos
+
+    gguf = presets.locate("smollm2-135m", presets.Path(real_lm_cache_dir()), download=True, log=lambda m: None)
+    reference = GGUFReader(str(gguf))
+    want = [(t.name, tuple(int(n) for n in t.shape), t.tensor_type.value) for t in reference.tensors]
+    assert [(t.name, t.shape, t.type_id) for t in read_tensor_infos(gguf)] == want and len(want) > 30
+    header = gguf.read_bytes()[: reference.tensors[0].data_offset]
+    for cut in (5, 20, 1_000, len(header) // 2, len(header) - 9):
+        (tmp_path / "cut.gguf").write_bytes(header[:cut])
+        with pytest.raises(GGUFHeaderError):
+            read_tensor_infos(tmp_path / "cut.gguf")
+
+
 def test_real_gguf_path_loads_through_the_dequantized_cache(real_lm) -> None:
     """The preset was de-quantized once; loading its GGUF by path reuses that cache."""
     gguf = presets.locate("smollm2-135m", presets.Path(real_lm_cache_dir()), download=False, log=lambda m: None)

@@ -403,10 +403,10 @@ def dequantize_blocks(blocks) -> torch.Tensor:
     return dequantize(qweight, scales, mins, blocks.bits)
 
 
-def test_a_gguf_model_quantizes_to_the_files_own_groups(int4_lm, real_lm) -> None:
+def test_a_gguf_model_quantizes_to_the_files_own_groups(int4_lm, real_lm_float32) -> None:
     """smollm2's GGUF is Q4_1 with a Q8_0 embedding (the tied LM head): every layer comes from the
     file, and de-quantized it is the float model's weight."""
-    float_layers = dict(real_lm.model.named_modules())
+    float_layers = dict(real_lm_float32.model.named_modules())
     for name, layer in int4_lm.model.named_modules():
         if isinstance(layer, QuantizedLinear):
             reference_weight = float_layers[name].weight.float()

@@ -269,6 +269,20 @@ def exact_lm(kernel, request):
     return load_model("smollm2-135m", log=lambda m: None, row_exact=True, dtype=dtype, quantize=quantize)
 
 
+@pytest.fixture(scope="module")
+def plain_of():
+    """Plain greedy decoding's tokens, computed once per (precision, prompt, length) in this module."""
+    seen: dict[tuple[str, str, int], list[int]] = {}
+
+    def plain(lm, prompt: str, max_new_tokens: int) -> list[int]:
+        key = (lm.describe, prompt, max_new_tokens)
+        if key not in seen:
+            seen[key] = wrap(lm, "ar").generate(prompt, max_new_tokens=max_new_tokens).token_ids
+        return seen[key]
+
+    return plain
+
+
 def layer_outputs(model, run) -> list[torch.Tensor]:
     """Every decoder layer's output during `run()` ([rows, hidden] each), through forward hooks."""
     seen: list[torch.Tensor] = []
@@ -332,25 +346,23 @@ def test_a_tree_pass_scores_each_node_as_its_path_decoded_alone(exact_lm) -> Non
 
 
 @pytest.mark.parametrize("method", ["anpd:cost_aware=false", "anpd-tree", "lookahead"])
-def test_greedy_drafting_on_the_row_exact_model_is_plain_decoding(exact_lm, method) -> None:
+def test_greedy_drafting_on_the_row_exact_model_is_plain_decoding(exact_lm, plain_of, method) -> None:
     for prompt in [
         "def add(a, b):\n    return a + b\n\ndef sub(a, b):",
         "The capital of France is Paris. The capital of",
     ]:
-        plain = wrap(exact_lm, "ar").generate(prompt, max_new_tokens=32)
         fast = wrap(exact_lm, method).generate(prompt, max_new_tokens=32)
-        assert fast.token_ids == plain.token_ids
+        assert fast.token_ids == plain_of(exact_lm, prompt, 32)
 
 
 @pytest.mark.parametrize("method", ["anpd:k=40,cost_aware=false", "anpd-tree:nodes=40,depth=12,width=4"])
-def test_drafts_stay_inside_the_passes_the_kernel_scores_exactly(exact_lm, method) -> None:
+def test_drafts_stay_inside_the_passes_the_kernel_scores_exactly(exact_lm, plain_of, method) -> None:
     """A decoding pass holds at most 16 rows (`EXACT_ROWS`, the attention kernel's fast range), so
     a longer chain or a bigger tree is cut to its first 15 drafted tokens: still lossless."""
     assert exact_lm.exact_tokens == 16
     prompt = "def add(a, b):\n    return a + b\n\n" * 8 + "def add(a, b):"
-    plain = wrap(exact_lm, "ar").generate(prompt, max_new_tokens=48)
     fast = wrap(exact_lm, method).generate(prompt, max_new_tokens=48)
-    assert fast.token_ids == plain.token_ids
+    assert fast.token_ids == plain_of(exact_lm, prompt, 48)
     drafted = [len(s.drafted) for s in fast.steps]
     assert max(drafted) == 15, drafted  # the method asked for more, the backend allowed 15
 
@@ -360,10 +372,11 @@ def test_row_exact_refuses_what_it_does_not_cover() -> None:
         load_model("smollm2-135m", log=lambda m: None, row_exact=True, dtype="float16")
 
 
-def test_row_exact_is_the_default_on_cpu_float32_and_falls_back_clearly(real_lm, monkeypatch) -> None:
+def test_row_exact_is_the_default_on_cpu_float32_and_falls_back_clearly(real_lm_float32, monkeypatch) -> None:
     from leapdecode.models.linear import SmallBatchLinear
 
-    assert real_lm.row_exact and any(isinstance(m, RowExactLinear) for m in real_lm.model.modules())
+    lm = real_lm_float32
+    assert lm.row_exact and any(isinstance(m, RowExactLinear) for m in lm.model.modules())
     monkeypatch.setattr(row_exact, "kernel", lambda: None)  # a machine where the kernel cannot build
     lm = load_model("smollm2-135m", log=lambda m: None, dtype="float32")
     assert not lm.row_exact and any(isinstance(m, SmallBatchLinear) for m in lm.model.modules())

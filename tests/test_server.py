@@ -51,8 +51,6 @@ def start_server(*options: str):
 @pytest.fixture(scope="module")
 def server():
     url, proc = start_server(
-        "--dtype",
-        "float32",
         "--max-queue",
         "4",
         "--timeout",

@@ -36,9 +36,7 @@ RSS_GROWTH_MB = 96  # over the soak's second half
 
 @pytest.fixture(scope="module")
 def soak_server():
-    url, proc = start_server(
-        "--dtype", "float32", "--max-queue", "16", "--max-batch", "4", "--timeout", "60", "--method", "anpd"
-    )
+    url, proc = start_server("--max-queue", "16", "--max-batch", "4", "--timeout", "60", "--method", "anpd")
     yield url, proc
     proc.terminate()
     proc.wait(timeout=30)

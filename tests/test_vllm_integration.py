@@ -245,7 +245,7 @@ def test_vllm_serve_builds_the_server_command_or_names_the_extra(real_lm) -> Non
         assert missing.exit_code == 2 and "leapdecode[vllm]" in missing.output
 
 
-def test_dequantized_folders_store_a_tied_output_layer_once(real_lm) -> None:
+def test_dequantized_folders_store_a_tied_output_layer_once(real_lm_float32) -> None:
     """vLLM reads a saved copy of a tied output layer as the layer and leaves the embeddings unset
     (every logit equal): the folder holds the embeddings only, as `save_pretrained` writes it."""
     from safetensors import safe_open
@@ -255,7 +255,8 @@ def test_dequantized_folders_store_a_tied_output_layer_once(real_lm) -> None:
     with safe_open(str(Path(huggingface_source("smollm2-135m")) / "model.safetensors"), "pt") as f:
         keys = set(f.keys())
     assert "model.embed_tokens.weight" in keys and "lm_head.weight" not in keys
-    assert real_lm.model.lm_head.weight.data_ptr() == real_lm.model.model.embed_tokens.weight.data_ptr()
+    model = real_lm_float32.model
+    assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
 
 
 # --- through vLLM itself -------------------------------------------------------------------------

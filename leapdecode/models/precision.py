@@ -107,14 +107,17 @@ def resolve_precision(
 
 
 def gguf_is_quantized(path: Path) -> bool:
-    """Whether a GGUF file stores any weight matrix in quantized blocks (reads only its header)."""
-    from gguf import GGUFReader
+    """Whether a GGUF file stores any weight matrix in quantized blocks (reads only its tensor table)."""
+    from gguf import GGMLQuantizationType
+
+    from leapdecode.models.gguf_header import GGUFHeaderError, read_tensor_infos
 
     try:
-        reader = GGUFReader(str(path), "r")
-    except (ValueError, OSError, IndexError) as exc:
+        infos = read_tensor_infos(path)
+    except (GGUFHeaderError, OSError, ValueError) as exc:
         raise ModelLoadError(f"could not read GGUF {path}: {exc} (corrupt file?)") from exc
-    return any(t.tensor_type.name not in FLOAT_GGUF_TYPES for t in reader.tensors if len(t.shape) >= 2)
+    float_ids = {GGMLQuantizationType[name].value for name in FLOAT_GGUF_TYPES}
+    return any(t.type_id not in float_ids for t in infos if len(t.shape) >= 2)
 
 
 def checkpoint_dtype(config: object) -> str | None:
