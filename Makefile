@@ -103,9 +103,10 @@ lint: setup
 	$(BIN)/mypy leapdecode/engine leapdecode/verifiers leapdecode/drafters leapdecode/methods
 
 # The whole suite. Its set-up steps run side by side (compiling keeps the two cores busy while the
-# models and vLLM download), then the tests in two pytest-xdist workers, a test file to a worker.
+# models and vLLM download), then the tests in two pytest-xdist workers, a test file to a worker,
+# one thread to a process (set before anything loads OpenMP: a thread's default comes from it).
 test: test-setup
-	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder
 
 test-setup: setup
 	$(MAKE) --no-print-directory -j 4 --output-sync=target lint kernels test-models browser llamacpp llamacpp-tools peers vllm

@@ -29,9 +29,19 @@ FIXTURE_MARKERS = {
 # every process a test starts (servers, vLLM, llama.cpp's programs inherit OMP_NUM_THREADS), so the
 # two never contend for a core. Torch's default is a thread per core in each process: two workers'
 # spinning OpenMP threads on two cores run each test three to four times slower.
-if os.environ.get("PYTEST_XDIST_WORKER"):
+WORKER = bool(os.environ.get("PYTEST_XDIST_WORKER"))
+if WORKER:
     os.environ["OMP_NUM_THREADS"] = "1"
     torch.set_num_threads(1)
+
+
+@pytest.fixture(autouse=True)
+def one_thread_per_worker():
+    """A command a test runs with `--threads N` sets torch's threads for the whole process: back to
+    one after each test in a worker, so no later test runs two threads beside the other worker."""
+    yield
+    if WORKER and torch.get_num_threads() != 1:
+        torch.set_num_threads(1)
 
 
 # The slowest test files (real models, servers, training) run first: xdist hands out whole files in

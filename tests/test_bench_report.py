@@ -501,3 +501,24 @@ accept    = 72.917%
     assert parse_speculative(log) == (5.0, 130, 96, 70)
     with pytest.raises(MethodError, match="gave no report"):
         parse_speculative("error: failed to load model")
+
+
+def test_bench_threads_default_to_all_cores_or_the_environments_omp_num_threads(monkeypatch) -> None:
+    import os
+
+    import torch
+
+    from leapdecode.bench.harness import use_threads
+
+    before = torch.get_num_threads()
+    try:
+        monkeypatch.setenv("OMP_NUM_THREADS", "1")
+        assert use_threads(0) == 1
+        monkeypatch.delenv("OMP_NUM_THREADS")
+        assert use_threads(0) == (os.cpu_count() or 1)
+        assert use_threads(1) == 1
+        with pytest.raises(InputError, match="--threads must be >= 0"):
+            use_threads(-1)
+        assert torch.get_num_threads() == 1  # a refused value changes nothing
+    finally:
+        torch.set_num_threads(before)

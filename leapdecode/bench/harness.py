@@ -39,10 +39,13 @@ def machine_description(threads: int) -> str:
 
 
 def use_threads(threads: int) -> int:
-    """Set torch's CPU threads (0: all cores) and return the number in use."""
+    """Set torch's CPU threads (0: all cores, or OMP_NUM_THREADS where the environment sets it, as
+    torch's own default does) and return the number in use."""
     if threads < 0:
         raise InputError(f"--threads must be >= 0, got {threads}")
-    torch.set_num_threads(threads or (os.cpu_count() or 1))
+    from_env = os.environ.get("OMP_NUM_THREADS", "")
+    default = int(from_env) if from_env.isdigit() and int(from_env) > 0 else (os.cpu_count() or 1)
+    torch.set_num_threads(threads or default)
     return torch.get_num_threads()
 
 

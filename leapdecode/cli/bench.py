@@ -44,7 +44,10 @@ LimitOpt = Annotated[
     str, typer.Option("--limit", help="Prompts per category: N, or N,CATEGORY=M,... (e.g. 10,humaneval=30).")
 ]
 OutOpt = Annotated[Path, typer.Option("--out", help="Output folder.")]
-BenchThreadsOpt = Annotated[int, typer.Option("--threads", help="Torch CPU threads for every method (0: all cores).")]
+BenchThreadsOpt = Annotated[
+    int,
+    typer.Option("--threads", help="Torch CPU threads for every method (0: all cores, or OMP_NUM_THREADS where set)."),
+]
 
 
 @friendly
