@@ -47,7 +47,7 @@ $(VENV)/.build-tools: | $(VENV)/.installed
 # llama-speculative-simple; llama-server; llama-bench) and the shared libraries the Python binding
 # (the llama.cpp backend) loads. Built for this CPU (-march=native) but without AMX: on CPUs that
 # have it, ggml's AMX matmul crashes (SIGSEGV in ggml_backend_amx_mul_mat) on the OpenMP threads
-# torch started first. A unity build (cmake/llama-cpp-unity.cmake): about 12 minutes on two cores,
+# torch started first. A unity build (cmake/llama-cpp-unity.cmake): about 11 minutes on two cores,
 # not 24.
 NO_AMX := -mno-amx-tile -mno-amx-int8 -mno-amx-bf16
 LLAMA_TOOLS := $(VENV)/llama.cpp
