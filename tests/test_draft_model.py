@@ -62,8 +62,9 @@ def test_target_as_its_own_draft_model_accepts_every_draft(tiny_model, options) 
         got, steps, _ = run(tiny_model, tiny_model, prompt, 30, **options)
         assert got == greedy_reference(tiny_model, prompt, 30)
         drafted = sum(len(s.drafted) for s in steps)
-        # a windowed draft model reads less of a long prompt than the target: not every draft holds
-        exact = "window" not in options or len(prompt) <= options["window"]
+        # a windowed draft model reads less of a long context than the target (at its first pass:
+        # the prompt and the token its prefill emitted): not every draft holds
+        exact = "window" not in options or len(prompt) + 1 <= options["window"]
         assert drafted > 0 and (sum(s.num_accepted for s in steps) == drafted or not exact)
 
 
@@ -565,6 +566,78 @@ def test_the_draft_models_prefill_is_priced_against_the_steps_left(tiny_model) -
     assert [t for s in steps for t in s.tokens] == expected and drafter.draft_passes == 0
 
 
+def test_the_length_estimate_is_the_mean_of_what_longer_finished_requests_emitted_beyond() -> None:
+    """A request is counted on for the mean, over the finished requests that ran past its length,
+    of what they emitted beyond it, capped at the budget left; with no history for its whole
+    budget, and when longer than all before it for as many tokens again as it has emitted; one
+    stopped by its budget past its length runs on, one stopped before says nothing."""
+    from leapdecode.drafters.cost_aware import LengthEstimate
+
+    lengths = LengthEstimate(keep=4)
+    assert lengths.ahead(0, 100) == 100.0
+    for emitted in (10, 30, 500):
+        lengths.observe(emitted, budget_reached=False)
+    assert lengths.ahead(0, 100) == (10 + 30 + 100) / 3
+    assert lengths.ahead(20, 100) == (10 + 100) / 2  # only those that ran past 20
+    assert lengths.ahead(600, 50) == 50.0 and lengths.ahead(600, 1000) == 600.0  # none did: as long again
+    lengths.observe(50, budget_reached=True)
+    assert lengths.ahead(20, 100) == (10 + 100 + 100) / 3  # stopped by its budget past 20: runs on
+    assert lengths.ahead(60, 1000) == 440.0  # stopped by its budget before 60: says nothing
+    lengths.observe(7, budget_reached=False)  # keeps the last four: 10 drops out
+    assert list(lengths.finished) == [(30, False), (500, False), (50, True), (7, False)]
+
+
+def test_a_decoder_whose_answers_run_short_stops_paying_for_draft_prefills(tiny_model) -> None:
+    """A budget of 1,000 tokens repays a 40-token prompt's draft prefill, but once the decoder's
+    finished requests (recorded by `finish`) show answers of about 8 tokens, a new request is
+    counted on for little more and its draft model never runs; one that has already run far past
+    them drafts again. The output is plain decoding's throughout."""
+    from leapdecode.drafters.cost_aware import LengthEstimate
+    from leapdecode.drafters.draft_model import SINK_TOKENS, DraftCost
+
+    estimate, lengths = learnt(True), LengthEstimate()
+    cost = DraftCost(ForwardCost((0.010,)), ForwardCost((0.030,) * 8), catch_up=0.010)
+    prompt = [(7 * i + 3) % 90 + 4 for i in range(40)]
+
+    def drafter() -> DraftModelDrafter:  # a 32-token window: a late start feeds no more than an early one
+        return DraftModelDrafter(
+            TorchBackend(tiny_model), k=4, cost=cost, estimate=estimate, lengths=lengths, window=32
+        )
+
+    def first_draft(emitted: int = 0) -> int:
+        d = drafter()
+        d.reset(prompt)
+        d.horizon(1000)
+        d.update([(5 * i + 1) % 90 + 4 for i in range(emitted)], 0)  # as if it had emitted them
+        with torch.inference_mode():
+            return len(d.propose(4))
+
+    assert first_draft() == 4
+    expected = greedy_reference(tiny_model, prompt, 8)
+    for _ in range(3):  # three answers of 8 tokens, each ended by a stop token
+        d = drafter()
+        stop = StopCriteria(frozenset({expected[-1]}), 1000)
+        steps = list(decode(TorchBackend(tiny_model), prompt, d, stop, *GREEDY))
+        assert [t for s in steps for t in s.tokens][: len(expected)] == expected
+    # what the drafter heard: the pass that emitted the stop token may have scored a few past it
+    assert all(8 <= emitted <= 8 + 4 and not capped for emitted, capped in lengths.finished)
+    assert lengths.ahead(0, 1000) <= 12
+    assert first_draft() == 0
+    assert first_draft(emitted=20) == 0  # counted on for 20 more: not yet
+    assert first_draft(emitted=200) == 4  # for 200 more: the prefill pays
+    # decoding on: it starts late, over the window of everything so far, and changes nothing
+    d = drafter()
+    fed: list[list[int]] = []
+    prefill = d.backend.prefill
+    d.backend.prefill = lambda tokens: fed.append(list(tokens)) or prefill(tokens)  # type: ignore[method-assign]
+    steps = list(decode(TorchBackend(tiny_model), prompt, d, StopCriteria(frozenset(), 96), *GREEDY))
+    assert [t for s in steps for t in s.tokens] == greedy_reference(tiny_model, prompt, 96)
+    first = next(i for i, s in enumerate(steps) if s.drafted)
+    before = prompt + [t for s in steps[:first] for t in s.tokens]  # the stream at its first pass
+    assert first > 8 and d.draft_passes > 0 and fed[0] == before[:SINK_TOKENS] + before[-(32 - SINK_TOKENS) :]
+    assert d.seq is not None and d.seq.length + d.skip <= len(d.stream)
+
+
 def test_in_a_batch_the_draft_models_prefill_is_charged_to_the_whole_pass(tiny_model) -> None:
     """A draft model's prefill holds up every request of the batch: with rows free, a feed that a
     request alone repays over its steps left is charged as if each of eight requests fed as much,
@@ -814,9 +887,10 @@ def test_a_cost_aware_draft_offers_each_token_with_its_reach_for_the_shared_cut(
 def test_a_windowed_draft_model_reads_the_prompts_sinks_and_tail_and_never_changes_the_output(
     tiny_model, random_draft
 ) -> None:
-    """With `window`, the draft model's first pass feeds the prompt's first SINK_TOKENS and its
-    last tokens, `window` in all, and its cache stays that far behind the stream: rollbacks and
-    catch-ups land on the right tokens, alone and in shared passes, right drafts or wrong."""
+    """With `window`, the draft model's first pass feeds the stream's first SINK_TOKENS and its
+    last tokens (the prompt, and the token the target's prefill emitted), `window` in all, and its
+    cache stays that far behind the stream: rollbacks and catch-ups land on the right tokens,
+    alone and in shared passes, right drafts or wrong."""
     from leapdecode.drafters.draft_model import SINK_TOKENS
 
     prompt = [(7 * i + 3) % TINY_VOCAB for i in range(40)]
@@ -828,11 +902,24 @@ def test_a_windowed_draft_model_reads_the_prompts_sinks_and_tail_and_never_chang
         drafter = DraftModelDrafter(backend, k=4, window=16)
         steps = list(decode(TorchBackend(tiny_model), prompt, drafter, StopCriteria(frozenset(), 30), *GREEDY))
         assert [t for s in steps for t in s.tokens] == greedy_reference(tiny_model, prompt, 30)
-        first = fed[0]
-        assert first[:16] == prompt[:SINK_TOKENS] + prompt[-(16 - SINK_TOKENS) :]
+        first, stream = fed[0], prompt + list(steps[0].tokens)  # the prefill's token comes first
+        assert first[:16] == stream[:SINK_TOKENS] + stream[-(16 - SINK_TOKENS) :]
         assert drafter.seq is not None and drafter.seq.length <= len(drafter.stream) - drafter.skip
-        if draft is tiny_model:  # the target as its own draft: its windowed drafts are still mostly right
-            assert sum(s.num_accepted for s in steps) > 0
+    accepted = 0  # the target as its own draft: some of its windowed drafts still hold
+    for shift in range(4):
+        other = [(7 * i + 3 + 11 * shift) % TINY_VOCAB for i in range(40)]
+        steps = list(
+            decode(
+                TorchBackend(tiny_model),
+                other,
+                DraftModelDrafter(TorchBackend(tiny_model), k=4, window=16),
+                StopCriteria(frozenset(), 30),
+                *GREEDY,
+            )
+        )
+        assert [t for s in steps for t in s.tokens] == greedy_reference(tiny_model, other, 30)
+        accepted += sum(s.num_accepted for s in steps)
+    assert accepted > 0
     with pytest.raises(ValueError, match="window"):
         DraftModelDrafter(TorchBackend(tiny_model), window=2 * SINK_TOKENS)
     with pytest.raises(MethodError, match="window"):

@@ -153,7 +153,7 @@ class Drafter(ABC):
     def horizon(self, max_new_tokens: int) -> None:  # noqa: B027 - optional hook, no-op by default
         """The request emits at most `max_new_tokens` tokens (called right after `reset`): a
         drafter with a one-time cost (a draft model's own prompt prefill) weighs it against the
-        steps left to repay it."""
+        steps it can count on to repay it, which the budget bounds."""
 
     def attach(self, backend: Backend, seq: CacheState) -> None:  # noqa: B027 - optional hook, no-op by default
         """The target's backend and this request's cache, right after the prefill: drafters

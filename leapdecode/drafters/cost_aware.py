@@ -24,6 +24,7 @@ rejections outweighed what code had taught).
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Hashable, Sequence
 
 from leapdecode.drafters.base import Delegating, Draft, Drafter, Offer
@@ -44,6 +45,36 @@ class AcceptanceEstimate:
     def observe(self, bucket: Hashable, accepted: bool) -> None:
         a, s = self.counts.get(bucket, (0.0, 0.0))
         self.counts[bucket] = (a * self.decay + accepted, s * self.decay + 1.0)
+
+
+class LengthEstimate:
+    """How many more tokens a request will emit, learnt from the decoder's finished requests: what
+    a one-time cost (a draft model's prompt prefill) is repaid over. A budget says how long a
+    request may run, not how long it will; served with a large `max_tokens`, most answers stop far
+    short of it. The estimate for a request that has emitted t tokens is the mean, over the last
+    `keep` finished requests that ran past t, of what they emitted beyond t (capped at the budget
+    left). With no history, the whole budget left; a request longer than any before it is counted
+    on for as many tokens again as it has emitted (within the budget), as a request of unknown
+    length that has lasted t is expected to last about t more. A request stopped by its own budget
+    past t counts as one that would have run on; one stopped by its budget before t says nothing."""
+
+    def __init__(self, keep: int = 64) -> None:
+        self.finished: deque[tuple[int, bool]] = deque(maxlen=keep)  # (tokens emitted, stopped by its budget)
+
+    def observe(self, emitted: int, budget_reached: bool) -> None:
+        self.finished.append((emitted, budget_reached))
+
+    def ahead(self, emitted: int, left: int) -> float:
+        """Tokens a request that has emitted `emitted` is expected to emit yet, at most `left`."""
+        total, count = 0.0, 0
+        for length, capped in tuple(self.finished):
+            if capped and length > emitted:  # it would have run on: as far as this one may
+                total, count = total + left, count + 1
+            elif length > emitted:
+                total, count = total + min(length - emitted, left), count + 1
+        if count:
+            return total / count
+        return float(left if not self.finished else min(left, max(emitted, 1)))
 
 
 def judged(drafted: Sequence[int], parents: Sequence[int], emitted: Sequence[int]) -> list[tuple[int, bool]]:

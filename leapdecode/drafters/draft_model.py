@@ -29,10 +29,12 @@ Options:
   sets that token's chance. Zero tokens when even the first does not pay (one probe every
   `PROBE_EVERY` silent steps keeps the rates learning; in a batch of B, every B x `PROBE_EVERY`,
   so the shared passes carry no more probes than a request's own). The tokens the draft model's cache
-  lacks (its whole prompt, before its first draft) are fed once and serve the rest of the
-  request: the first token of a step is charged their feed spread over the steps left
-  (`horizon`), so a request whose prefill would not pay back, such as one among many in a
-  batch where rows are dear, never runs the draft model at all (and never probes into it). In a
+  lacks (its window of the context, before its first draft) are fed once and serve the rest of the
+  request: the first token of a step is charged their feed spread over the steps the request
+  can be counted on for (within its budget, `horizon`, as long as the decoder's finished
+  answers ran past its length so far, `LengthEstimate`), so a request whose prefill would not pay
+  back, such as a short answer or one among many in a batch where rows are dear, never runs the
+  draft model at all (and never probes into it). In a
   batch the feed is charged against the whole pass, as if every request fed as much: a draft
   model's prefill holds up every request's pass, not only the one it serves. The
   draft is then cut by those chances as a shared pass cuts every request's
@@ -45,10 +47,11 @@ Options:
   The draft model skips the steps the match drafts; the tokens it has not seen are fed in its
   next pass, never in a pass of their own. Only where no draft-model q is needed (greedy or
   coupled sampling).
-- `window` > 0: the draft model reads at most `window` tokens of the prompt, its first
-  `SINK_TOKENS` and its last (StreamingLLM's attention sinks; TriForce drafts over such a partial
-  cache): a long prompt's draft prefill stays short, and the target, which reads everything,
-  still decides every token.
+- `window` > 0: the draft model reads at most `window` tokens of the context before its first
+  pass (the prompt, and what was emitted before it started), its first `SINK_TOKENS` and its last
+  (StreamingLLM's attention sinks; TriForce drafts over such a partial cache): a long prompt's
+  draft prefill stays short, a draft model that starts late feeds no more, and the target, which
+  reads everything, still decides every token.
 """
 
 from __future__ import annotations
@@ -60,7 +63,7 @@ import torch
 
 from leapdecode.choices import DRAFT_SCHEDULES
 from leapdecode.drafters.base import Draft, Drafter, DraftFeed, Offer
-from leapdecode.drafters.cost_aware import AcceptanceEstimate, RequestEstimate, judged
+from leapdecode.drafters.cost_aware import AcceptanceEstimate, LengthEstimate, RequestEstimate, judged
 from leapdecode.drafters.ngram import NGramModule
 from leapdecode.drafters.suffix import SuffixDrafter
 from leapdecode.engine.backend import Backend, CacheState, Scores
@@ -70,7 +73,7 @@ from leapdecode.engine.noise import PositionNoise, Stream
 from leapdecode.engine.sampling import SamplingParams, logits_to_probs
 from leapdecode.verifiers import Verdict, verify_greedy, verify_speculative
 
-SINK_TOKENS = 4  # a windowed prompt keeps its first tokens too: attention sinks (StreamingLLM, 2309.17453)
+SINK_TOKENS = 4  # a windowed context keeps its first tokens too: attention sinks (StreamingLLM, 2309.17453)
 PROBE_EVERY = 8  # silent steps (no draft: the first token did not pay) before one token is drafted anyway
 MAX_DEPTH_BUCKET = 8
 
@@ -117,13 +120,14 @@ class DraftModelDrafter(Drafter):
         cascade_n: int = 0,
         cost: DraftCost | None = None,
         estimate: AcceptanceEstimate | None = None,
+        lengths: LengthEstimate | None = None,
         retrieval: SuffixDrafter | None = None,
         window: int = 0,
     ) -> None:
         if k < 1:
             raise ValueError(f"k must be >= 1, got {k}")
         if window and window <= 2 * SINK_TOKENS:
-            raise ValueError(f"window must be 0 (the whole prompt) or more than {2 * SINK_TOKENS}, got {window}")
+            raise ValueError(f"window must be 0 (the whole context) or more than {2 * SINK_TOKENS}, got {window}")
         if schedule not in DRAFT_SCHEDULES:
             raise ValueError(f"schedule must be one of {DRAFT_SCHEDULES}, got {schedule!r}")
         self.backend = backend
@@ -138,9 +142,9 @@ class DraftModelDrafter(Drafter):
         noise = noise if noise is not None else PositionNoise(0)
         self.noise = noise if coupled else noise.derived(Stream.DRAFT)
         self.prompt_len = 0
-        # the draft model reads at most `window` prompt tokens (0: all): the first SINK_TOKENS and
-        # the last ones; `skip` prompt tokens between them are never fed (its cache position c
-        # holds stream token c, or c + skip past the sinks)
+        # the draft model reads at most `window` tokens of the stream before its first pass (0:
+        # all): the first SINK_TOKENS and the last ones; `skip` tokens between them are never fed
+        # (its cache position c holds stream token c, or c + skip past the sinks)
         self.window = window
         self.skip = 0
         self.max_new_tokens: int | None = None  # the request's budget (`horizon`); None: unknown
@@ -155,6 +159,7 @@ class DraftModelDrafter(Drafter):
         self.cost = cost if cascade_n == 0 else None
         self.shared = estimate if estimate is not None else AcceptanceEstimate()  # a decoder's greedy requests share it
         self.rates = RequestEstimate(self.shared)
+        self.lengths = lengths if lengths is not None else LengthEstimate()  # a decoder's requests share it
         self.buckets: list[Hashable] = []  # per token of the last draft: its probability's bucket
         self.reach: list[float] = []  # per token of the last draft (with the costs): its chance to be accepted
         self.silent = 0  # steps in a row without a draft
@@ -191,15 +196,18 @@ class DraftModelDrafter(Drafter):
 
     def _catch_up(self) -> float:
         """Seconds a step's first drafted token is charged for the tokens the draft model's cache
-        lacks beyond the one every round feeds (its prompt, before its first draft; the tokens of
+        lacks beyond the one every round feeds (its window, before its first draft; the tokens of
         silent or retrieved steps later): fed once, they let it draft for the rest of the request,
-        so their cost is spread over the steps left. Not charged where the budget is unknown."""
+        so their cost is spread over the steps it can count on: the tokens the decoder's finished
+        requests suggest are still to come (`LengthEstimate`), within the budget. Not charged where
+        the budget is unknown."""
         assert self.cost is not None
         lag = len(self.stream) - self._covered()
         if lag <= 1 or self.max_new_tokens is None:
             return 0.0
-        left = max(1, self.max_new_tokens - (len(self.stream) - self.prompt_len))
-        steps = max(1.0, left / (1.0 + self.rates.rate(_depth_bucket(1))))
+        emitted = len(self.stream) - self.prompt_len
+        ahead = self.lengths.ahead(emitted, max(1, self.max_new_tokens - emitted))
+        steps = max(1.0, ahead / (1.0 + self.rates.rate(_depth_bucket(1))))
         return (lag - 1) * self.cost.catch_up / steps
 
     def _verify(self, lower: list[int], logits: torch.Tensor, position: int) -> Verdict:
@@ -214,13 +222,13 @@ class DraftModelDrafter(Drafter):
         return logits.float().softmax(-1) if self.sampling.greedy else logits_to_probs(logits, self.sampling)
 
     def _covered(self) -> int:
-        """The stream tokens the draft model's cache accounts for: those it holds, and the prompt
-        tokens its window skips."""
+        """The stream tokens the draft model's cache accounts for: those it holds, and the tokens
+        its window skips."""
         return (self.seq.length if self.seq is not None else 0) + self.skip
 
     def _unfed(self, drafted: list[int]) -> list[int]:
         """What the draft model's cache lacks of stream + drafted, without copying the stream
-        (work proportional to the tail); before its first pass, its window of the prompt."""
+        (work proportional to the tail); before its first pass, its window of the stream."""
         if self.seq is None and self.skip:
             return self.stream[:SINK_TOKENS] + self.stream[SINK_TOKENS + self.skip :] + drafted
         start, n = self._covered(), len(self.stream)
@@ -380,6 +388,13 @@ class DraftModelDrafter(Drafter):
         q = None if self.sampling.greedy or self.coupled else torch.cat(q_rows)  # [D, vocab]
         return Draft(drafted, q)
 
+    def finish(self) -> None:
+        # how long answers run, for the next requests' prefills: the tokens heard (the pass that
+        # emitted a stop token may have scored a few past it)
+        if self.max_new_tokens is not None:
+            emitted = len(self.stream) - self.prompt_len
+            self.lengths.observe(emitted, emitted >= self.max_new_tokens)
+
     def cut(self, kept: Sequence[int]) -> None:
         # a chain's kept part is a prefix, a tree's keeps parents: the rest was never scored (a
         # match is judged whole in `update`)
@@ -407,5 +422,7 @@ class DraftModelDrafter(Drafter):
             full = num_accepted == len(self.last_draft)
             self.k_now = min(self.k_now + 2, self.k_max) if full else max(1, self.k_now - 1)
         self.stream.extend(tokens)
+        if self.seq is None and self.window:  # not started yet: it will read the window of all so far
+            self.skip = max(0, len(self.stream) - self.window)
         if self.ngram is not None:
             self.ngram.extend(tokens)

@@ -62,8 +62,9 @@ class DraftModel(Method):
     suffix_k: int = 16
     suffix_min: int = 1
     suffix_tree: bool = True
-    # the draft model reads at most `window` tokens of a prompt, its first 4 (attention sinks) and
-    # its last, so that a long prompt's draft prefill stays short (0: the whole prompt)
+    # the draft model reads at most `window` tokens of the context before its first pass (the
+    # prompt and what was emitted before it started), its first 4 (attention sinks) and its last,
+    # so that a long prompt's draft prefill stays short (0: all of it)
     window: int = 128
 
     @property
@@ -86,7 +87,7 @@ class DraftModel(Method):
         self._require(1 <= self.suffix_min <= 16, f"suffix_min must be between 1 and 16, got {self.suffix_min}")
         self._require(
             self.window == 0 or self.window >= MIN_WINDOW,
-            f"window must be 0 (the whole prompt) or at least {MIN_WINDOW} tokens, got {self.window}",
+            f"window must be 0 (the whole context) or at least {MIN_WINDOW} tokens, got {self.window}",
         )
         self._require(
             self.precision in PRECISIONS, f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}"
@@ -119,7 +120,7 @@ class DraftModel(Method):
     def build_factory(
         self, target: LoadedModel, draft_model: LoadedModel | None, log: Log, cost: ForwardCost | None
     ) -> DrafterFactory:
-        from leapdecode.drafters.cost_aware import AcceptanceEstimate
+        from leapdecode.drafters.cost_aware import AcceptanceEstimate, LengthEstimate
         from leapdecode.drafters.draft_model import DraftCost, DraftModelDrafter
         from leapdecode.drafters.suffix import SuffixDrafter
         from leapdecode.engine.cost import measure_batch_cost, measure_forward_cost, measure_prefill_cost
@@ -152,6 +153,7 @@ class DraftModel(Method):
                 f"{1000 * draft_cost.catch_up:.2f} ms a token), target pass {1000 * cost.of(1):.1f} ms"
             )
         shared = AcceptanceEstimate()  # greedy requests share what acceptance the draft's confidence means
+        lengths = LengthEstimate()  # every request learns from earlier ones how long answers run
 
         def factory(sampling: SamplingParams, noise: PositionNoise) -> Drafter:
             return DraftModelDrafter(
@@ -165,6 +167,7 @@ class DraftModel(Method):
                 cascade_n=cascade_n,
                 cost=draft_cost,
                 estimate=shared if sampling.greedy else AcceptanceEstimate(),
+                lengths=lengths,
                 retrieval=(
                     SuffixDrafter(self.suffix_k, min_match=self.suffix_min, tree=self.suffix_tree)
                     if self.suffix
