@@ -68,10 +68,8 @@ class LengthEstimate:
         """Tokens a request that has emitted `emitted` is expected to emit yet, at most `left`."""
         total, count = 0.0, 0
         for length, capped in tuple(self.finished):
-            if capped and length > emitted:  # it would have run on: as far as this one may
-                total, count = total + left, count + 1
-            elif length > emitted:
-                total, count = total + min(length - emitted, left), count + 1
+            if length > emitted:  # stopped by its budget: it would have run on, as far as this one may
+                total, count = total + (left if capped else min(length - emitted, left)), count + 1
         if count:
             return total / count
         return float(left if not self.finished else min(left, max(emitted, 1)))

@@ -194,6 +194,11 @@ class DraftModelDrafter(Drafter):
     def horizon(self, max_new_tokens: int) -> None:
         self.max_new_tokens = max_new_tokens
 
+    @property
+    def emitted(self) -> int:
+        """The tokens the target emitted so far in this request, as this drafter heard them."""
+        return len(self.stream) - self.prompt_len
+
     def _catch_up(self) -> float:
         """Seconds a step's first drafted token is charged for the tokens the draft model's cache
         lacks beyond the one every round feeds (its window, before its first draft; the tokens of
@@ -205,8 +210,7 @@ class DraftModelDrafter(Drafter):
         lag = len(self.stream) - self._covered()
         if lag <= 1 or self.max_new_tokens is None:
             return 0.0
-        emitted = len(self.stream) - self.prompt_len
-        ahead = self.lengths.ahead(emitted, max(1, self.max_new_tokens - emitted))
+        ahead = self.lengths.ahead(self.emitted, max(1, self.max_new_tokens - self.emitted))
         steps = max(1.0, ahead / (1.0 + self.rates.rate(_depth_bucket(1))))
         return (lag - 1) * self.cost.catch_up / steps
 
@@ -358,7 +362,7 @@ class DraftModelDrafter(Drafter):
             self.draft_passes += 1
             logits = scores.logits[-(len(lower) + 1) :]  # [len(lower)+1, vocab]
             # 3. Keep the lower drafts the draft model agrees with, plus its own next token.
-            verdict = self._verify(lower, logits, len(self.stream) - self.prompt_len + len(drafted))
+            verdict = self._verify(lower, logits, self.emitted + len(drafted))
             num_kept, new = verdict.num_accepted, verdict.tokens
             self.backend.rollback(self.seq, self.seq.length - (len(lower) - num_kept))
             drafted.extend(new)
@@ -392,8 +396,7 @@ class DraftModelDrafter(Drafter):
         # how long answers run, for the next requests' prefills: the tokens heard (the pass that
         # emitted a stop token may have scored a few past it)
         if self.max_new_tokens is not None:
-            emitted = len(self.stream) - self.prompt_len
-            self.lengths.observe(emitted, emitted >= self.max_new_tokens)
+            self.lengths.observe(self.emitted, self.emitted >= self.max_new_tokens)
 
     def cut(self, kept: Sequence[int]) -> None:
         # a chain's kept part is a prefix, a tree's keeps parents: the rest was never scored (a
