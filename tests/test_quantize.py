@@ -158,6 +158,66 @@ def test_activation_rounding_is_the_reference_on_both_paths(kernel, rows, groups
     assert torch.equal(kernel.quantize_activations(x, True), want)
 
 
+def six_bit_layer(n: int, groups: int, g: torch.Generator, bias: bool) -> QuantizedLinear:
+    """A random layer in GGUF's Q6_K form (the only 6-bit form)."""
+    q = torch.randint(0, 64, (n, groups * GROUP), generator=g).to(torch.uint8)
+    sc = torch.randint(-128, 128, (n, 2 * groups), generator=g).to(torch.int8)
+    factors = SuperScales(torch.rand(n, -(-groups // 8), generator=g) * 0.01, sc, per_group=2)
+    return QuantizedLinear.from_groups(q, factors, None, 6, torch.randn(n, generator=g) if bias else None)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    rows=st.integers(1, 20),
+    groups=st.integers(1, 12),
+    # (bits, super-block scales, outputs, bias) a layer
+    forms=st.lists(
+        st.tuples(st.sampled_from([4, 6, 8]), st.booleans(), st.integers(1, 30), st.booleans()), min_size=1, max_size=4
+    ),
+    seed=st.integers(0, 2**16),
+)
+@example(rows=9, groups=9, forms=[(4, True, 24, True), (4, True, 5, True), (6, True, 16, False)], seed=7)
+def test_layers_of_one_input_in_one_call_give_each_layers_own_bits(kernel, rows, groups, forms, seed) -> None:
+    """`quantized_linears` (a layer's projections in different forms, as a GGUF mixes Q4_K and
+    Q6_K): one call's columns are bitwise each layer's own call on every path, whatever the output
+    counts (blocks cut short) and biases."""
+    g = torch.Generator().manual_seed(seed)
+    k = groups * GROUP
+    layers = []
+    for bits, super_blocks, n, bias in forms:
+        if bits == 6:
+            layers.append(six_bit_layer(n, groups, g, bias))
+            continue
+        weight, b = torch.randn(n, k, generator=g), torch.randn(n, generator=g) if bias else None
+        if super_blocks:
+            layers.append(QuantizedLinear.from_weight(weight, bits, b))
+        else:
+            layers.append(QuantizedLinear.from_groups(*quantize_weight(weight, bits), bits, b))
+    x = torch.randn(rows, k, generator=g)
+    want = torch.cat([layer(x) for layer in layers], dim=1)  # [rows, sum n]
+    args = (
+        [layer.packed for layer in layers],
+        [layer.bits for layer in layers],
+        [int(layer.super_blocks) for layer in layers],
+        [layer.out_features for layer in layers],
+        [layer.bias for layer in layers],
+    )
+    for isa in range(kernel.best_isa() + 1):
+        assert torch.equal(kernel.quantized_linears(x, *args, isa), want)
+    assert torch.equal(kernel.quantized_linears(x[None], *args, -1)[0], want)  # leading dimensions kept
+
+
+def test_layers_in_one_call_refuse_lists_that_do_not_match(kernel) -> None:
+    layer = QuantizedLinear.from_weight(torch.randn(16, 64), 4)
+    x = torch.randn(2, 64)
+    with pytest.raises(RuntimeError, match="one packed tensor"):
+        kernel.quantized_linears(x, [layer.packed], [4, 4], [1], [16], [None], -1)
+    with pytest.raises(RuntimeError, match="bytes per block"):
+        kernel.quantized_linears(x, [layer.packed, layer.packed], [4, 4], [1, 1], [16, 24], [None, None], -1)
+    with pytest.raises(RuntimeError, match="multiple of 32"):
+        kernel.quantized_linears(torch.randn(2, 40), [layer.packed], [4], [1], [16], [None], -1)
+
+
 @pytest.mark.parametrize("bits", [4, 8])
 def test_quantized_weights_are_within_half_a_step_and_pack_round_trips(bits) -> None:
     w = torch.randn(48, 4 * GROUP) * torch.logspace(-3, 1, 48).unsqueeze(1)

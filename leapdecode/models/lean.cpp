@@ -16,6 +16,9 @@
 
 torch::Tensor quantized_linear(const torch::Tensor& x_in, const torch::Tensor& packed, int64_t bits, bool super, int64_t N,
                                const std::optional<torch::Tensor>& bias, int64_t isa);
+torch::Tensor quantized_linears(const torch::Tensor& x_in, const std::vector<torch::Tensor>& packed, const std::vector<int64_t>& bits,
+                                const std::vector<int64_t>& super, const std::vector<int64_t>& N,
+                                const std::vector<std::optional<torch::Tensor>>& bias, int64_t isa);
 torch::Tensor rms_norm(const torch::Tensor& x_in, const torch::Tensor& weight, double eps, bool portable);
 torch::Tensor row_exact_attention(const torch::Tensor& query, const torch::Tensor& key, const torch::Tensor& value,
                                   const std::optional<torch::Tensor>& visible, double scale, bool portable);
@@ -38,12 +41,22 @@ __attribute__((optimize("fp-contract=off"))) void rotate(const float* x, const f
 
 std::optional<torch::Tensor> bias_of(const torch::Tensor& b) { return b.numel() ? std::optional<torch::Tensor>(b) : std::nullopt; }
 
-// The products of `count` slots from `first` side by side (one fused product, or several joined).
+// The products of `count` slots from `first` side by side (one fused product, or several in one
+// call: one quantization of x, one parallel region).
 torch::Tensor products(const torch::Tensor& x, const torch::Tensor* w, const torch::Tensor* b, const int64_t* N, const int64_t* B,
                        const int64_t* S, int count, int64_t isa) {
-  std::vector<torch::Tensor> outs;
-  for (int i = 0; i < count && (i == 0 || w[i].numel()); ++i) outs.push_back(quantized_linear(x, w[i], B[i], S[i] != 0, N[i], bias_of(b[i]), isa));
-  return outs.size() == 1 ? outs[0] : at::cat(outs, 1);
+  if (count == 1 || !w[1].numel()) return quantized_linear(x, w[0], B[0], S[0] != 0, N[0], bias_of(b[0]), isa);
+  std::vector<torch::Tensor> packed;
+  std::vector<int64_t> bits, super, outs;
+  std::vector<std::optional<torch::Tensor>> biases;
+  for (int i = 0; i < count && w[i].numel(); ++i) {
+    packed.push_back(w[i]);
+    bits.push_back(B[i]);
+    super.push_back(S[i]);
+    outs.push_back(N[i]);
+    biases.push_back(bias_of(b[i]));
+  }
+  return quantized_linears(x, packed, bits, super, outs, biases, isa);
 }
 
 }  // namespace

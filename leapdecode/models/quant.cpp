@@ -115,6 +115,15 @@ struct Records {
   }
 };
 
+// Where a product's outputs go: row m's N outputs (+ bias) at y + m * stride, so that several
+// products of one input can fill one tensor side by side (stride: all their outputs).
+struct Out {
+  float* y;
+  int64_t stride;
+  int64_t N;
+  const float* bias;  // [N] or null
+};
+
 // M rows of activations quantized per group: q = round(x / d), d = max|x| / 127.
 struct Rows {
   std::vector<int8_t> q;  // [M, K]
@@ -228,11 +237,11 @@ inline float weight_factor(const uint8_t* head, const uint8_t* rec, int bits, bo
 }
 
 // Portable path: the fast path's float sequence, one (output, row) at a time.
-void blocks_portable(const Rows& r, const uint8_t* packed, int bits, bool super, const float* bias, float* y, int64_t M,
-                     int64_t N, int64_t K, int64_t b0, int64_t b1) {
+void blocks_portable(const Rows& r, const uint8_t* packed, int bits, bool super, const Out& out, int64_t M, int64_t K,
+                     int64_t b0, int64_t b1) {
   const int64_t G = K / kGroup, rb = record_bytes(bits, super), hb = header_bytes(bits, super);
   for (int64_t b = b0; b < b1; ++b)
-    for (int j = 0; j < kBlock && b * kBlock + j < N; ++j)
+    for (int j = 0; j < kBlock && b * kBlock + j < out.N; ++j)
       for (int64_t m = 0; m < M; ++m) {
         float acc = 0.f;
         for (int64_t g = 0; g < G; ++g) {
@@ -249,7 +258,7 @@ void blocks_portable(const Rows& r, const uint8_t* packed, int bits, bool super,
           if (bits == 4) acc = std::fma(weight_factor(head, rec, bits, super, 1, j), r.s[m * G + g], acc);
         }
         const int64_t n = b * kBlock + j;
-        y[m * N + n] = bias ? acc + bias[n] : acc;
+        out.y[m * out.stride + n] = out.bias ? acc + out.bias[n] : acc;
       }
 }
 
@@ -334,21 +343,21 @@ inline __attribute__((target("avx2,fma"))) void scale_group(const Rows& r, int64
 
 // The MB rows' sums of one output block into y (+ bias), the last block cut at N.
 template <int MB>
-inline __attribute__((target("avx2,fma"))) void store_rows(const __m256* acc, const float* bias, float* y, int64_t m0, int64_t N, int64_t b) {
-  const int64_t n0 = b * kBlock, valid = std::min<int64_t>(kBlock, N - n0);
+inline __attribute__((target("avx2,fma"))) void store_rows(const __m256* acc, const Out& out, int64_t m0, int64_t b) {
+  const int64_t n0 = b * kBlock, valid = std::min<int64_t>(kBlock, out.N - n0);
   for (int i = 0; i < MB; ++i) {
-    alignas(32) float out[kBlock];
-    _mm256_store_ps(out, acc[i]);
-    float* dst = y + (m0 + i) * N + n0;
-    for (int j = 0; j < valid; ++j) dst[j] = bias ? out[j] + bias[n0 + j] : out[j];
+    alignas(32) float lanes[kBlock];
+    _mm256_store_ps(lanes, acc[i]);
+    float* dst = out.y + (m0 + i) * out.stride + n0;
+    for (int j = 0; j < valid; ++j) dst[j] = out.bias ? lanes[j] + out.bias[n0 + j] : lanes[j];
   }
 }
 
 // One output block against MB rows starting at m0, all groups; the MB accumulators stay in
 // registers. int4: per group, the 8 int16 partial sums of a row fit (8 x 2 x 15 x 127 < 2^15).
 template <int MB, int BITS, bool SUPER>
-__attribute__((target("avx2,fma"))) void block_avx2(const Rows& r, int64_t m0, const uint8_t* records, const float* bias,
-                                                    float* y, int64_t N, int64_t K, int64_t b) {
+__attribute__((target("avx2,fma"))) void block_avx2(const Rows& r, int64_t m0, const uint8_t* records, const Out& out, int64_t K,
+                                                    int64_t b) {
   const int64_t G = K / kGroup;
   const __m256i ones = _mm256_set1_epi16(1);
   const __m256i nibble = _mm256_set1_epi8(0x0F);
@@ -406,17 +415,17 @@ __attribute__((target("avx2,fma"))) void block_avx2(const Rows& r, int64_t m0, c
     }
     scale_group<MB, BITS, SUPER>(r, m0, g, G, at, dot, acc);
   }
-  store_rows<MB>(acc, bias, y, m0, N, b);
+  store_rows<MB>(acc, out, m0, b);
 }
 
 template <int BITS, bool SUPER>
-__attribute__((target("avx2,fma"))) void blocks_avx2(const Rows& r, const uint8_t* packed, const float* bias, float* y,
-                                                     int64_t M, int64_t N, int64_t K, int64_t b0, int64_t b1) {
+__attribute__((target("avx2,fma"))) void blocks_avx2(const Rows& r, const uint8_t* packed, const Out& out, int64_t M, int64_t K,
+                                                     int64_t b0, int64_t b1) {
   const int64_t G = K / kGroup;
   for (int64_t b = b0; b < b1; ++b) {
     const uint8_t* rec = packed + b * block_bytes(BITS, SUPER, G);
     // the block's records stay in cache for the next rows
-    row_blocks<kRowBlock>(M, [&](auto rows, int64_t m0) { block_avx2<decltype(rows)::value, BITS, SUPER>(r, m0, rec, bias, y, N, K, b); });
+    row_blocks<kRowBlock>(M, [&](auto rows, int64_t m0) { block_avx2<decltype(rows)::value, BITS, SUPER>(r, m0, rec, out, K, b); });
   }
 }
 
@@ -513,8 +522,8 @@ inline __attribute__((target(LEAPDECODE_VNNI))) typename V::I six_bit_chunk_v(ty
 // same float sequence. Two integer chains per row (low and high nibbles, or even and odd weight
 // chunks) so that the instruction's latency overlaps.
 template <typename V, int MB, int BITS, bool SUPER>
-__attribute__((target(LEAPDECODE_VNNI))) void block_vnni(const Rows& r, int64_t m0, const uint8_t* const* records, const float* bias,
-                                                         float* y, int64_t N, int64_t K, int64_t b) {
+__attribute__((target(LEAPDECODE_VNNI))) void block_vnni(const Rows& r, int64_t m0, const uint8_t* const* records, const Out& out,
+                                                         int64_t K, int64_t b) {
   using I = typename V::I;
   using F = typename V::F;
   constexpr int B = V::kBlocks;
@@ -592,13 +601,13 @@ __attribute__((target(LEAPDECODE_VNNI))) void block_vnni(const Rows& r, int64_t 
       for (int i = 0; i < MB; ++i) acc[i] = V::fmadd(mins, V::floats(r.s[(m0 + i) * G + g]), acc[i]);
     }
   }
-  __m256 out[B][MB];
+  __m256 sums[B][MB];
   for (int i = 0; i < MB; ++i) {
     __m256 halves[B];
     V::split(acc[i], halves);
-    for (int j = 0; j < B; ++j) out[j][i] = halves[j];
+    for (int j = 0; j < B; ++j) sums[j][i] = halves[j];
   }
-  for (int j = 0; j < B; ++j) store_rows<MB>(out[j], bias, y, m0, N, b + j);
+  for (int j = 0; j < B; ++j) store_rows<MB>(sums[j], out, m0, b + j);
 }
 
 // Rows past which the two-block (512-bit) kernel takes over (measured on the 1.5B's layers: at 1-4
@@ -607,18 +616,18 @@ __attribute__((target(LEAPDECODE_VNNI))) void block_vnni(const Rows& r, int64_t 
 constexpr int64_t kWideRows = 6;
 
 template <int BITS, bool SUPER>
-__attribute__((target(LEAPDECODE_VNNI))) void blocks_vnni(const Rows& r, const uint8_t* packed, const float* bias, float* y,
-                                                          int64_t M, int64_t N, int64_t K, int64_t b0, int64_t b1) {
+__attribute__((target(LEAPDECODE_VNNI))) void blocks_vnni(const Rows& r, const uint8_t* packed, const Out& out, int64_t M, int64_t K,
+                                                          int64_t b0, int64_t b1) {
   const int64_t G = K / kGroup, bytes = block_bytes(BITS, SUPER, G);
   int64_t b = b0;
   if (M > kWideRows)
     for (; b + 1 < b1; b += 2) {
       const uint8_t* recs[2] = {packed + b * bytes, packed + (b + 1) * bytes};
-      row_blocks<kRowBlockVnni>(M, [&](auto rows, int64_t m0) { block_vnni<Zmm, decltype(rows)::value, BITS, SUPER>(r, m0, recs, bias, y, N, K, b); });
+      row_blocks<kRowBlockVnni>(M, [&](auto rows, int64_t m0) { block_vnni<Zmm, decltype(rows)::value, BITS, SUPER>(r, m0, recs, out, K, b); });
     }
   for (; b < b1; ++b) {
     const uint8_t* recs[1] = {packed + b * bytes};
-    row_blocks<kRowBlockVnni>(M, [&](auto rows, int64_t m0) { block_vnni<Ymm, decltype(rows)::value, BITS, SUPER>(r, m0, recs, bias, y, N, K, b); });
+    row_blocks<kRowBlockVnni>(M, [&](auto rows, int64_t m0) { block_vnni<Ymm, decltype(rows)::value, BITS, SUPER>(r, m0, recs, out, K, b); });
   }
 }
 #endif
@@ -636,45 +645,104 @@ void with_layout(int64_t bits, bool super, Run&& run) {
     super ? run(std::integral_constant<int, 8>{}, std::true_type{}) : run(std::integral_constant<int, 8>{}, std::false_type{});
 }
 
+namespace {
+
+// One product of a call, its arguments checked: packed blocks, their form, outputs and bias.
+struct Product {
+  const uint8_t* packed;
+  int64_t bits;
+  bool super;
+  int64_t N;
+  int64_t blocks;
+  const float* bias;  // [N] or null
+};
+
+Product product_of(const torch::Tensor& packed, int64_t bits, bool super, int64_t N, const std::optional<torch::Tensor>& bias, int64_t K) {
+  TORCH_CHECK(bits == 4 || bits == 8 || (bits == 6 && super), "quantized_linear: bits must be 4 or 8, or 6 with super-block scales");
+  const int64_t G = K / kGroup, blocks = (N + kBlock - 1) / kBlock;
+  TORCH_CHECK(N > 0 && packed.scalar_type() == torch::kByte && packed.is_contiguous() && packed.dim() >= 2 && packed.size(0) == blocks &&
+                  packed.numel() == blocks * block_bytes(bits, super, G),
+              "quantized_linear: packed uint8 [ceil(N/8), ...] with ", block_bytes(bits, super, G), " bytes per block expected");
+  TORCH_CHECK(!bias || (bias->scalar_type() == torch::kFloat && bias->numel() == N && bias->is_contiguous()),
+              "quantized_linear: bias [N] float32 (contiguous)");
+  return {packed.data_ptr<uint8_t>(), bits, super, N, blocks, bias ? bias->data_ptr<float>() : nullptr};
+}
+
+// The products of one input side by side: y [..., sum of their N]. The activations are quantized
+// once for all of them, and the threads split all their output blocks in one parallel region, so
+// a layer's projections that cannot share one packed tensor (other bits) still cost one call.
+torch::Tensor products(const torch::Tensor& x_in, const std::vector<Product>& ps, int64_t isa) {
+  const int64_t K = x_in.size(-1);
+  if (isa == kBest) isa = best_isa();
+  TORCH_CHECK(isa >= kPortable && isa <= best_isa(), "quantized_linear: path ", isa, " is not available on this CPU (best: ", best_isa(), ")");
+  std::vector<int64_t> first{0}, offset{0};  // each product's first block and first output
+  for (const Product& p : ps) {
+    first.push_back(first.back() + p.blocks);
+    offset.push_back(offset.back() + p.N);
+  }
+  const torch::Tensor x = x_in.contiguous();
+  const int64_t M = x.numel() / K, total = offset.back();
+  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+  shape.back() = total;
+  auto y = torch::empty(shape, x.options());
+  if (M == 0) return y;
+  const bool halves = std::any_of(ps.begin(), ps.end(), [](const Product& p) { return p.bits == 6; });
+  const Rows rows = quantize_rows(x.data_ptr<float>(), M, K, isa >= kAvx2, halves);
+  float* yp = y.data_ptr<float>();
+  at::parallel_for(0, first.back(), 4, [&](int64_t b0, int64_t b1) {
+    for (size_t i = 0; i < ps.size(); ++i) {
+      const int64_t lo = std::max(b0, first[i]) - first[i], hi = std::min(b1, first[i + 1]) - first[i];
+      if (lo >= hi) continue;
+      const Product& p = ps[i];
+      const Out out{yp + offset[i], total, p.N, p.bias};
+      with_layout(p.bits, p.super, [&](auto b, auto s) {
+        constexpr int BITS = decltype(b)::value;
+        constexpr bool SUPER = decltype(s)::value;
+#ifdef LEAPDECODE_X86
+        if (isa == kAvx512Vnni) return blocks_vnni<BITS, SUPER>(rows, p.packed, out, M, K, lo, hi);
+        if (isa == kAvx2) return blocks_avx2<BITS, SUPER>(rows, p.packed, out, M, K, lo, hi);
+#endif
+        blocks_portable(rows, p.packed, BITS, SUPER, out, M, K, lo, hi);
+      });
+    }
+  });
+  return y;
+}
+
+void check_input(const torch::Tensor& x) {
+  TORCH_CHECK(x.dim() >= 1 && x.scalar_type() == torch::kFloat, "quantized_linear: x [..., K] float32 expected");
+  TORCH_CHECK(x.size(-1) % kGroup == 0, "quantized_linear: in_features must be a multiple of 32");
+}
+
+}  // namespace
+
 // x [..., K] float32; packed uint8 [ceil(N/8), ...] holding each output block's records in
 // block_bytes (see the top of this file; `super`: the super-block form of the scales); bias [N] or
 // None. Returns [..., N]. `isa`: the path (kBest, kPortable, kAvx2, kAvx512Vnni); one this CPU
 // cannot run is an error.
 torch::Tensor quantized_linear(const torch::Tensor& x_in, const torch::Tensor& packed, int64_t bits, bool super, int64_t N,
                                const std::optional<torch::Tensor>& bias, int64_t isa) {
-  TORCH_CHECK(bits == 4 || bits == 8 || (bits == 6 && super), "quantized_linear: bits must be 4 or 8, or 6 with super-block scales");
-  TORCH_CHECK(x_in.dim() >= 1 && x_in.scalar_type() == torch::kFloat, "quantized_linear: x [..., K] float32 expected");
-  const int64_t K = x_in.size(-1), G = K / kGroup, blocks = (N + kBlock - 1) / kBlock;
-  TORCH_CHECK(K % kGroup == 0, "quantized_linear: in_features must be a multiple of 32");
-  TORCH_CHECK(packed.scalar_type() == torch::kByte && packed.is_contiguous() && packed.dim() >= 2 && packed.size(0) == blocks &&
-                  packed.numel() == blocks * block_bytes(bits, super, G),
-              "quantized_linear: packed uint8 [ceil(N/8), ...] with ", block_bytes(bits, super, G), " bytes per block expected");
-  TORCH_CHECK(!bias || (bias->scalar_type() == torch::kFloat && bias->numel() == N), "quantized_linear: bias [N] float32");
-  if (isa == kBest) isa = best_isa();
-  TORCH_CHECK(isa >= kPortable && isa <= best_isa(), "quantized_linear: path ", isa, " is not available on this CPU (best: ", best_isa(), ")");
-  const torch::Tensor x = x_in.contiguous();
-  const int64_t M = x.numel() / K;
-  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
-  shape.back() = N;
-  auto y = torch::empty(shape, x.options());
-  if (M == 0) return y;
-  const Rows rows = quantize_rows(x.data_ptr<float>(), M, K, isa >= kAvx2, bits == 6);
-  const uint8_t* pp = packed.data_ptr<uint8_t>();
-  const torch::Tensor bias_c = bias ? bias->contiguous() : torch::Tensor();
-  const float* bp = bias ? bias_c.data_ptr<float>() : nullptr;
-  float* yp = y.data_ptr<float>();
-  at::parallel_for(0, blocks, 4, [&](int64_t b0, int64_t b1) {
-    with_layout(bits, super, [&](auto b, auto s) {
-      constexpr int BITS = decltype(b)::value;
-      constexpr bool SUPER = decltype(s)::value;
-#ifdef LEAPDECODE_X86
-      if (isa == kAvx512Vnni) return blocks_vnni<BITS, SUPER>(rows, pp, bp, yp, M, N, K, b0, b1);
-      if (isa == kAvx2) return blocks_avx2<BITS, SUPER>(rows, pp, bp, yp, M, N, K, b0, b1);
-#endif
-      blocks_portable(rows, pp, BITS, SUPER, bp, yp, M, N, K, b0, b1);
-    });
-  });
-  return y;
+  check_input(x_in);
+  const std::optional<torch::Tensor> b = bias ? std::optional<torch::Tensor>(bias->contiguous()) : std::nullopt;
+  return products(x_in, {product_of(packed, bits, super, N, b, x_in.size(-1))}, isa);
+}
+
+// Several layers of one input (quantized_linear's arguments, one list entry a layer), their
+// outputs side by side: [..., sum of N]. Each layer's columns are bitwise its own call's.
+torch::Tensor quantized_linears(const torch::Tensor& x_in, const std::vector<torch::Tensor>& packed, const std::vector<int64_t>& bits,
+                                const std::vector<int64_t>& super, const std::vector<int64_t>& N,
+                                const std::vector<std::optional<torch::Tensor>>& bias, int64_t isa) {
+  check_input(x_in);
+  TORCH_CHECK(!packed.empty() && bits.size() == packed.size() && super.size() == packed.size() && N.size() == packed.size() &&
+                  bias.size() == packed.size(),
+              "quantized_linears: one packed tensor, bits, form, output count and bias (or None) a layer expected");
+  std::vector<std::optional<torch::Tensor>> biases;  // contiguous, alive for the call
+  std::vector<Product> ps;
+  for (size_t i = 0; i < packed.size(); ++i) {
+    biases.push_back(bias[i] ? std::optional<torch::Tensor>(bias[i]->contiguous()) : std::nullopt);
+    ps.push_back(product_of(packed[i], bits[i], super[i] != 0, N[i], biases.back(), x_in.size(-1)));
+  }
+  return products(x_in, ps, isa);
 }
 
 // The activations as the kernel sees them (de-quantized): for reference checks.
@@ -719,6 +787,7 @@ torch::Tensor huge_page_copy(const torch::Tensor& src) {
 #ifndef LEAPDECODE_NO_MODULE
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("quantized_linear", &quantized_linear, "group-quantized linear layer on packed blocks, rows bit-exact");
+  m.def("quantized_linears", &quantized_linears, "several quantized layers of one input, their outputs side by side");
   m.def("quantize_activations", &quantize_activations, "activations as the quantized kernel sees them");
   m.def("fast_path_available", &fast_path_available, "whether the AVX2/FMA path runs on this CPU");
   m.def("huge_page_copy", &huge_page_copy, "a copy in 2 MiB-aligned memory marked for transparent huge pages");
