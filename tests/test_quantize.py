@@ -177,10 +177,18 @@ def six_bit_layer(n: int, groups: int, g: torch.Generator, bias: bool) -> Quanti
     seed=st.integers(0, 2**16),
 )
 @example(rows=9, groups=9, forms=[(4, True, 24, True), (4, True, 5, True), (6, True, 16, False)], seed=7)
+# past 6 rows, 4-block layers: threads' ranges start inside a layer and pair its blocks two by two
+@example(
+    rows=8,
+    groups=3,
+    forms=[(4, True, 30, False), (8, False, 29, True), (6, True, 32, True), (4, False, 25, False)],
+    seed=8,
+)
 def test_layers_of_one_input_in_one_call_give_each_layers_own_bits(kernel, rows, groups, forms, seed) -> None:
     """`quantized_linears` (a layer's projections in different forms, as a GGUF mixes Q4_K and
-    Q6_K): one call's columns are bitwise each layer's own call on every path, whatever the output
-    counts (blocks cut short) and biases."""
+    Q6_K): one call's columns are bitwise each layer's own call on every path and with 1-3 threads
+    splitting the blocks (a thread's range may start inside a layer), whatever the output counts
+    (blocks cut short) and biases."""
     g = torch.Generator().manual_seed(seed)
     k = groups * GROUP
     layers = []
@@ -202,8 +210,14 @@ def test_layers_of_one_input_in_one_call_give_each_layers_own_bits(kernel, rows,
         [layer.out_features for layer in layers],
         [layer.bias for layer in layers],
     )
-    for isa in range(kernel.best_isa() + 1):
-        assert torch.equal(kernel.quantized_linears(x, *args, isa), want)
+    threads = torch.get_num_threads()
+    try:
+        for count in (1, 2, 3):
+            torch.set_num_threads(count)
+            for isa in range(kernel.best_isa() + 1):
+                assert torch.equal(kernel.quantized_linears(x, *args, isa), want)
+    finally:
+        torch.set_num_threads(threads)
     assert torch.equal(kernel.quantized_linears(x[None], *args, -1)[0], want)  # leading dimensions kept
 
 
@@ -212,10 +226,14 @@ def test_layers_in_one_call_refuse_lists_that_do_not_match(kernel) -> None:
     x = torch.randn(2, 64)
     with pytest.raises(RuntimeError, match="one packed tensor"):
         kernel.quantized_linears(x, [layer.packed], [4, 4], [1], [16], [None], -1)
-    with pytest.raises(RuntimeError, match="bytes per block"):
+    with pytest.raises(RuntimeError, match=r"\(layer 1\): packed uint8 .* bytes per block"):
         kernel.quantized_linears(x, [layer.packed, layer.packed], [4, 4], [1, 1], [16, 24], [None, None], -1)
-    with pytest.raises(RuntimeError, match="multiple of 32"):
+    with pytest.raises(RuntimeError, match=r"\(layer 0\): out_features must be positive"):
+        kernel.quantized_linears(x, [layer.packed], [4], [1], [0], [None], -1)
+    with pytest.raises(RuntimeError, match="positive multiple of 32"):
         kernel.quantized_linears(torch.randn(2, 40), [layer.packed], [4], [1], [16], [None], -1)
+    with pytest.raises(RuntimeError, match="positive multiple of 32"):
+        kernel.quantized_linear(torch.randn(2, 0), layer.packed, 4, True, 16, None, -1)
 
 
 @pytest.mark.parametrize("bits", [4, 8])

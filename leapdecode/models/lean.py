@@ -210,9 +210,22 @@ class LeanDecoder:
         return attend
 
     def _linears(self, layers: tuple[QuantizedLinear, ...], x: torch.Tensor) -> torch.Tensor:
-        """The products of `layers` (one fused, or several) side by side: [n, sum of outputs]."""
-        outs = [self._linear(layer, x) for layer in layers]
-        return outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
+        """The products of `layers` (one fused, or several in one kernel call) side by side:
+        [n, sum of outputs]."""
+        if len(layers) == 1:
+            return self._linear(layers[0], x)
+        if len({layer.isa for layer in layers}) > 1:  # paths set per layer (tests): each its own call
+            return torch.cat([self._linear(layer, x) for layer in layers], dim=-1)
+        out: torch.Tensor = self.quant.quantized_linears(
+            x,
+            [layer.packed for layer in layers],
+            [layer.bits for layer in layers],
+            [int(layer.super_blocks) for layer in layers],
+            [layer.out_features for layer in layers],
+            [layer.bias for layer in layers],
+            layers[0].isa,
+        )
+        return out
 
     def _linear(self, layer: QuantizedLinear, x: torch.Tensor) -> torch.Tensor:
         out: torch.Tensor = self.quant.quantized_linear(

@@ -55,6 +55,7 @@
 #include <cstring>
 #include <numeric>
 #include <optional>
+#include <string>
 #include <type_traits>
 #include <vector>
 
@@ -131,6 +132,7 @@ struct Rows {
   std::vector<float> s;   // [M, G] d * sum(q): the group's sum as the products see it
   std::vector<int32_t> n;  // [M, G] sum(q)
   std::vector<int32_t> h;  // [M, G] sum(q) over the group's first 16
+  std::vector<int32_t> off;  // [M, G, 2] 32 sum(q) over the group's first 16, over its last 16 (AVX2's 6 bits)
 };
 
 // One group of 32 activations: q = round-half-even(x * (1 / d)), d = max|x| / 127; returns d and
@@ -182,7 +184,7 @@ __attribute__((target("avx2,fma"))) float quantize_group_avx2(const float* xs, i
 Rows quantize_rows(const float* x, int64_t M, int64_t K, bool fast, bool halves = false) {
   const int64_t G = K / kGroup;
   Rows r{std::vector<int8_t>(M * K), std::vector<float>(M * G), std::vector<float>(M * G), std::vector<int32_t>(M * G),
-         std::vector<int32_t>(M * G)};
+         std::vector<int32_t>(M * G), std::vector<int32_t>(halves ? 2 * M * G : 0)};
   // groups are independent: split them between threads (a 16-row pass has ~4500 of them)
   at::parallel_for(0, M * G, 256, [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) {
@@ -200,6 +202,8 @@ Rows quantize_rows(const float* x, int64_t M, int64_t K, bool fast, bool halves 
       if (halves) {
         const int8_t* q = r.q.data() + i * kGroup;
         r.h[i] = std::accumulate(q, q + kGroup / 2, 0);
+        r.off[2 * i] = 32 * r.h[i];
+        r.off[2 * i + 1] = 32 * (sum - r.h[i]);
       }
     }
   });
@@ -310,8 +314,8 @@ inline __attribute__((target("avx2,fma"))) void six_bit_dots(const Rows& r, int6
   const __m256i sb = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(rec + body_bytes(6) + 8)));
   for (int i = 0; i < MB; ++i) {
     const int64_t at = (m0 + i) * G + g;
-    const __m256i a = _mm256_sub_epi32(first[i], _mm256_set1_epi32(32 * r.h[at]));
-    const __m256i b = _mm256_sub_epi32(second[i], _mm256_set1_epi32(32 * (r.n[at] - r.h[at])));
+    const __m256i a = _mm256_sub_epi32(first[i], _mm256_set1_epi32(r.off[2 * at]));  // from memory: no scalar work
+    const __m256i b = _mm256_sub_epi32(second[i], _mm256_set1_epi32(r.off[2 * at + 1]));
     dot[i] = _mm256_add_epi32(_mm256_mullo_epi32(a, sa), _mm256_mullo_epi32(b, sb));
   }
 }
@@ -384,20 +388,31 @@ __attribute__((target("avx2,fma"))) void block_avx2(const Rows& r, int64_t m0, c
         }
       }
       for (int i = 0; i < MB; ++i) dot[i] = _mm256_madd_epi16(s16[i], ones);
-    } else if constexpr (BITS == 6) {  // int16 pairs fit (2 x 63 x 127), four chunks would not: int32 sums
+    } else if constexpr (BITS == 6) {
+      // the group's weights as unsigned bytes (q, 0..63), unpacked once for all rows: w[k] chunk k
+      // of its first 16 (k < 4), w[4 + k] of its last 16
+      __m256i w[8];
       const __m256i pairs_a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + 128));
       const __m256i pairs_b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + 160));
-      __m256i first[MB], second[MB];
-      for (int i = 0; i < MB; ++i) first[i] = second[i] = _mm256_setzero_si256();
       for (int k = 0; k < 4; ++k) {
         const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + 32 * k));
-        const __m256i lo = six_bit_chunk(_mm256_and_si256(raw, nibble), pairs_a, k);
-        const __m256i hi = six_bit_chunk(_mm256_and_si256(_mm256_srli_epi16(raw, 4), nibble), pairs_b, k);
-        for (int i = 0; i < MB; ++i) {
-          const int8_t* xq = r.q.data() + (m0 + i) * K + g * kGroup;
-          first[i] = _mm256_add_epi32(first[i], _mm256_madd_epi16(_mm256_maddubs_epi16(lo, broadcast4(xq + 4 * k)), ones));
-          second[i] = _mm256_add_epi32(second[i], _mm256_madd_epi16(_mm256_maddubs_epi16(hi, broadcast4(xq + 16 + 4 * k)), ones));
+        w[k] = six_bit_chunk(_mm256_and_si256(raw, nibble), pairs_a, k);
+        w[4 + k] = six_bit_chunk(_mm256_and_si256(_mm256_srli_epi16(raw, 4), nibble), pairs_b, k);
+      }
+      // per row, two chunks' products summed as int16 before widening (2 x 2 x 63 x 127 < 2^15)
+      __m256i first[MB], second[MB];
+      for (int i = 0; i < MB; ++i) {
+        const int8_t* xq = r.q.data() + (m0 + i) * K + g * kGroup;
+        __m256i half[2];
+        for (int h = 0; h < 2; ++h) {
+          const __m256i* c = w + 4 * h;
+          const int8_t* xh = xq + 16 * h;
+          const __m256i p01 = _mm256_add_epi16(_mm256_maddubs_epi16(c[0], broadcast4(xh)), _mm256_maddubs_epi16(c[1], broadcast4(xh + 4)));
+          const __m256i p23 = _mm256_add_epi16(_mm256_maddubs_epi16(c[2], broadcast4(xh + 8)), _mm256_maddubs_epi16(c[3], broadcast4(xh + 12)));
+          half[h] = _mm256_add_epi32(_mm256_madd_epi16(p01, ones), _mm256_madd_epi16(p23, ones));
         }
+        first[i] = half[0];
+        second[i] = half[1];
       }
       six_bit_dots<MB>(r, m0, g, G, rec, first, second, dot);
     } else {
@@ -657,14 +672,16 @@ struct Product {
   const float* bias;  // [N] or null
 };
 
-Product product_of(const torch::Tensor& packed, int64_t bits, bool super, int64_t N, const std::optional<torch::Tensor>& bias, int64_t K) {
-  TORCH_CHECK(bits == 4 || bits == 8 || (bits == 6 && super), "quantized_linear: bits must be 4 or 8, or 6 with super-block scales");
+// `bias` contiguous (the callers make it so); `layer` names it in errors ("" for a single layer).
+Product product_of(const torch::Tensor& packed, int64_t bits, bool super, int64_t N, const std::optional<torch::Tensor>& bias, int64_t K,
+                   const std::string& layer) {
+  TORCH_CHECK(bits == 4 || bits == 8 || (bits == 6 && super), "quantized_linear", layer, ": bits must be 4 or 8, or 6 with super-block scales");
+  TORCH_CHECK(N > 0, "quantized_linear", layer, ": out_features must be positive, got ", N);
   const int64_t G = K / kGroup, blocks = (N + kBlock - 1) / kBlock;
-  TORCH_CHECK(N > 0 && packed.scalar_type() == torch::kByte && packed.is_contiguous() && packed.dim() >= 2 && packed.size(0) == blocks &&
+  TORCH_CHECK(packed.scalar_type() == torch::kByte && packed.is_contiguous() && packed.dim() >= 2 && packed.size(0) == blocks &&
                   packed.numel() == blocks * block_bytes(bits, super, G),
-              "quantized_linear: packed uint8 [ceil(N/8), ...] with ", block_bytes(bits, super, G), " bytes per block expected");
-  TORCH_CHECK(!bias || (bias->scalar_type() == torch::kFloat && bias->numel() == N && bias->is_contiguous()),
-              "quantized_linear: bias [N] float32 (contiguous)");
+              "quantized_linear", layer, ": packed uint8 [ceil(N/8), ...] with ", block_bytes(bits, super, G), " bytes per block expected");
+  TORCH_CHECK(!bias || (bias->scalar_type() == torch::kFloat && bias->numel() == N), "quantized_linear", layer, ": bias [N] float32");
   return {packed.data_ptr<uint8_t>(), bits, super, N, blocks, bias ? bias->data_ptr<float>() : nullptr};
 }
 
@@ -711,7 +728,7 @@ torch::Tensor products(const torch::Tensor& x_in, const std::vector<Product>& ps
 
 void check_input(const torch::Tensor& x) {
   TORCH_CHECK(x.dim() >= 1 && x.scalar_type() == torch::kFloat, "quantized_linear: x [..., K] float32 expected");
-  TORCH_CHECK(x.size(-1) % kGroup == 0, "quantized_linear: in_features must be a multiple of 32");
+  TORCH_CHECK(x.size(-1) > 0 && x.size(-1) % kGroup == 0, "quantized_linear: in_features must be a positive multiple of 32");
 }
 
 }  // namespace
@@ -724,7 +741,7 @@ torch::Tensor quantized_linear(const torch::Tensor& x_in, const torch::Tensor& p
                                const std::optional<torch::Tensor>& bias, int64_t isa) {
   check_input(x_in);
   const std::optional<torch::Tensor> b = bias ? std::optional<torch::Tensor>(bias->contiguous()) : std::nullopt;
-  return products(x_in, {product_of(packed, bits, super, N, b, x_in.size(-1))}, isa);
+  return products(x_in, {product_of(packed, bits, super, N, b, x_in.size(-1), "")}, isa);
 }
 
 // Several layers of one input (quantized_linear's arguments, one list entry a layer), their
@@ -740,7 +757,7 @@ torch::Tensor quantized_linears(const torch::Tensor& x_in, const std::vector<tor
   std::vector<Product> ps;
   for (size_t i = 0; i < packed.size(); ++i) {
     biases.push_back(bias[i] ? std::optional<torch::Tensor>(bias[i]->contiguous()) : std::nullopt);
-    ps.push_back(product_of(packed[i], bits[i], super[i] != 0, N[i], biases.back(), x_in.size(-1)));
+    ps.push_back(product_of(packed[i], bits[i], super[i] != 0, N[i], biases.back(), x_in.size(-1), " (layer " + std::to_string(i) + ")"));
   }
   return products(x_in, ps, isa);
 }
