@@ -1,8 +1,8 @@
 """The 1.5B int4's lean pass with this tree's kernels against a base commit's, alternating in one
-process: chains of 1-8 tokens after 300 cached ones, median of 12 passes each, and whether the
-two give the same logits bit for bit.
+process: chains of 1-8 tokens (or the ROWS given) after 300 cached ones, median of 12 passes each,
+and whether the two give the same logits bit for bit.
 
-    python one_call_ab.py BASE_COMMIT
+    python lean_pass_ab.py BASE_COMMIT [ROWS, e.g. 16,64]
 
 The base commit's `lean.cpp`, `quant.cpp` and `row_exact.cpp` are built as a second extension
 and swapped into the same backend's lean forward.
@@ -54,7 +54,7 @@ def main() -> None:
     print("|---:|---:|---:|---:|---|")
     with torch.inference_mode():
         seq, _ = backend.prefill([1000 + (i * 37) % 20000 for i in range(CONTEXT)])
-        for rows in (1, 2, 4, 8):
+        for rows in [int(r) for r in sys.argv[2].split(",")] if len(sys.argv) > 2 else (1, 2, 4, 8):
             tokens = [1234 + i for i in range(rows)]
             times: dict[str, list[float]] = {name: [] for name in forwards}
             logits = {}
