@@ -45,11 +45,10 @@ std::optional<torch::Tensor> bias_of(const torch::Tensor& b) { return b.numel() 
 // call: one quantization of x, one parallel region).
 torch::Tensor products(const torch::Tensor& x, const torch::Tensor* w, const torch::Tensor* b, const int64_t* N, const int64_t* B,
                        const int64_t* S, int count, int64_t isa) {
-  if (count == 1 || !w[1].numel()) return quantized_linear(x, w[0], B[0], S[0] != 0, N[0], bias_of(b[0]), isa);
   std::vector<torch::Tensor> packed;
   std::vector<int64_t> bits, super, outs;
   std::vector<std::optional<torch::Tensor>> biases;
-  for (int i = 0; i < count && w[i].numel(); ++i) {
+  for (int i = 0; i < count && (i == 0 || w[i].numel()); ++i) {
     packed.push_back(w[i]);
     bits.push_back(B[i]);
     super.push_back(S[i]);

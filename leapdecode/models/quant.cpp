@@ -403,16 +403,13 @@ __attribute__((target("avx2,fma"))) void block_avx2(const Rows& r, int64_t m0, c
       __m256i first[MB], second[MB];
       for (int i = 0; i < MB; ++i) {
         const int8_t* xq = r.q.data() + (m0 + i) * K + g * kGroup;
-        __m256i half[2];
         for (int h = 0; h < 2; ++h) {
           const __m256i* c = w + 4 * h;
           const int8_t* xh = xq + 16 * h;
           const __m256i p01 = _mm256_add_epi16(_mm256_maddubs_epi16(c[0], broadcast4(xh)), _mm256_maddubs_epi16(c[1], broadcast4(xh + 4)));
           const __m256i p23 = _mm256_add_epi16(_mm256_maddubs_epi16(c[2], broadcast4(xh + 8)), _mm256_maddubs_epi16(c[3], broadcast4(xh + 12)));
-          half[h] = _mm256_add_epi32(_mm256_madd_epi16(p01, ones), _mm256_madd_epi16(p23, ones));
+          (h == 0 ? first : second)[i] = _mm256_add_epi32(_mm256_madd_epi16(p01, ones), _mm256_madd_epi16(p23, ones));
         }
-        first[i] = half[0];
-        second[i] = half[1];
       }
       six_bit_dots<MB>(r, m0, g, G, rec, first, second, dot);
     } else {
