@@ -131,8 +131,7 @@ struct Rows {
   std::vector<float> d;   // [M, G]
   std::vector<float> s;   // [M, G] d * sum(q): the group's sum as the products see it
   std::vector<int32_t> n;  // [M, G] sum(q)
-  std::vector<int32_t> h;  // [M, G] sum(q) over the group's first 16
-  std::vector<int32_t> off;  // [M, G, 2] 32 sum(q) over the group's first 16, over its last 16 (AVX2's 6 bits)
+  std::vector<int32_t> off;  // [M, G, 2] 32 sum(q) over the group's first 16, over its last 16 (6-bit layers)
 };
 
 // One group of 32 activations: q = round-half-even(x * (1 / d)), d = max|x| / 127; returns d and
@@ -184,7 +183,7 @@ __attribute__((target("avx2,fma"))) float quantize_group_avx2(const float* xs, i
 Rows quantize_rows(const float* x, int64_t M, int64_t K, bool fast, bool halves = false) {
   const int64_t G = K / kGroup;
   Rows r{std::vector<int8_t>(M * K), std::vector<float>(M * G), std::vector<float>(M * G), std::vector<int32_t>(M * G),
-         std::vector<int32_t>(M * G), std::vector<int32_t>(halves ? 2 * M * G : 0)};
+         std::vector<int32_t>(halves ? 2 * M * G : 0)};
   // groups are independent: split them between threads (a 16-row pass has ~4500 of them)
   at::parallel_for(0, M * G, 256, [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) {
@@ -201,9 +200,9 @@ Rows quantize_rows(const float* x, int64_t M, int64_t K, bool fast, bool halves 
       r.n[i] = sum;
       if (halves) {
         const int8_t* q = r.q.data() + i * kGroup;
-        r.h[i] = std::accumulate(q, q + kGroup / 2, 0);
-        r.off[2 * i] = 32 * r.h[i];
-        r.off[2 * i + 1] = 32 * (sum - r.h[i]);
+        const int32_t first = std::accumulate(q, q + kGroup / 2, 0);
+        r.off[2 * i] = 32 * first;
+        r.off[2 * i + 1] = 32 * (sum - first);
       }
     }
   });
@@ -594,8 +593,8 @@ __attribute__((target(LEAPDECODE_VNNI))) void block_vnni(const Rows& r, int64_t 
     if constexpr (BITS == 6) {  // the halves' exact dot: sc_a * (even - 32 sum(x_a)) + sc_b * (odd - 32 sum(x_b))
       const I sa = V::widen(rec, body_bytes(6), true), sb = V::widen(rec, body_bytes(6) + 8, true);
       for (int i = 0; i < MB; ++i) {
-        const int64_t n = (m0 + i) * G + g;
-        dot[i] = V::add(V::mullo(V::sub(even[i], V::ints(32 * r.h[n])), sa), V::mullo(V::sub(odd[i], V::ints(32 * (r.n[n] - r.h[n]))), sb));
+        const int32_t* off = r.off.data() + 2 * ((m0 + i) * G + g);
+        dot[i] = V::add(V::mullo(V::sub(even[i], V::ints(off[0])), sa), V::mullo(V::sub(odd[i], V::ints(off[1])), sb));
       }
     } else {
       for (int i = 0; i < MB; ++i) dot[i] = V::add(even[i], odd[i]);
