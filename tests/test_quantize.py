@@ -71,7 +71,8 @@ def reference(layer: QuantizedLinear, x: torch.Tensor) -> torch.Tensor:
     seed=st.integers(0, 2**16),
     spread=st.sampled_from([0.01, 1.0, 30.0]),
 )
-# past 6 rows the two-block (512-bit) kernel runs: odd and even block counts, each bit width
+# past 2 rows the two-block (512-bit) kernel runs: odd and even block counts, each bit width
+@example(rows=3, groups=10, n=24, bits=4, super_blocks=True, bias=False, seed=5, spread=1.0)
 @example(rows=40, groups=9, n=40, bits=4, super_blocks=True, bias=True, seed=1, spread=1.0)
 @example(rows=17, groups=3, n=16, bits=4, super_blocks=False, bias=False, seed=2, spread=30.0)
 @example(rows=33, groups=9, n=24, bits=8, super_blocks=True, bias=True, seed=3, spread=1.0)
@@ -177,7 +178,7 @@ def six_bit_layer(n: int, groups: int, g: torch.Generator, bias: bool) -> Quanti
     seed=st.integers(0, 2**16),
 )
 @example(rows=9, groups=9, forms=[(4, True, 24, True), (4, True, 5, True), (6, True, 16, False)], seed=7)
-# past 6 rows, 4-block layers: threads' ranges start inside a layer and pair its blocks two by two
+# past 2 rows, 4-block layers: threads' ranges start inside a layer and pair its blocks two by two
 @example(
     rows=8,
     groups=3,

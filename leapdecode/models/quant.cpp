@@ -33,7 +33,7 @@
 //
 // Three paths, chosen at run time (`isa`): portable scalar code, AVX2 (`maddubs`), and
 // AVX512-VNNI (`vpdpbusd` on the same 256-bit layout: one instruction where AVX2 needs two or three,
-// and twice the registers; past 6 rows, two output blocks side by side in 512-bit vectors). The
+// and twice the registers; past 2 rows, two output blocks side by side in 512-bit vectors). The
 // integer dot products are exact on every path, so all three give the same integers and, with the
 // float sequence below, the same bits.
 //
@@ -544,11 +544,20 @@ __attribute__((target(LEAPDECODE_VNNI))) void block_vnni(const Rows& r, int64_t 
   for (int i = 0; i < MB; ++i) acc[i] = V::zero_f();
   Records<BITS, SUPER> at[B];
   for (int j = 0; j < B; ++j) at[j].rec = records[j];
+  const uint8_t* next = records[0] + B * block_bytes(BITS, SUPER, G);  // the blocks read after these
   for (int64_t g = 0; g < G; ++g) {
     const uint8_t* rec[B];
-    for (int j = 0; j < B; ++j) {
-      rec[j] = at[j].at(g);
-      for (int64_t line = 0; line < record_bytes(BITS, SUPER); line += 64) _mm_prefetch(reinterpret_cast<const char*>(rec[j] + kPrefetch + line), _MM_HINT_T0);
+    for (int j = 0; j < B; ++j) rec[j] = at[j].at(g);
+    if constexpr (B == 1) {  // one stream: kPrefetch ahead of it
+      for (int64_t line = 0; line < record_bytes(BITS, SUPER); line += 64) _mm_prefetch(reinterpret_cast<const char*>(rec[0] + kPrefetch + line), _MM_HINT_T0);
+    } else {
+      // B blocks side by side are B streams a block apart; prefetched a stream each, they read
+      // slower from a loaded memory (measured) and past a block's end ran into the one beside it.
+      // Instead the next B blocks (contiguous) are prefetched as one stream, B records' bytes a
+      // group, so that they are in cache when these are done.
+      const int64_t done = B * (rec[0] - records[0]);
+      for (int64_t line = done & ~int64_t{63}; line < done + B * record_bytes(BITS, SUPER); line += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(next + line), _MM_HINT_T0);
     }
     I even[MB], odd[MB];
     for (int i = 0; i < MB; ++i) even[i] = odd[i] = V::zero();
@@ -621,10 +630,11 @@ __attribute__((target(LEAPDECODE_VNNI))) void block_vnni(const Rows& r, int64_t 
   for (int j = 0; j < B; ++j) store_rows<MB>(sums[j], out, m0, b + j);
 }
 
-// Rows past which the two-block (512-bit) kernel takes over (measured on the 1.5B's layers: at 1-4
-// rows the pass waits on memory and one record stream per thread is faster, at 6 they are level,
-// from 8 up the wide kernel's fewer instructions pay: 8 rows -8%, 12 -30%, prefills -20%).
-constexpr int64_t kWideRows = 6;
+// Rows past which the two-block (512-bit) kernel takes over (measured on the 1.5B's layers, Zen 5:
+// at 1-2 rows a pass waits on memory and one record stream per thread is as fast or faster; from
+// 3 rows the 256-bit kernel is bound by its `vpdpbusd` rate: the wide one's products take 0.85x
+// the time at 3 rows and 0.73x at 4 with memory to spare, 1.03x and 0.93x with memory loaded).
+constexpr int64_t kWideRows = 2;
 
 template <int BITS, bool SUPER>
 __attribute__((target(LEAPDECODE_VNNI))) void blocks_vnni(const Rows& r, const uint8_t* packed, const Out& out, int64_t M, int64_t K,
