@@ -73,6 +73,7 @@ def reference(layer: QuantizedLinear, x: torch.Tensor) -> torch.Tensor:
 )
 # past 2 rows the two-block (512-bit) kernel runs: odd and even block counts, each bit width
 @example(rows=3, groups=10, n=24, bits=4, super_blocks=True, bias=False, seed=5, spread=1.0)
+@example(rows=3, groups=9, n=16, bits=8, super_blocks=True, bias=True, seed=9, spread=1.0)
 @example(rows=40, groups=9, n=40, bits=4, super_blocks=True, bias=True, seed=1, spread=1.0)
 @example(rows=17, groups=3, n=16, bits=4, super_blocks=False, bias=False, seed=2, spread=30.0)
 @example(rows=33, groups=9, n=24, bits=8, super_blocks=True, bias=True, seed=3, spread=1.0)
@@ -119,6 +120,7 @@ def check_against_reference_and_paths(kernel, layer: QuantizedLinear, x: torch.T
 )
 @example(rows=40, groups=9, n=40, bias=True, seed=5)
 @example(rows=19, groups=1, n=16, bias=False, seed=6)
+@example(rows=3, groups=10, n=16, bias=True, seed=10)  # the two-block kernel's fewest rows, one pair
 def test_six_bit_layers_match_a_float_reference_round_trip_and_paths_agree(kernel, rows, groups, n, bias, seed) -> None:
     """GGUF's Q6_K form (w = d·sc·(q − 32), an int8 sc per 16 weights) at any size, with the
     extreme weights and scales: the same checks, and the packed records give back q and factors."""

@@ -86,7 +86,7 @@ constexpr int64_t kGroup = 32;  // weights (and activations) per group along k
 constexpr int64_t kBlock = 8;   // outputs per packed block (one float per lane of an AVX2 vector)
 constexpr int kRowBlock = 4;    // rows sharing one unpacking of a block's group
 constexpr int kRowBlockVnni = 8;  // the same with AVX512's 32 registers
-constexpr int64_t kPrefetch = 4096;  // how far ahead of the record in use to prefetch (1024: 2-7% slower at 1-8 rows, measured)
+constexpr int64_t kPrefetch = 4096;  // how far ahead of the record in use a one-block stream prefetches (1024: 2-7% slower at 1-8 rows, measured)
 
 constexpr int64_t kSuper = 8;   // groups per super-block (one header of factors)
 
@@ -179,7 +179,7 @@ __attribute__((target("avx2,fma"))) float quantize_group_avx2(const float* xs, i
 }
 #endif
 
-// `halves`: also each group's sum over its first 16 (what 6-bit layers need, and only they).
+// `halves`: also each group's two halves' offsets, `off` (what 6-bit layers need, and only they).
 Rows quantize_rows(const float* x, int64_t M, int64_t K, bool fast, bool halves = false) {
   const int64_t G = K / kGroup;
   Rows r{std::vector<int8_t>(M * K), std::vector<float>(M * G), std::vector<float>(M * G), std::vector<int32_t>(M * G),
@@ -445,8 +445,8 @@ __attribute__((target("avx2,fma"))) void blocks_avx2(const Rows& r, const uint8_
 // The VNNI kernel's vectors: one output block in 256-bit vectors (`Ymm`), or two blocks side by
 // side in 512-bit ones (`Zmm`: lanes 0-7 the first block, 8-15 the second). Each lane sees the same
 // integers and the same float operations either way, so the two widths give the same bits; the
-// wide one does twice the work per instruction (for long runs of rows: its loads of two record
-// streams cost more than they save when a pass reads each weight once).
+// wide one does twice the work per instruction (from 3 rows, `kWideRows`: at one or two a pass
+// waits on memory, and one record stream per thread reads at least as fast).
 struct Ymm {
   static constexpr int kBlocks = 1;
   using I = __m256i;
@@ -544,19 +544,21 @@ __attribute__((target(LEAPDECODE_VNNI))) void block_vnni(const Rows& r, int64_t 
   for (int i = 0; i < MB; ++i) acc[i] = V::zero_f();
   Records<BITS, SUPER> at[B];
   for (int j = 0; j < B; ++j) at[j].rec = records[j];
-  const uint8_t* next = records[0] + B * block_bytes(BITS, SUPER, G);  // the blocks read after these
+  // B blocks side by side are B streams a block apart; prefetched a stream each they read slower
+  // from a loaded memory (measured), and past a block's end a stream's prefetch ran into the block
+  // beside it. So the next B blocks (contiguous) are prefetched as one stream instead, as far as B
+  // times the records read so far: each of their lines once, all of them by the end of these. Only
+  // by the first row block: the others read these blocks again from cache.
+  const uint8_t* next = records[0] + B * block_bytes(BITS, SUPER, G);
+  int64_t line = -static_cast<int64_t>(reinterpret_cast<uintptr_t>(next) & 63);  // next's first line
+  const bool ahead = B > 1 && m0 == 0;
   for (int64_t g = 0; g < G; ++g) {
     const uint8_t* rec[B];
     for (int j = 0; j < B; ++j) rec[j] = at[j].at(g);
     if constexpr (B == 1) {  // one stream: kPrefetch ahead of it
-      for (int64_t line = 0; line < record_bytes(BITS, SUPER); line += 64) _mm_prefetch(reinterpret_cast<const char*>(rec[0] + kPrefetch + line), _MM_HINT_T0);
-    } else {
-      // B blocks side by side are B streams a block apart; prefetched a stream each, they read
-      // slower from a loaded memory (measured) and past a block's end ran into the one beside it.
-      // Instead the next B blocks (contiguous) are prefetched as one stream, B records' bytes a
-      // group, so that they are in cache when these are done.
-      const int64_t done = B * (rec[0] - records[0]);
-      for (int64_t line = done & ~int64_t{63}; line < done + B * record_bytes(BITS, SUPER); line += 64)
+      for (int64_t l = 0; l < record_bytes(BITS, SUPER); l += 64) _mm_prefetch(reinterpret_cast<const char*>(rec[0] + kPrefetch + l), _MM_HINT_T0);
+    } else if (ahead) {
+      for (const int64_t upto = B * (rec[0] + record_bytes(BITS, SUPER) - records[0]); line < upto; line += 64)
         _mm_prefetch(reinterpret_cast<const char*>(next + line), _MM_HINT_T0);
     }
     I even[MB], odd[MB];
@@ -632,8 +634,9 @@ __attribute__((target(LEAPDECODE_VNNI))) void block_vnni(const Rows& r, int64_t 
 
 // Rows past which the two-block (512-bit) kernel takes over (measured on the 1.5B's layers, Zen 5:
 // at 1-2 rows a pass waits on memory and one record stream per thread is as fast or faster; from
-// 3 rows the 256-bit kernel is bound by its `vpdpbusd` rate: the wide one's products take 0.85x
-// the time at 3 rows and 0.73x at 4 with memory to spare, 1.03x and 0.93x with memory loaded).
+// 3 rows the 256-bit kernel is bound by its `vpdpbusd` rate: the wide one's products take 0.86x
+// the time at 3 rows and 0.73-0.81x at 4 with memory to spare, 1.03-1.06x and 0.93-0.97x with
+// memory loaded, ~0.8x from 6 rows either way).
 constexpr int64_t kWideRows = 2;
 
 template <int BITS, bool SUPER>
