@@ -84,8 +84,10 @@ def test_a_skipped_set_leaves_the_cache_consistent(deep_model) -> None:
     scores = backend.forward(seq, [11, 12, 13])  # reuses two tokens' prefix work, runs the third
     expected = plain.forward(ref, [11, 12, 13])
     torch.testing.assert_close(scores.logits, expected.logits, atol=1e-4, rtol=1e-4)
+    # the drafted rows' keys came from one-row passes, the reference's from a three-row one: float32
+    # products of other widths round differently (up to 1.2e-5 on an AVX-512 CPU, one thread)
     for i in range(LAYERS):
-        torch.testing.assert_close(seq.cache.layers[i].keys, ref.cache.layers[i].keys, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(seq.cache.layers[i].keys, ref.cache.layers[i].keys, atol=1e-4, rtol=1e-4)
     backend.rollback(seq, 7)
     assert all(LayerRunner.cached(seq.cache, i) == 7 for i in range(LAYERS)) and not seq.drafted
 

@@ -99,9 +99,13 @@ def _one(
                 else:
                     resp.read()
         elif disconnect:  # non-streaming, abandoned: the server must stop decoding it
+            # a long answer, still decoding when its client leaves (a short one can end first on a fast CPU)
+            long = {"role": "user", "content": f"Count from {index} to {index + 1000}, one number a line."}
             try:
                 resp = client.post(
-                    "/v1/chat/completions", json={**body, "max_tokens": max_tokens * 8}, timeout=ABANDON_AFTER_S
+                    "/v1/chat/completions",
+                    json={**body, "messages": [long], "max_tokens": max_tokens * 64},
+                    timeout=ABANDON_AFTER_S,
                 )
                 status = str(resp.status_code)
                 note = "done" if resp.status_code == 200 else ""
