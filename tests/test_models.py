@@ -50,7 +50,12 @@ def test_unknown_model_names_the_presets(tmp_path) -> None:
 
 
 def test_unreachable_hub_id_is_a_clear_error(tmp_path, monkeypatch) -> None:
+    import huggingface_hub.constants
+
+    # huggingface_hub reads the variable when it is first imported, which an earlier test in this
+    # process may have done: without the constant too, a hub id is retried for ~23 s before failing
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     with pytest.raises(ModelLoadError, match="could not load model 'nobody/not-a-model'"):
         load_model("nobody/not-a-model", cache_dir=tmp_path, **QUIET)
 
