@@ -308,9 +308,19 @@ __attribute__((target("avx2,fma"))) void mix_avx2(float* out, const float* e, co
 // each key's values are loaded once for all of them. Every (row, key) score and every output
 // element gets exactly the single-row functions' operations in their order (an accumulator per
 // (row, key) or (row, element), fed in the same order), so the bits are those of one row alone.
-// 256-bit vectors with AVX512's 32 registers (three rows' accumulators at once).
-constexpr int kSharedRows = 3;  // rows per shared pass (8 keys x 3 rows = 24 accumulators)
+// 512-bit vectors: a score's 8 lanes are those of the 256-bit functions, two keys to a register
+// (lanes 0-7 one key, 8-15 the next; each half summed by the same `hsum`), and an output's 16
+// elements are 16 independent lanes, so each instruction does two of theirs and the bits stay.
+constexpr int kSharedRows = 4;  // rows per shared pass (8 keys x 4 rows = 16 accumulators)
 #define LEAPDECODE_AVX512 "avx512f,avx512vl,avx2,fma"
+
+// The 256-bit halves of a 512-bit vector, and two 256-bit vectors as one (AVX512F only).
+__attribute__((target(LEAPDECODE_AVX512))) inline __m256 upper_half(__m512 v) {
+  return _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
+}
+__attribute__((target(LEAPDECODE_AVX512))) inline __m512 two_halves(__m256 lo, __m256 hi) {
+  return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(lo)), _mm256_castps_pd(hi), 1));
+}
 
 template <int R>
 __attribute__((target(LEAPDECODE_AVX512))) void scores_rows_avx512(const float* const* q, const float* k, int64_t ks, const int64_t* keys,
@@ -318,22 +328,27 @@ __attribute__((target(LEAPDECODE_AVX512))) void scores_rows_avx512(const float* 
   int64_t n = 0;
   for (; n + 8 <= count; n += 8) {
     const float* kr[8];
-    __m256 acc[R][8];
-    for (int b = 0; b < 8; ++b) {
-      kr[b] = k + keys[n + b] * ks;
-      for (int r = 0; r < R; ++r) acc[r][b] = _mm256_setzero_ps();
-    }
+    __m512 acc[R][4];  // [row][key pair]
+    for (int b = 0; b < 8; ++b) kr[b] = k + keys[n + b] * ks;
+    for (int r = 0; r < R; ++r)
+      for (int p = 0; p < 4; ++p) acc[r][p] = _mm512_setzero_ps();
     int64_t d = 0;
     for (; d + 8 <= D; d += 8) {
-      __m256 qv[R];
-      for (int r = 0; r < R; ++r) qv[r] = _mm256_loadu_ps(q[r] + d);
-      for (int b = 0; b < 8; ++b) {
-        const __m256 kv = _mm256_loadu_ps(kr[b] + d);
-        for (int r = 0; r < R; ++r) acc[r][b] = _mm256_fmadd_ps(qv[r], kv, acc[r][b]);
+      __m512 qv[R];
+      for (int r = 0; r < R; ++r) {
+        const __m256 half = _mm256_loadu_ps(q[r] + d);
+        qv[r] = two_halves(half, half);
+      }
+      for (int p = 0; p < 4; ++p) {
+        const __m512 kv = two_halves(_mm256_loadu_ps(kr[2 * p] + d), _mm256_loadu_ps(kr[2 * p + 1] + d));
+        for (int r = 0; r < R; ++r) acc[r][p] = _mm512_fmadd_ps(qv[r], kv, acc[r][p]);
       }
     }
     for (int r = 0; r < R; ++r)
-      for (int b = 0; b < 8; ++b) scores[r][n + b] = finish_dot(acc[r][b], q[r], kr[b], d, D) * scale;
+      for (int p = 0; p < 4; ++p) {
+        scores[r][n + 2 * p] = finish_dot(_mm512_castps512_ps256(acc[r][p]), q[r], kr[2 * p], d, D) * scale;
+        scores[r][n + 2 * p + 1] = finish_dot(upper_half(acc[r][p]), q[r], kr[2 * p + 1], d, D) * scale;
+      }
   }
   for (int r = 0; r < R; ++r) scores_avx2(q[r], k, ks, keys + n, count - n, D, scale, scores[r] + n);
 }
@@ -343,20 +358,20 @@ __attribute__((target(LEAPDECODE_AVX512))) void mix_rows_avx512(float* const* ou
                                                                  const int64_t* keys, int64_t count, int64_t D) {
   int64_t d = 0;
   for (; d + 64 <= D; d += 64) {
-    __m256 acc[R][8];
+    __m512 acc[R][4];
     for (int r = 0; r < R; ++r)
-      for (int w = 0; w < 8; ++w) acc[r][w] = _mm256_loadu_ps(out[r] + d + 8 * w);
+      for (int w = 0; w < 4; ++w) acc[r][w] = _mm512_loadu_ps(out[r] + d + 16 * w);
     for (int64_t n = 0; n < count; ++n) {
       const float* vr = v + keys[n] * vs + d;
-      __m256 ev[R];
-      for (int r = 0; r < R; ++r) ev[r] = _mm256_set1_ps(e[r][n]);
-      for (int w = 0; w < 8; ++w) {
-        const __m256 vv = _mm256_loadu_ps(vr + 8 * w);
-        for (int r = 0; r < R; ++r) acc[r][w] = _mm256_fmadd_ps(ev[r], vv, acc[r][w]);
+      __m512 ev[R];
+      for (int r = 0; r < R; ++r) ev[r] = _mm512_set1_ps(e[r][n]);
+      for (int w = 0; w < 4; ++w) {
+        const __m512 vv = _mm512_loadu_ps(vr + 16 * w);
+        for (int r = 0; r < R; ++r) acc[r][w] = _mm512_fmadd_ps(ev[r], vv, acc[r][w]);
       }
     }
     for (int r = 0; r < R; ++r)
-      for (int w = 0; w < 8; ++w) _mm256_storeu_ps(out[r] + d + 8 * w, acc[r][w]);
+      for (int w = 0; w < 4; ++w) _mm512_storeu_ps(out[r] + d + 16 * w, acc[r][w]);
   }
   if (d < D)
     for (int r = 0; r < R; ++r) mix_avx2(out[r] + d, e[r], v + d, vs, keys, count, D - d);
@@ -364,16 +379,18 @@ __attribute__((target(LEAPDECODE_AVX512))) void mix_rows_avx512(float* const* ou
 
 void scores_rows_avx512_any(int rows, const float* const* q, const float* k, int64_t ks, const int64_t* keys, int64_t count, int64_t D,
                             float scale, float* const* scores) {
+  if (rows == 4) return scores_rows_avx512<4>(q, k, ks, keys, count, D, scale, scores);
   if (rows == 3) return scores_rows_avx512<3>(q, k, ks, keys, count, D, scale, scores);
   if (rows == 2) return scores_rows_avx512<2>(q, k, ks, keys, count, D, scale, scores);
-  scores_avx2(q[0], k, ks, keys, count, D, scale, scores[0]);
+  scores_rows_avx512<1>(q, k, ks, keys, count, D, scale, scores);
 }
 
 void mix_rows_avx512_any(int rows, float* const* out, const float* const* e, const float* v, int64_t vs, const int64_t* keys, int64_t count,
                          int64_t D) {
+  if (rows == 4) return mix_rows_avx512<4>(out, e, v, vs, keys, count, D);
   if (rows == 3) return mix_rows_avx512<3>(out, e, v, vs, keys, count, D);
   if (rows == 2) return mix_rows_avx512<2>(out, e, v, vs, keys, count, D);
-  mix_avx2(out[0], e[0], v, vs, keys, count, D);
+  mix_rows_avx512<1>(out, e, v, vs, keys, count, D);
 }
 #endif
 
@@ -520,7 +537,7 @@ torch::Tensor row_exact_attention(const torch::Tensor& query, const torch::Tenso
       // 1. scores
       by_chunk([&](int rows, const int64_t* is, const int64_t* starts, int64_t h, int64_t count) {
         const int64_t* first = keys.get() + is[0] * T + starts[0];
-        if (rows > 1 && scores_rows) {
+        if (scores_rows) {  // one row too: its 512-bit path gives the same bits
           const float* qs[kSharedRows];
           float* outs[kSharedRows];
           for (int r = 0; r < rows; ++r) {
@@ -542,7 +559,7 @@ torch::Tensor row_exact_attention(const torch::Tensor& query, const torch::Tenso
         }
       // 3. the weighted values, into the zeroed output
       by_chunk([&](int rows, const int64_t* is, const int64_t* starts, int64_t h, int64_t count) {
-        if (rows > 1 && mix_rows) {
+        if (mix_rows) {
           float* outs[kSharedRows];
           const float* es[kSharedRows];
           for (int r = 0; r < rows; ++r) {
