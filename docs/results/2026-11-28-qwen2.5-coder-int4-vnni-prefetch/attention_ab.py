@@ -27,13 +27,14 @@ HEADS, KV_HEADS, DIM = 12, 2, 128
 def base_kernel(commit: str) -> Any:
     """The row-exact extension as `commit` had it."""
     folder = Path(tempfile.mkdtemp())
+    sha = subprocess.run(["git", "rev-parse", commit], check=True, capture_output=True, text=True).stdout.strip()
     for name in ("row_exact.cpp", "simd.h"):
         text = subprocess.run(
             ["git", "show", f"{commit}:leapdecode/models/{name}"], check=True, capture_output=True, text=True
         ).stdout
         (folder / name).write_text(text)
     return load(
-        name=f"leapdecode_row_exact_{commit[:8]}",
+        name=f"leapdecode_row_exact_{sha[:8]}",
         sources=[str(folder / "row_exact.cpp")],
         extra_cflags=["-O3", "-fopenmp"],
         extra_ldflags=["-fopenmp"],

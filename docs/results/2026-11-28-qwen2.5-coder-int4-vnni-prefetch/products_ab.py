@@ -33,13 +33,14 @@ ROUNDS = 15
 def base_kernel(commit: str) -> Any:
     """The quantized-linear extension as `commit` had it."""
     folder = Path(tempfile.mkdtemp())
+    sha = subprocess.run(["git", "rev-parse", commit], check=True, capture_output=True, text=True).stdout.strip()
     for name in ("quant.cpp", "simd.h"):
         text = subprocess.run(
             ["git", "show", f"{commit}:leapdecode/models/{name}"], check=True, capture_output=True, text=True
         ).stdout
         (folder / name).write_text(text)
     return load(
-        name=f"leapdecode_quant_{commit[:8]}",
+        name=f"leapdecode_quant_{sha[:8]}",
         sources=[str(folder / "quant.cpp")],
         extra_cflags=["-O3", "-fopenmp"],
         extra_ldflags=["-fopenmp"],
