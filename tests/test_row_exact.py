@@ -120,6 +120,12 @@ def test_linear_kernel_refuses_mixed_or_other_dtypes_and_shapes(kernel) -> None:
     dtype=st.sampled_from([torch.float32, torch.bfloat16]),
     seed=st.integers(0, 2**16),
 )
+# shared passes of four and of three rows (16 = 4 x 4, 7 = 4 + 3) in both dtypes, a width past 64 that
+# is no multiple of 8 (the 512-bit block, then the tails), and four rows over fewer than 8 keys
+@example(rows=16, past=80, kv_heads=2, group=3, dim=128, mask="chain", dtype=torch.bfloat16, seed=1)
+@example(rows=7, past=80, kv_heads=1, group=2, dim=96, mask="chain", dtype=torch.float32, seed=2)
+@example(rows=5, past=40, kv_heads=2, group=2, dim=100, mask="chain", dtype=torch.float32, seed=3)
+@example(rows=4, past=3, kv_heads=1, group=1, dim=64, mask="chain", dtype=torch.float32, seed=4)
 def test_attention_kernel_matches_sdpa_and_rows_are_bitwise_independent(
     kernel, rows, past, kv_heads, group, dim, mask, dtype, seed
 ) -> None:

@@ -31,6 +31,7 @@ using leapdecode::hsum;
 
 constexpr int kRowBlock = 8;  // rows sharing one load of each weight chunk: 8 independent FMA chains
 constexpr int64_t kChunkBytes = 16384;  // keys (or values) per attention chunk: 16 KB, in L1
+constexpr int kSharedRows = 4;  // attention rows per shared pass (AVX-512: 8 keys x 4 rows = 16 accumulators)
 
 // Portable path: the same structure in scalar code (16 partial sums per row, fixed order).
 void rows_portable(const float* x, const float* w, const float* bias, float* y, int64_t M, int64_t N, int64_t K,
@@ -311,7 +312,6 @@ __attribute__((target("avx2,fma"))) void mix_avx2(float* out, const float* e, co
 // 512-bit vectors: a score's 8 lanes are those of the 256-bit functions, two keys to a register
 // (lanes 0-7 one key, 8-15 the next; each half summed by the same `hsum`), and an output's 16
 // elements are 16 independent lanes, so each instruction does two of theirs and the bits stay.
-constexpr int kSharedRows = 4;  // rows per shared pass (8 keys x 4 rows = 16 accumulators)
 #define LEAPDECODE_AVX512 "avx512f,avx512vl,avx2,fma"
 
 // The 256-bit halves of a 512-bit vector, and two 256-bit vectors as one (AVX512F only).
@@ -376,6 +376,8 @@ __attribute__((target(LEAPDECODE_AVX512))) void mix_rows_avx512(float* const* ou
   if (d < D)
     for (int r = 0; r < R; ++r) mix_avx2(out[r] + d, e[r], v + d, vs, keys, count, D - d);
 }
+
+static_assert(kSharedRows <= 4, "the shared-pass dispatch below takes up to four rows");
 
 void scores_rows_avx512_any(int rows, const float* const* q, const float* k, int64_t ks, const int64_t* keys, int64_t count, int64_t D,
                             float scale, float* const* scores) {

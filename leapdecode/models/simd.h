@@ -17,7 +17,7 @@ inline bool has_avx2_fma() {
 #endif
 }
 
-// AVX512's 32 vector registers for 256-bit code (`avx512vl`).
+// AVX512F and VL: 512-bit vectors, and 32 vector registers for 256-bit code too.
 inline bool has_avx512vl() {
 #ifdef LEAPDECODE_X86
   return has_avx2_fma() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl");
