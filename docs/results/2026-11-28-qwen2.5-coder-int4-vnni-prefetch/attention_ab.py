@@ -9,41 +9,20 @@ bitwise the same.
 from __future__ import annotations
 
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
-from pathlib import Path
-from typing import Any
 
 import torch
-from torch.utils.cpp_extension import load
+from base_build import extension_at
 
 from leapdecode.models import row_exact
 
 HEADS, KV_HEADS, DIM = 12, 2, 128
 
 
-def base_kernel(commit: str) -> Any:
-    """The row-exact extension as `commit` had it."""
-    folder = Path(tempfile.mkdtemp())
-    sha = subprocess.run(["git", "rev-parse", commit], check=True, capture_output=True, text=True).stdout.strip()
-    for name in ("row_exact.cpp", "simd.h"):
-        text = subprocess.run(
-            ["git", "show", f"{commit}:leapdecode/models/{name}"], check=True, capture_output=True, text=True
-        ).stdout
-        (folder / name).write_text(text)
-    return load(
-        name=f"leapdecode_row_exact_{sha[:8]}",
-        sources=[str(folder / "row_exact.cpp")],
-        extra_cflags=["-O3", "-fopenmp"],
-        extra_ldflags=["-fopenmp"],
-    )
-
-
 def main() -> None:
     torch.set_num_threads(2)
-    kernels = {"base": base_kernel(sys.argv[1]), "this tree": row_exact.kernel()}
+    kernels = {"base": extension_at(sys.argv[1], "row_exact.cpp"), "this tree": row_exact.kernel()}
     scale = DIM**-0.5
     print(f"| cached | rows | {sys.argv[1][:8]}, us | this tree, us | ratio | same |")
     print("|---:|---:|---:|---:|---:|---|")

@@ -13,38 +13,18 @@ median read rate of those rounds, and whether the outputs are bitwise the same.
 from __future__ import annotations
 
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
 import torch
-from torch.utils.cpp_extension import load
+from base_build import extension_at
 
 from leapdecode.engine.backend import TorchBackend
 from leapdecode.models import load_model
 from leapdecode.models.quantize import QuantizedLinear, kernel
 
 ROUNDS = 15
-
-
-def base_kernel(commit: str) -> Any:
-    """The quantized-linear extension as `commit` had it."""
-    folder = Path(tempfile.mkdtemp())
-    sha = subprocess.run(["git", "rev-parse", commit], check=True, capture_output=True, text=True).stdout.strip()
-    for name in ("quant.cpp", "simd.h"):
-        text = subprocess.run(
-            ["git", "show", f"{commit}:leapdecode/models/{name}"], check=True, capture_output=True, text=True
-        ).stdout
-        (folder / name).write_text(text)
-    return load(
-        name=f"leapdecode_quant_{sha[:8]}",
-        sources=[str(folder / "quant.cpp")],
-        extra_cflags=["-O3", "-fopenmp"],
-        extra_ldflags=["-fopenmp"],
-    )
 
 
 def run(module: Any, order: list[tuple[QuantizedLinear, ...]], xs: dict[int, torch.Tensor]) -> list[torch.Tensor]:
@@ -65,7 +45,7 @@ def run(module: Any, order: list[tuple[QuantizedLinear, ...]], xs: dict[int, tor
 
 def main() -> None:
     torch.set_num_threads(2)
-    modules = {"base": base_kernel(sys.argv[1]), "this tree": kernel()}
+    modules = {"base": extension_at(sys.argv[1], "quant.cpp"), "this tree": kernel()}
     lm = load_model("qwen2.5-coder-1.5b", log=lambda message: None)
     lean = TorchBackend(lm.model, exact_tokens=lm.exact_tokens).lean
     assert lean is not None
