@@ -70,16 +70,46 @@ def test_the_lean_forward_grows_its_cache_and_keeps_scoring_as_the_models_own() 
         assert cache_room(seq_l, 1) is not None
 
 
-def test_the_lean_forwards_packed_pass_scores_each_sequence_as_its_own_pass() -> None:
-    lean, own = pair(draft_path("qwen2", seed=1))
-    first, second = prompts(2, seed=5)
+@pytest.mark.parametrize("native", [True, False])
+def test_the_lean_forwards_packed_pass_scores_each_sequence_as_its_own_pass(native, monkeypatch) -> None:
+    """Chains, a tree and a prompt chunk side by side, each bitwise its own pass: through the one
+    C++ call (every cache with room; the Python loop is then never called) and through the
+    Python loop (a fresh sequence's first chunk has no buffers yet, so its pass takes the loop)."""
+    from leapdecode.engine.backend import TorchBackend
+    from leapdecode.engine.tree import compile_tree
+
+    model = draft_path("qwen2", seed=1, head_bits=8)
+    lean, own = TorchBackend(model, exact_tokens=16), TorchBackend(model, exact_tokens=16, lean=False)
+    tree = compile_tree((-1, -1, 0, 1))  # the root, two children, a child of each: 5 tokens
+    first, second, third, fourth = prompts(4, seed=5)
     with torch.inference_mode():
-        alone = [own.prefill(p)[0] for p in (first, second)]
-        packed = [lean.prefill(p)[0] for p in (first, second)]
-        want = [own.forward(alone[0], [5, 6, 7]).logits, own.forward(alone[1], [9]).logits]
-        got = forward_batch(lean, [BatchItem(packed[0], [5, 6, 7]), BatchItem(packed[1], [9])])
+        alone = [own.prefill(p)[0] for p in (first, second, third, fourth[:5])]
+        packed = [lean.prefill(p)[0] for p in (first, second, third, fourth[:5])]
+        want = [
+            own.forward(alone[0], [5, 6, 7]).logits,
+            own.forward(alone[1], [9]).logits,
+            own.forward(alone[2], [1, 2, 3, 4, 5], tree=tree).logits,
+            own.forward(alone[3], list(fourth[5:])).logits[-1:],
+        ]
+        if native:  # the loop must not run: every cache has room
+            monkeypatch.setattr(lean.lean, "forward", lambda *args: pytest.fail("the Python loop ran"))
+        else:
+            packed[3].cache.layers[0].buffers = None  # no room: the Python loop runs the pass and grows it
+        got = forward_batch(
+            lean,
+            [
+                BatchItem(packed[0], [5, 6, 7]),
+                BatchItem(packed[1], [9]),
+                BatchItem(packed[2], [1, 2, 3, 4, 5], tree=tree),
+                BatchItem(packed[3], list(fourth[5:]), last_only=True),
+            ],
+        )
     for g, w in zip(got, want):
         assert torch.equal(g.logits, w)
+    for seq_l, seq_o in zip(packed, alone):
+        assert seq_l.length == seq_o.length
+        for layer_l, layer_o in zip(seq_l.cache.layers, seq_o.cache.layers):
+            assert torch.equal(layer_l.keys, layer_o.keys) and torch.equal(layer_l.values, layer_o.values)
 
 
 def test_a_lean_forward_that_differs_from_the_models_own_is_not_used(monkeypatch) -> None:

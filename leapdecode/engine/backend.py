@@ -19,7 +19,7 @@ from leapdecode.engine.cache import extend_cache as extend_cache
 from leapdecode.engine.cache import keep_cache_entries as keep_cache_entries
 from leapdecode.engine.cache import new_growing_cache as new_growing_cache
 from leapdecode.engine.cache import rollback_cache as rollback_cache
-from leapdecode.engine.lean_pass import attend_packed, lean_agrees, lean_states
+from leapdecode.engine.lean_pass import attend_packed, lean_agrees, lean_packed_states, lean_states
 from leapdecode.engine.tree import TreeLayout
 from leapdecode.errors import InputError, ModelLoadError
 from leapdecode.models.lean import LeanDecoder
@@ -258,7 +258,9 @@ class TorchBackend:
         from leapdecode.models.row_exact import BATCH_KEYWORD
 
         if self.lean is not None and not features:
-            states = self.lean.forward(input_ids[0], position_ids[0], attend_packed(self.lean, cache))  # [N, hidden]
+            states = lean_packed_states(self.lean, input_ids[0], position_ids[0], cache)  # [N, hidden] or None
+            if states is None:
+                states = self.lean.forward(input_ids[0], position_ids[0], attend_packed(self.lean, cache))
             return self.head_logits(states[rows]), None
 
         out = self.model(

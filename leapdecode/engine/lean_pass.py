@@ -16,7 +16,7 @@ import torch
 
 from leapdecode.engine.cache import CacheState, cache_room, extend_cache, new_growing_cache
 from leapdecode.engine.tree import TreeLayout, compile_tree
-from leapdecode.models.lean import Attend, LeanDecoder
+from leapdecode.models.lean import Attend, LeanDecoder, NativeSequence
 
 # (tokens [n] appended to the sequence, the sequence; `native`: the C++ layers where they can run;
 # a tree or None: a chain) -> the pass's scores [n, vocab]
@@ -41,8 +41,34 @@ def lean_states(
     room = cache_room(seq, n) if native and decoder.native is not None else None
     if room is None:
         return decoder.forward(tokens, positions, decoder.attend_cache(seq.cache, visible))
-    states = decoder.forward_native(tokens, positions, seq.length, room, visible)
+    states = decoder.forward_native(tokens, positions, [NativeSequence(seq.length, n, room, visible)])
     extend_cache(seq, n)
+    return states
+
+
+def lean_packed_states(
+    decoder: LeanDecoder, input_ids: torch.Tensor, positions: torch.Tensor, cache: Any
+) -> torch.Tensor | None:
+    """A packed pass (`engine.batch.PackedCache`: its items' tokens side by side in `input_ids`,
+    `positions` [N]) through the C++ layers, each sequence's rows over its own cache, which it
+    writes (`seq.length` is the caller's to move) -> the final norm's states [N, hidden]; None,
+    writing nothing, where the C++ layers do not run or a sequence's cache lacks room (then the
+    Python loop runs the pass and grows it)."""
+    if decoder.native is None:
+        return None
+    sequences = []
+    for item, mask in zip(cache.items, cache.masks):
+        n = len(item.tokens)
+        room = cache_room(item.seq, n)
+        if room is None:
+            return None
+        chain = item.tree is None or item.tree.is_chain
+        # a chain attends causally, as its own pass does; a tree's nodes the keys its mask shows
+        visible = None if chain or mask is None else (mask[0, 0] if mask.dtype == torch.bool else mask[0, 0] == 0)
+        sequences.append(NativeSequence(item.seq.length, n, room, visible))
+    states = decoder.forward_native(input_ids, positions, sequences)
+    for item in cache.items:
+        extend_cache(item.seq, len(item.tokens))
     return states
 
 

@@ -7,8 +7,8 @@ to come back into the caches: 7 of the 0.5B's 23 ms a pass, and ~20 of the 1.5B'
 same kernels, with the query, key and value projections fused into one quantized product and
 the gate and up projections into another where their bits match (output blocks are computed
 independently, so a fused product gives each output's bits unchanged): a Python loop of about
-twenty calls a layer (`forward`, any pass) or one C++ call for all layers (`forward_native`, a
-chain or a tree of one sequence, `lean.cpp`).
+twenty calls a layer (`forward`, any pass) or one C++ call for all layers (`forward_native`:
+chains and trees of one sequence or several packed side by side, `lean.cpp`).
 
 It is built only for a model it reproduces: a decoder of RMS-normed layers, each attention (the
 four projections, nothing else) then a SwiGLU MLP (gate, up, down and a SiLU), its norms and
@@ -71,6 +71,19 @@ class NativeLayers:
     super_blocks: list[int]
     eps: float
     isa: int
+
+
+@dataclass(frozen=True)
+class NativeSequence:
+    """One sequence's part of a C++ pass (`LeanDecoder.forward_native`): its `count` rows come after
+    `length` cached tokens, whose per-layer key and value buffers [1, kv_heads, capacity, dim] have
+    room for them; `visible` None for a chain, else a tree's [count, length + count] bool (the keys
+    each node sees)."""
+
+    length: int
+    count: int
+    buffers: list[tuple[torch.Tensor, torch.Tensor]]
+    visible: torch.Tensor | None = None
 
 
 class LeanDecoder:
@@ -159,33 +172,29 @@ class LeanDecoder:
         return states
 
     def forward_native(
-        self,
-        input_ids: torch.Tensor,
-        positions: torch.Tensor,
-        length: int,
-        buffers: list[tuple[torch.Tensor, torch.Tensor]],
-        visible: torch.Tensor | None = None,
+        self, input_ids: torch.Tensor, positions: torch.Tensor, sequences: list[NativeSequence]
     ) -> torch.Tensor:
-        """`forward` of one sequence's pass after `length` cached tokens in one C++ call (`native`
-        set): the same states. buffers: per layer the cache's key and value buffers [1, kv_heads,
-        capacity, dim] with room for the pass, whose rows it writes (the caller then extends the
-        cache); visible: None for a chain, else a tree's [n, length + n] bool (the keys each node
-        sees; positions [n] at the nodes' depths)."""
+        """`forward` in one C++ call (`native` set): the same states. input_ids, positions [N]: the
+        rows of `sequences` side by side, each sequence's `count` of them; the products run over
+        all N rows at once, attention per sequence over its own cache, whose buffers it writes
+        (the caller then extends each cache)."""
         assert self.native is not None, "the layers take the C++ call"
         native = self.native
-        x = self.body.embed_tokens(input_ids[None])[0]  # [n, hidden]
-        cos, sin = self.body.rotary_emb(x[None], positions[None])  # each [1, n, dim]
+        x = self.body.embed_tokens(input_ids[None])[0]  # [N, hidden]
+        cos, sin = self.body.rotary_emb(x[None], positions[None])  # each [1, N, dim]
+        layers = len(self.layers)
         x = native.module.lean_layers(
             x,
             native.weights,
             native.biases,
             native.outs,
-            [keys for keys, _ in buffers],
-            [values for _, values in buffers],
-            length,
+            [seq.buffers[layer][0] for layer in range(layers) for seq in sequences],
+            [seq.buffers[layer][1] for layer in range(layers) for seq in sequences],
+            [seq.length for seq in sequences],
+            [seq.count for seq in sequences],
             cos[0],
             sin[0],
-            visible,
+            [seq.visible for seq in sequences],
             self.heads,
             self.kv_heads,
             native.eps,
@@ -193,7 +202,7 @@ class LeanDecoder:
             native.bits,
             native.super_blocks,
             native.isa,
-        )  # [n, hidden]
+        )  # [N, hidden]
         states: torch.Tensor = self.body.norm(x)
         return states
 
