@@ -121,8 +121,11 @@ def test_linear_kernel_refuses_mixed_or_other_dtypes_and_shapes(kernel) -> None:
     seed=st.integers(0, 2**16),
 )
 # shared passes of four and of three rows (16 = 4 x 4, 7 = 4 + 3) in both dtypes, a width past 64 that
-# is no multiple of 8 (the 512-bit block, then the tails), and four rows over fewer than 8 keys
+# is no multiple of 8 (the 512-bit block, then the tails), four rows over fewer than 8 keys, and one
+# or two rows whose six heads a kv head shares go through together (runs of 4 + 2, 4 + 4 + 4)
 @example(rows=16, past=80, kv_heads=2, group=3, dim=128, mask="chain", dtype=torch.bfloat16, seed=1)
+@example(rows=1, past=80, kv_heads=2, group=6, dim=128, mask="chain", dtype=torch.float32, seed=5)
+@example(rows=2, past=70, kv_heads=2, group=6, dim=128, mask="tree", dtype=torch.bfloat16, seed=6)
 @example(rows=7, past=80, kv_heads=1, group=2, dim=96, mask="chain", dtype=torch.float32, seed=2)
 @example(rows=5, past=40, kv_heads=2, group=2, dim=100, mask="chain", dtype=torch.float32, seed=3)
 @example(rows=4, past=3, kv_heads=1, group=1, dim=64, mask="chain", dtype=torch.float32, seed=4)
@@ -174,6 +177,36 @@ def test_attention_kernel_matches_sdpa_and_rows_are_bitwise_independent(
                 query[:, :, i : i + 1], key[:, :, : past + i + 1], value[:, :, : past + i + 1], None, scale, False
             )
         assert torch.equal(one[0, 0], got[0, i])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_several_sequences_attend_in_one_call_each_bitwise_its_own(kernel, dtype) -> None:
+    """`row_exact_attentions` (a packed pass's layer: one parallel region for every sequence):
+    chains, a tree and a single row over caches of their own lengths, each output bitwise what
+    its own `row_exact_attention` call gives, however many threads share the tasks."""
+    g = torch.Generator().manual_seed(7)
+    kv_heads, group, dim = 2, 3, 64
+    calls = []
+    for rows, past, tree in ((1, 40, False), (3, 0, False), (5, 17, True), (2, 90, False)):
+        total = past + rows
+        store = torch.randn(2, 1, kv_heads, total + 9, dim, generator=g).to(dtype)
+        visible = None
+        if tree:
+            visible = torch.ones(rows, total, dtype=torch.bool)
+            visible[:, past:] = (torch.rand(rows, rows, generator=g) < 0.5).tril() | torch.eye(rows, dtype=torch.bool)
+        query = torch.randn(1, kv_heads * group, rows, dim, generator=g).to(dtype)
+        calls.append((query, store[0][:, :, :total], store[1][:, :, :total], visible))
+    want = [kernel.row_exact_attention(q, k, v, m, 0.125, False) for q, k, v, m in calls]
+    threads = torch.get_num_threads()
+    try:
+        for n in (1, 2, 3):
+            torch.set_num_threads(n)
+            got = kernel.row_exact_attentions(*(list(part) for part in zip(*calls)), 0.125, False)
+            assert len(got) == len(want) and all(torch.equal(a, b) for a, b in zip(got, want))
+    finally:
+        torch.set_num_threads(threads)
+    with pytest.raises(RuntimeError, match="per query"):
+        kernel.row_exact_attentions([calls[0][0]], [calls[0][1]], [], [None], 0.125, False)
 
 
 def test_attention_kernel_refuses_shapes_that_do_not_fit(kernel) -> None:

@@ -22,6 +22,9 @@ torch::Tensor quantized_linears(const torch::Tensor& x_in, const std::vector<tor
 torch::Tensor rms_norm(const torch::Tensor& x_in, const torch::Tensor& weight, double eps, bool portable);
 torch::Tensor row_exact_attention(const torch::Tensor& query, const torch::Tensor& key, const torch::Tensor& value,
                                   const std::optional<torch::Tensor>& visible, double scale, bool portable);
+std::vector<torch::Tensor> row_exact_attentions(const std::vector<torch::Tensor>& queries, const std::vector<torch::Tensor>& keys,
+                                                const std::vector<torch::Tensor>& values,
+                                                const std::vector<std::optional<torch::Tensor>>& visible, double scale, bool portable);
 
 namespace {
 
@@ -129,20 +132,21 @@ torch::Tensor lean_layers(const torch::Tensor& x_in, const std::vector<torch::Te
         }
       }
     }
-    // each sequence's rows over its own keys, through the call a pass of its own makes
+    // each sequence's rows over its own keys, as a pass of its own attends (one parallel region)
     torch::Tensor seen;  // [N, H * D]
-    for (int64_t s = 0; s < S; ++s) {
-      const torch::Tensor &K = keys[l * S + s], &V = values[l * S + s];
-      const int64_t end = lengths[s] + counts[s];
-      const torch::Tensor own = row_exact_attention(q.narrow(1, first[s], counts[s]).transpose(1, 2), K.narrow(2, 0, end),
-                                                     V.narrow(2, 0, end), visible[s], scale, false)
-                                    .reshape({counts[s], H * D});  // [n, H * D]
-      if (S == 1) {
-        seen = own;
-      } else {
-        if (s == 0) seen = torch::empty({N, H * D}, x.options());
-        seen.narrow(0, first[s], counts[s]).copy_(own);
+    if (S == 1) {
+      seen = row_exact_attention(q.transpose(1, 2), keys[l].narrow(2, 0, lengths[0] + N), values[l].narrow(2, 0, lengths[0] + N),
+                                 visible[0], scale, false)
+                 .reshape({N, H * D});
+    } else {
+      std::vector<torch::Tensor> qs, ks, vs;
+      for (int64_t s = 0; s < S; ++s) {
+        const int64_t end = lengths[s] + counts[s];
+        qs.push_back(q.narrow(1, first[s], counts[s]).transpose(1, 2));  // [1, H, n, D]
+        ks.push_back(keys[l * S + s].narrow(2, 0, end));
+        vs.push_back(values[l * S + s].narrow(2, 0, end));
       }
+      seen = torch::cat(row_exact_attentions(qs, ks, vs, visible, scale, false), 1).reshape({N, H * D});
     }
     x.add_(quantized_linear(seen, w[4], B[3], Sp[3] != 0, Ns[3], bias_of(b[3]), isa));
     // 2. the MLP: norm, gate and up, SiLU(gate) * up, down

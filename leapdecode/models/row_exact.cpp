@@ -411,60 +411,82 @@ __attribute__((target("avx2,fma"))) float sum_squares_avx2(const float* x, int64
 
 }  // namespace
 
+namespace {
+
+// One attention call's work, checked and laid out (`prepare`): its Hkv * tiles tasks (a kv head and
+// some of its query heads each) run by `attend_tasks`, over one parallel region of its own
+// (`row_exact_attention`) or one shared with other sequences' calls (`row_exact_attentions`).
+struct Attention {
+  torch::Tensor q, k, v, mask, out;  // held: the pointers below read them
+  bool bf16 = false;
+  int64_t H = 0, Q = 0, D = 0, Hkv = 0, T = 0, group = 0, tiles = 1, per_tile = 1, chunk = 8;
+  const float *qp = nullptr, *kp = nullptr, *vp = nullptr;
+  const uint16_t *kb = nullptr, *vb = nullptr;
+  const bool* mp = nullptr;
+  float* op = nullptr;
+  int64_t ks1 = 0, ks2 = 0, vs1 = 0, vs2 = 0;
+  float sc = 1.f;
+  decltype(&scores_portable) scores = scores_portable;  // chosen once: every path gives the same bits
+  decltype(&softmax_weights_portable) softmax = softmax_weights_portable;
+  decltype(&mix_portable) mix = mix_portable;
+  // rows of one head sharing their keys: together where AVX512's registers allow, else one by one
+  void (*scores_rows)(int, const float* const*, const float*, int64_t, const int64_t*, int64_t, int64_t, float, float* const*) = nullptr;
+  void (*mix_rows)(int, float* const*, const float* const*, const float*, int64_t, const int64_t*, int64_t, int64_t) = nullptr;
+
+  int64_t tasks() const { return Hkv * tiles; }
+};
+
 // query [1, H, Q, D]; key, value [1, Hkv, T, D] (any strides but the last, e.g. views of a longer
-// cache); visible [Q, T] bool, or None: causal, the queries being the last Q positions. Returns
-// [1, Q, H, D]: softmax(scale * q.k) over each row's visible keys, times their values.
-torch::Tensor row_exact_attention(const torch::Tensor& query, const torch::Tensor& key, const torch::Tensor& value,
-                                  const std::optional<torch::Tensor>& visible, double scale, bool portable) {
+// cache); visible [Q, T] bool, or None: causal, the queries being the last Q positions.
+Attention prepare(const torch::Tensor& query, const torch::Tensor& key, const torch::Tensor& value,
+                  const std::optional<torch::Tensor>& visible, double scale, bool portable) {
   TORCH_CHECK(query.dim() == 4 && key.dim() == 4 && value.dim() == 4 && query.size(0) == 1 && key.size(0) == 1 &&
                   value.size(0) == 1, "row_exact_attention: [1, heads, length, dim] tensors expected");
   const auto dtype = query.scalar_type();
   TORCH_CHECK((dtype == torch::kFloat || dtype == torch::kBFloat16) && key.scalar_type() == dtype && value.scalar_type() == dtype,
               "row_exact_attention: float32 or bfloat16 query, key and value expected");
-  const bool bf16 = dtype == torch::kBFloat16;
-  const int64_t H = query.size(1), Q = query.size(2), D = query.size(3), Hkv = key.size(1), T = key.size(2);
+  Attention a;
+  a.bf16 = dtype == torch::kBFloat16;
+  a.H = query.size(1), a.Q = query.size(2), a.D = query.size(3), a.Hkv = key.size(1), a.T = key.size(2);
+  const int64_t H = a.H, Q = a.Q, D = a.D, Hkv = a.Hkv, T = a.T;
   TORCH_CHECK(key.size(3) == D && value.size(1) == Hkv && value.size(2) == T && value.size(3) == D && Hkv > 0 && H % Hkv == 0,
               "row_exact_attention: key/value shapes do not fit the query");
   TORCH_CHECK(T >= Q, "row_exact_attention: fewer keys than queries");
   // bfloat16: every product and sum in float, as a one-token pass computes them too (the same
   // call); the query is widened here, each task's keys and values below, the output rounded once
-  const torch::Tensor q = query.to(torch::kFloat).contiguous();
-  const torch::Tensor k = key.stride(3) == 1 ? key : key.contiguous();
-  const torch::Tensor v = value.stride(3) == 1 ? value : value.contiguous();
-  torch::Tensor mask;
+  a.q = query.to(torch::kFloat).contiguous();
+  a.k = key.stride(3) == 1 ? key : key.contiguous();
+  a.v = value.stride(3) == 1 ? value : value.contiguous();
   if (visible) {
     TORCH_CHECK(visible->scalar_type() == torch::kBool && visible->dim() == 2 && visible->size(0) == Q && visible->size(1) == T,
                 "row_exact_attention: visible [queries, keys] bool expected");
-    mask = visible->contiguous();
+    a.mask = visible->contiguous();
+    a.mp = a.mask.data_ptr<bool>();
   }
-  auto out = torch::zeros({1, Q, H, D}, q.options());
-  const float* qp = q.data_ptr<float>();
-  const float* kp = bf16 ? nullptr : k.data_ptr<float>();
-  const float* vp = bf16 ? nullptr : v.data_ptr<float>();
-  const auto* kb = bf16 ? reinterpret_cast<const uint16_t*>(k.data_ptr<at::BFloat16>()) : nullptr;
-  const auto* vb = bf16 ? reinterpret_cast<const uint16_t*>(v.data_ptr<at::BFloat16>()) : nullptr;
-  const bool* mp = visible ? mask.data_ptr<bool>() : nullptr;
-  float* op = out.data_ptr<float>();
-  const int64_t ks1 = k.stride(1), ks2 = k.stride(2), vs1 = v.stride(1), vs2 = v.stride(2), group = H / Hkv;
-  const float sc = static_cast<float>(scale);
-  auto scores = scores_portable;  // chosen once: every path gives the same bits
-  auto softmax = softmax_weights_portable;
-  auto mix = mix_portable;
-  // rows of one head sharing their keys: together where AVX512's registers allow, else one by one
-  using ScoresRows = void (*)(int, const float* const*, const float*, int64_t, const int64_t*, int64_t, int64_t, float, float* const*);
-  using MixRows = void (*)(int, float* const*, const float* const*, const float*, int64_t, const int64_t*, int64_t, int64_t);
-  ScoresRows scores_rows = nullptr;
-  MixRows mix_rows = nullptr;
+  a.out = torch::zeros({1, Q, H, D}, a.q.options());
+  a.qp = a.q.data_ptr<float>();
+  if (a.bf16) {
+    a.kb = reinterpret_cast<const uint16_t*>(a.k.data_ptr<at::BFloat16>());
+    a.vb = reinterpret_cast<const uint16_t*>(a.v.data_ptr<at::BFloat16>());
+  } else {
+    a.kp = a.k.data_ptr<float>();
+    a.vp = a.v.data_ptr<float>();
+  }
+  a.op = a.out.data_ptr<float>();
+  a.ks1 = a.k.stride(1), a.ks2 = a.k.stride(2), a.vs1 = a.v.stride(1), a.vs2 = a.v.stride(2), a.group = H / Hkv;
+  a.sc = static_cast<float>(scale);
 #ifdef LEAPDECODE_X86
   if (!portable && has_avx2_fma()) {
-    scores = scores_avx2;
-    softmax = softmax_weights_avx2;
-    mix = mix_avx2;
+    a.scores = scores_avx2;
+    a.softmax = softmax_weights_avx2;
+    a.mix = mix_avx2;
     if (has_avx512vl()) {
-      scores_rows = scores_rows_avx512_any;
-      mix_rows = mix_rows_avx512_any;
+      a.scores_rows = scores_rows_avx512_any;
+      a.mix_rows = mix_rows_avx512_any;
     }
   }
+#else
+  (void)portable;
 #endif
   // Every query head of a kv head, and every row, reads the same keys and values: a task takes a
   // kv head and some of its query heads, and walks the cache in 16 KB chunks that stay in L1, each
@@ -476,116 +498,181 @@ torch::Tensor row_exact_attention(const torch::Tensor& query, const torch::Tenso
   // the fewest head tiles per kv head that make the task count a multiple of the threads.
   const int64_t threads = at::get_num_threads();
   int64_t tiles = 1;
-  while (tiles < group && (Hkv * tiles) % threads != 0) ++tiles;
-  const int64_t per_tile = (group + tiles - 1) / tiles;  // heads per task
-  tiles = (group + per_tile - 1) / per_tile;
-  const int64_t chunk = std::max<int64_t>(8, kChunkBytes / (4 * D));  // keys per chunk
-  at::parallel_for(0, Hkv * tiles, 1, [&](int64_t t0, int64_t t1) {
-    const std::unique_ptr<int64_t[]> keys(new int64_t[Q * T]);  // not zeroed: only the filled part is read
-    const std::unique_ptr<float[]> weights(new float[per_tile * Q * T]);
-    std::vector<int64_t> counts(Q);
-    std::vector<float> totals(per_tile * Q);
-    std::vector<int64_t> at(per_tile * Q);  // each (head, row)'s position in its key list
-    std::vector<float> kwide, vwide;  // bfloat16: the task's kv head's keys and values, widened
-    for (int64_t t = t0; t < t1; ++t) {
-      const int64_t kvh = t / tiles, h0 = kvh * group + t % tiles * per_tile;
-      const int64_t h1 = std::min(h0 + per_tile, (kvh + 1) * group);
-      for (int64_t i = 0; i < Q; ++i) {  // the rows' visible keys, shared by the heads
-        int64_t n = 0;
-        for (int64_t j = 0; j < T; ++j)
-          if (mp ? mp[i * T + j] : j <= T - Q + i) keys[i * T + n++] = j;
-        counts[i] = n;
-      }
-      const float* kh = bf16 ? widen(kb + kvh * ks1, ks2, T, D, kwide) : kp + kvh * ks1;
-      const float* vh = bf16 ? widen(vb + kvh * vs1, vs2, T, D, vwide) : vp + kvh * vs1;
-      const int64_t kstep = bf16 ? D : ks2, vstep = bf16 ? D : vs2;  // floats from one key (value) to the next
-      // walks the cache chunk by chunk: visit(rows, is, starts, h, count) for each head h and each
-      // run of its rows is[0..rows) with the same visible keys of the chunk (a dense range: a
-      // chain's rows see the same prefix), row is[r]'s being keys[is[r] * T + starts[r] ..) (count
-      // of them, in order); a row with other keys (a tree's) comes alone. (h - h0) * Q + i indexes
-      // (head, row) in the task.
-      auto by_chunk = [&](auto&& visit) {
-        std::fill(at.begin(), at.end(), 0);
-        for (int64_t j0 = 0; j0 < T; j0 += chunk)
-          for (int64_t h = h0; h < h1; ++h) {
-            int64_t is[kSharedRows], starts[kSharedRows];
-            int rows = 0;
-            int64_t lo = -1, len = 0;  // the run's dense range [lo, lo + len), or lo = -1: none
-            for (int64_t i = 0; i < Q; ++i) {
-              const int64_t c = (h - h0) * Q + i, start = at[c];
-              const int64_t* row = keys.get() + i * T;  // sorted: the chunk's keys end where j0 + chunk would go
-              const int64_t end = std::lower_bound(row + start, row + counts[i], j0 + chunk) - row;
-              at[c] = end;
-              if (end == start) continue;
-              const bool dense = row[end - 1] - row[start] == end - start - 1;
-              if (rows > 0 && (!dense || row[start] != lo || end - start != len || rows == kSharedRows)) {
-                visit(rows, is, starts, h, len);
-                rows = 0;
-              }
-              if (!dense) {
-                is[0] = i, starts[0] = start;
-                visit(1, is, starts, h, end - start);
-                continue;
-              }
-              lo = row[start], len = end - start;
-              is[rows] = i, starts[rows] = start;
-              ++rows;
+  while (tiles < a.group && (Hkv * tiles) % threads != 0) ++tiles;
+  a.per_tile = (a.group + tiles - 1) / tiles;  // heads per task
+  a.tiles = (a.group + a.per_tile - 1) / a.per_tile;
+  a.chunk = std::max<int64_t>(8, kChunkBytes / (4 * D));  // keys per chunk
+  return a;
+}
+
+// Tasks t0 .. t1 of `a` (each a kv head and some of its query heads), into its zeroed output.
+void attend_tasks(const Attention& a, int64_t t0, int64_t t1) {
+  const int64_t H = a.H, Q = a.Q, D = a.D, T = a.T, group = a.group, tiles = a.tiles, per_tile = a.per_tile, chunk = a.chunk;
+  const bool bf16 = a.bf16;
+  const float *qp = a.qp, *kp = a.kp, *vp = a.vp;
+  const uint16_t *kb = a.kb, *vb = a.vb;
+  const bool* mp = a.mp;
+  float* op = a.op;
+  const int64_t ks1 = a.ks1, ks2 = a.ks2, vs1 = a.vs1, vs2 = a.vs2;
+  const float sc = a.sc;
+  const auto scores = a.scores;
+  const auto softmax = a.softmax;
+  const auto mix = a.mix;
+  const auto scores_rows = a.scores_rows;
+  const auto mix_rows = a.mix_rows;
+  const std::unique_ptr<int64_t[]> keys(new int64_t[Q * T]);  // not zeroed: only the filled part is read
+  const std::unique_ptr<float[]> weights(new float[per_tile * Q * T]);
+  std::vector<int64_t> counts(Q);
+  std::vector<float> totals(per_tile * Q);
+  std::vector<int64_t> at(per_tile * Q);  // each (head, row)'s position in its key list
+  std::vector<float> kwide, vwide;  // bfloat16: the task's kv head's keys and values, widened
+  for (int64_t t = t0; t < t1; ++t) {
+    const int64_t kvh = t / tiles, h0 = kvh * group + t % tiles * per_tile;
+    const int64_t h1 = std::min(h0 + per_tile, (kvh + 1) * group);
+    for (int64_t i = 0; i < Q; ++i) {  // the rows' visible keys, shared by the heads
+      int64_t n = 0;
+      for (int64_t j = 0; j < T; ++j)
+        if (mp ? mp[i * T + j] : j <= T - Q + i) keys[i * T + n++] = j;
+      counts[i] = n;
+    }
+    const float* kh = bf16 ? widen(kb + kvh * ks1, ks2, T, D, kwide) : kp + kvh * ks1;
+    const float* vh = bf16 ? widen(vb + kvh * vs1, vs2, T, D, vwide) : vp + kvh * vs1;
+    const int64_t kstep = bf16 ? D : ks2, vstep = bf16 ? D : vs2;  // floats from one key (value) to the next
+    // walks the cache chunk by chunk: visit(rows, hs, is, starts, count) for each run of (head,
+    // row) pairs (hs[r], is[r]), r < rows, with the same visible keys of the chunk (a dense range:
+    // a chain's rows see the same prefix, and every head of the task the same keys as its rows),
+    // pair r's keys being keys[is[r] * T + starts[r] ..) (count of them, in order); a row with
+    // other keys (a tree's) comes alone. A run spans heads: one row's heads share their loads of
+    // the keys as a chain's rows do. (h - h0) * Q + i indexes (head, row) in the task. Each pair
+    // still takes its keys in cache order, chunk after chunk, so its arithmetic is unchanged.
+    // `stream`: the keys (or values) the visits read, `step` floats apart: the next chunk's are
+    // prefetched while this one's are used (a packed pass's sequences each read a cache of their
+    // own, from memory, and the hardware prefetcher alone left a core waiting on them).
+    auto by_chunk = [&](const float* stream, int64_t step, auto&& visit) {
+      std::fill(at.begin(), at.end(), 0);
+      for (int64_t j0 = 0; j0 < T; j0 += chunk) {
+#ifdef LEAPDECODE_X86
+        for (int64_t j = j0 + chunk; j < std::min(T, j0 + 2 * chunk); ++j)
+          for (int64_t d = 0; d < D; d += 16) _mm_prefetch(reinterpret_cast<const char*>(stream + j * step + d), _MM_HINT_T0);
+#else
+        (void)stream, (void)step;
+#endif
+        int64_t hs[kSharedRows], is[kSharedRows], starts[kSharedRows];
+        int rows = 0;
+        int64_t lo = -1, len = 0;  // the run's dense range [lo, lo + len), or lo = -1: none
+        for (int64_t h = h0; h < h1; ++h)
+          for (int64_t i = 0; i < Q; ++i) {
+            const int64_t c = (h - h0) * Q + i, start = at[c];
+            const int64_t* row = keys.get() + i * T;  // sorted: the chunk's keys end where j0 + chunk would go
+            const int64_t end = std::lower_bound(row + start, row + counts[i], j0 + chunk) - row;
+            at[c] = end;
+            if (end == start) continue;
+            const bool dense = row[end - 1] - row[start] == end - start - 1;
+            if (rows > 0 && (!dense || row[start] != lo || end - start != len || rows == kSharedRows)) {
+              visit(rows, hs, is, starts, len);
+              rows = 0;
             }
-            if (rows > 0) visit(rows, is, starts, h, len);
+            if (!dense) {
+              const int64_t h1s[1] = {h}, i1s[1] = {i}, s1s[1] = {start};
+              visit(1, h1s, i1s, s1s, end - start);
+              continue;
+            }
+            lo = row[start], len = end - start;
+            hs[rows] = h, is[rows] = i, starts[rows] = start;
+            ++rows;
           }
-      };
-      // (head h, row i)'s scores, then weights, from its key list's position `start`
-      auto weights_at = [&](int64_t h, int64_t i, int64_t start) { return weights.get() + ((h - h0) * Q + i) * T + start; };
-      // 1. scores
-      by_chunk([&](int rows, const int64_t* is, const int64_t* starts, int64_t h, int64_t count) {
-        const int64_t* first = keys.get() + is[0] * T + starts[0];
-        if (scores_rows) {  // one row too: its 512-bit path gives the same bits
-          const float* qs[kSharedRows];
-          float* outs[kSharedRows];
-          for (int r = 0; r < rows; ++r) {
-            qs[r] = qp + (h * Q + is[r]) * D;
-            outs[r] = weights_at(h, is[r], starts[r]);
-          }
-          return scores_rows(rows, qs, kh, kstep, first, count, D, sc, outs);
+        if (rows > 0) visit(rows, hs, is, starts, len);
+      }
+    };
+    // (head h, row i)'s scores, then weights, from its key list's position `start`
+    auto weights_at = [&](int64_t h, int64_t i, int64_t start) { return weights.get() + ((h - h0) * Q + i) * T + start; };
+    // 1. scores
+    by_chunk(kh, kstep, [&](int rows, const int64_t* hs, const int64_t* is, const int64_t* starts, int64_t count) {
+      const int64_t* first = keys.get() + is[0] * T + starts[0];
+      if (scores_rows) {  // one pair too: its 512-bit path gives the same bits
+        const float* qs[kSharedRows];
+        float* outs[kSharedRows];
+        for (int r = 0; r < rows; ++r) {
+          qs[r] = qp + (hs[r] * Q + is[r]) * D;
+          outs[r] = weights_at(hs[r], is[r], starts[r]);
         }
-        for (int r = 0; r < rows; ++r)
-          scores(qp + (h * Q + is[r]) * D, kh, kstep, keys.get() + is[r] * T + starts[r], count, D, sc,
-                 weights_at(h, is[r], starts[r]));
-      });
-      // 2. each (head, row)'s softmax weights
-      for (int64_t h = h0; h < h1; ++h)
-        for (int64_t i = 0; i < Q; ++i) {
-          const int64_t c = (h - h0) * Q + i;
-          float* w = weights.get() + c * T;
-          totals[c] = counts[i] ? softmax(w, counts[i], *std::max_element(w, w + counts[i])) : 0.f;
+        return scores_rows(rows, qs, kh, kstep, first, count, D, sc, outs);
+      }
+      for (int r = 0; r < rows; ++r)
+        scores(qp + (hs[r] * Q + is[r]) * D, kh, kstep, keys.get() + is[r] * T + starts[r], count, D, sc,
+               weights_at(hs[r], is[r], starts[r]));
+    });
+    // 2. each (head, row)'s softmax weights
+    for (int64_t h = h0; h < h1; ++h)
+      for (int64_t i = 0; i < Q; ++i) {
+        const int64_t c = (h - h0) * Q + i;
+        float* w = weights.get() + c * T;
+        totals[c] = counts[i] ? softmax(w, counts[i], *std::max_element(w, w + counts[i])) : 0.f;
+      }
+    // 3. the weighted values, into the zeroed output
+    by_chunk(vh, vstep, [&](int rows, const int64_t* hs, const int64_t* is, const int64_t* starts, int64_t count) {
+      if (mix_rows) {
+        float* outs[kSharedRows];
+        const float* es[kSharedRows];
+        for (int r = 0; r < rows; ++r) {
+          outs[r] = op + (is[r] * H + hs[r]) * D;
+          es[r] = weights_at(hs[r], is[r], starts[r]);
         }
-      // 3. the weighted values, into the zeroed output
-      by_chunk([&](int rows, const int64_t* is, const int64_t* starts, int64_t h, int64_t count) {
-        if (mix_rows) {
-          float* outs[kSharedRows];
-          const float* es[kSharedRows];
-          for (int r = 0; r < rows; ++r) {
-            outs[r] = op + (is[r] * H + h) * D;
-            es[r] = weights_at(h, is[r], starts[r]);
-          }
-          return mix_rows(rows, outs, es, vh, vstep, keys.get() + is[0] * T + starts[0], count, D);
-        }
-        for (int r = 0; r < rows; ++r)
-          mix(op + (is[r] * H + h) * D, weights_at(h, is[r], starts[r]), vh, vstep,
-              keys.get() + is[r] * T + starts[r], count, D);
-      });
-      // 4. normalise (a row that sees nothing stays zero: never in a decode pass)
-      for (int64_t h = h0; h < h1; ++h)
-        for (int64_t i = 0; i < Q; ++i) {
-          const int64_t c = (h - h0) * Q + i;
-          if (!counts[i]) continue;
-          float* orow = op + (i * H + h) * D;
-          const float inv = 1.f / totals[c];
-          for (int64_t d = 0; d < D; ++d) orow[d] *= inv;
-        }
+        return mix_rows(rows, outs, es, vh, vstep, keys.get() + is[0] * T + starts[0], count, D);
+      }
+      for (int r = 0; r < rows; ++r)
+        mix(op + (is[r] * H + hs[r]) * D, weights_at(hs[r], is[r], starts[r]), vh, vstep,
+            keys.get() + is[r] * T + starts[r], count, D);
+    });
+    // 4. normalise (a row that sees nothing stays zero: never in a decode pass)
+    for (int64_t h = h0; h < h1; ++h)
+      for (int64_t i = 0; i < Q; ++i) {
+        const int64_t c = (h - h0) * Q + i;
+        if (!counts[i]) continue;
+        float* orow = op + (i * H + h) * D;
+        const float inv = 1.f / totals[c];
+        for (int64_t d = 0; d < D; ++d) orow[d] *= inv;
+      }
+  }
+}
+
+}  // namespace
+
+// query [1, H, Q, D]; key, value [1, Hkv, T, D] (any strides but the last, e.g. views of a longer
+// cache); visible [Q, T] bool, or None: causal, the queries being the last Q positions. Returns
+// [1, Q, H, D]: softmax(scale * q.k) over each row's visible keys, times their values.
+torch::Tensor row_exact_attention(const torch::Tensor& query, const torch::Tensor& key, const torch::Tensor& value,
+                                  const std::optional<torch::Tensor>& visible, double scale, bool portable) {
+  const Attention a = prepare(query, key, value, visible, scale, portable);
+  at::parallel_for(0, a.tasks(), 1, [&](int64_t t0, int64_t t1) { attend_tasks(a, t0, t1); });
+  return a.bf16 ? a.out.to(torch::kBFloat16) : a.out;
+}
+
+// `row_exact_attention` of several sequences' queries, each over its own keys and values, in one
+// parallel region (a packed pass's attention in a layer: one fork of the threads, not one a
+// sequence). Each output is the one its own call gives, bitwise: the same tasks, split otherwise.
+std::vector<torch::Tensor> row_exact_attentions(const std::vector<torch::Tensor>& queries, const std::vector<torch::Tensor>& keys,
+                                                const std::vector<torch::Tensor>& values,
+                                                const std::vector<std::optional<torch::Tensor>>& visible, double scale, bool portable) {
+  const size_t S = queries.size();
+  TORCH_CHECK(keys.size() == S && values.size() == S && visible.size() == S,
+              "row_exact_attentions: a key, a value and a mask (or None) per query expected");
+  std::vector<Attention> calls;
+  std::vector<int64_t> first{0};  // each call's first task
+  calls.reserve(S);
+  for (size_t s = 0; s < S; ++s) {
+    calls.push_back(prepare(queries[s], keys[s], values[s], visible[s], scale, portable));
+    first.push_back(first.back() + calls.back().tasks());
+  }
+  at::parallel_for(0, first.back(), 1, [&](int64_t t0, int64_t t1) {
+    for (size_t s = 0; s < S; ++s) {
+      const int64_t lo = std::max(t0, first[s]), hi = std::min(t1, first[s + 1]);
+      if (lo < hi) attend_tasks(calls[s], lo - first[s], hi - first[s]);
     }
   });
-  return bf16 ? out.to(torch::kBFloat16) : out;
+  std::vector<torch::Tensor> outs;
+  for (const Attention& a : calls) outs.push_back(a.bf16 ? a.out.to(torch::kBFloat16) : a.out);
+  return outs;
 }
 
 namespace {
@@ -790,6 +877,7 @@ static bool fast_path_available() { return has_avx2_fma(); }
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("row_exact_linear", &row_exact_linear, "row-exact linear (float32, or bfloat16 through AVX512-BF16)");
   m.def("row_exact_attention", &row_exact_attention, "attention, each query row over its visible keys, rows bit-exact");
+  m.def("row_exact_attentions", &row_exact_attentions, "row_exact_attention of several sequences in one parallel region");
   m.def("rms_norm", &rms_norm, "RMS norm, rows independent");
   m.def("bf16_path_available", &has_avx512_bf16, "whether the AVX512-BF16 path of the bfloat16 linear runs on this CPU");
   m.def("fast_path_available", &fast_path_available, "whether the AVX2/FMA path runs on this CPU");
