@@ -46,8 +46,10 @@ def shapes(lm) -> None:
         new = rand(24)
         cases = {
             "8 sequences x 1 row": [BatchItem(s, new[:1]) for s in seqs[:8]],
-            "8 x 1 + a 8-token prompt chunk": [BatchItem(s, new[:1]) for s in seqs[:8]] + [BatchItem(seqs[8], new[:8], last_only=True)],
-            "8 x 1 + a 24-token prompt chunk": [BatchItem(s, new[:1]) for s in seqs[:8]] + [BatchItem(seqs[8], new[:24], last_only=True)],
+            "8 x 1 + a 8-token prompt chunk": [BatchItem(s, new[:1]) for s in seqs[:8]]
+            + [BatchItem(seqs[8], new[:8], last_only=True)],
+            "8 x 1 + a 24-token prompt chunk": [BatchItem(s, new[:1]) for s in seqs[:8]]
+            + [BatchItem(seqs[8], new[:24], last_only=True)],
             "4 sequences x 3 rows": [BatchItem(s, new[:3]) for s in seqs[:4]],
         }
         times: dict[tuple[str, bool], list[float]] = {}
@@ -71,7 +73,10 @@ def shapes(lm) -> None:
 def load(lm) -> None:
     """`bench --concurrency`'s closed loop at CLIENTS clients, alternating the two paths."""
     plain = Decoder(lm, "ar")
-    prompts = [encode_turns(lm, p, lambda ids: plain.generate(ids, max_new_tokens=96).token_ids) for p in load_dataset(DATASET, 4)]
+    prompts = [
+        encode_turns(lm, p, lambda ids: plain.generate(ids, max_new_tokens=96).token_ids)
+        for p in load_dataset(DATASET, 4)
+    ]
     reference = [plain.generate(p, max_new_tokens=96).token_ids for p in prompts]
     decoder = plain if METHOD == "ar" else Decoder(lm, METHOD)
     decoder.generate(prompts[0], max_new_tokens=8)
@@ -85,7 +90,8 @@ def load(lm) -> None:
             result = run_concurrent(decoder, cost, prompts, 96, CLIENTS, reference, 128)
             rates.append(result.new_tokens / result.wall_s)
             assert result.identical == len(prompts)
-        print(f"| {round_ + 1} | {rates[0]:.1f} | {rates[1]:.1f} | {rates[1] / rates[0]:.2f} | {len(prompts)}/{len(prompts)} |")
+        same = f"{len(prompts)}/{len(prompts)}"
+        print(f"| {round_ + 1} | {rates[0]:.1f} | {rates[1]:.1f} | {rates[1] / rates[0]:.2f} | {same} |")
 
 
 if __name__ == "__main__":
