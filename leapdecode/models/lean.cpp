@@ -20,8 +20,6 @@ torch::Tensor quantized_linears(const torch::Tensor& x_in, const std::vector<tor
                                 const std::vector<int64_t>& super, const std::vector<int64_t>& N,
                                 const std::vector<std::optional<torch::Tensor>>& bias, int64_t isa);
 torch::Tensor rms_norm(const torch::Tensor& x_in, const torch::Tensor& weight, double eps, bool portable);
-torch::Tensor row_exact_attention(const torch::Tensor& query, const torch::Tensor& key, const torch::Tensor& value,
-                                  const std::optional<torch::Tensor>& visible, double scale, bool portable);
 std::vector<torch::Tensor> row_exact_attentions(const std::vector<torch::Tensor>& queries, const std::vector<torch::Tensor>& keys,
                                                 const std::vector<torch::Tensor>& values,
                                                 const std::vector<std::optional<torch::Tensor>>& visible, double scale, bool portable);
@@ -133,21 +131,15 @@ torch::Tensor lean_layers(const torch::Tensor& x_in, const std::vector<torch::Te
       }
     }
     // each sequence's rows over its own keys, as a pass of its own attends (one parallel region)
-    torch::Tensor seen;  // [N, H * D]
-    if (S == 1) {
-      seen = row_exact_attention(q.transpose(1, 2), keys[l].narrow(2, 0, lengths[0] + N), values[l].narrow(2, 0, lengths[0] + N),
-                                 visible[0], scale, false)
-                 .reshape({N, H * D});
-    } else {
-      std::vector<torch::Tensor> qs, ks, vs;
-      for (int64_t s = 0; s < S; ++s) {
-        const int64_t end = lengths[s] + counts[s];
-        qs.push_back(q.narrow(1, first[s], counts[s]).transpose(1, 2));  // [1, H, n, D]
-        ks.push_back(keys[l * S + s].narrow(2, 0, end));
-        vs.push_back(values[l * S + s].narrow(2, 0, end));
-      }
-      seen = torch::cat(row_exact_attentions(qs, ks, vs, visible, scale, false), 1).reshape({N, H * D});
+    std::vector<torch::Tensor> qs, ks, vs;
+    for (int64_t s = 0; s < S; ++s) {
+      const int64_t end = lengths[s] + counts[s];
+      qs.push_back(q.narrow(1, first[s], counts[s]).transpose(1, 2));  // [1, H, n, D]
+      ks.push_back(keys[l * S + s].narrow(2, 0, end));
+      vs.push_back(values[l * S + s].narrow(2, 0, end));
     }
+    const std::vector<torch::Tensor> outs = row_exact_attentions(qs, ks, vs, visible, scale, false);  // each [1, n, H, D]
+    const torch::Tensor seen = (S == 1 ? outs[0] : torch::cat(outs, 1)).reshape({N, H * D});
     x.add_(quantized_linear(seen, w[4], B[3], Sp[3] != 0, Ns[3], bias_of(b[3]), isa));
     // 2. the MLP: norm, gate and up, SiLU(gate) * up, down
     const torch::Tensor gate_up = products(rms_norm(x, w[5], eps, false), w + 6, b + 4, Ns + 4, B + 4, Sp + 4, 2, isa);
