@@ -28,6 +28,7 @@ from leapdecode.engine import (
 )
 from leapdecode.engine.loop import SequenceRun
 from leapdecode.engine.noise import PositionNoise
+from leapdecode.engine.prefix_cache import PrefixCache
 from leapdecode.engine.scheduler import decode_run
 from leapdecode.errors import InputError
 from leapdecode.methods import Method, parse_method
@@ -146,12 +147,18 @@ class Decoder:
         draft_model: LoadedModel | None = None,
         log: Callable[[str], None] | None = None,
         cost: ForwardCost | None = None,
+        prefix_cache_tokens: int = 0,
     ) -> None:
         """`draft_model` gives an already loaded draft model to `draft` (instead of its model=NAME);
         `cost` a forward-cost curve already measured for this model (cost-aware methods measure
         one otherwise). Progress (loading a draft model, measuring forward cost) goes to `log`, by
         default the `leapdecode` logger; never to standard output. No `method`: the model's
-        fastest lossless path (`methods.defaults`), said in the log."""
+        fastest lossless path (`methods.defaults`), said in the log. `prefix_cache_tokens`: keep
+        up to that many tokens of finished generations' KV caches, so that a prompt that begins
+        as an earlier prompt and its answer did (a chat's next turn) prefills only the rest, on a
+        row-exact model (`engine.prefix_cache`; the same output); 0: none."""
+        if prefix_cache_tokens < 0:
+            raise InputError(f"prefix_cache_tokens must be >= 0 (0: no prefix cache), got {prefix_cache_tokens}")
         self.lm = lm
         if method is None:
             choice = default_method(lm)
@@ -161,6 +168,7 @@ class Decoder:
         if self.method.peer:
             raise InputError(f"{self.method.name!r} is a benchmark peer (Hugging Face generate), not an engine method")
         self.backend = self.method.make_backend(lm)
+        self.prefix_cache = PrefixCache(prefix_cache_tokens) if prefix_cache_tokens else None
         self._new_drafter = self.method.prepare(
             lm,
             draft_model=draft_model,
@@ -263,7 +271,7 @@ class Decoder:
 
     def _run(self, run: SequenceRun) -> Iterator[Step]:
         with torch.inference_mode():
-            yield from decode_run(self.backend, run)
+            yield from decode_run(self.backend, run, self.prefix_cache)
 
     def generate(self, prompt: Prompt, **options: Unpack[GenerationOptions]) -> GenerationResult:
         """Generate a completion: `stream`, collected. See `stream` for the options."""

@@ -94,6 +94,24 @@ def test_stop_strings_end_generation_and_are_cut_from_the_text(real_lm) -> None:
         assert len(result.token_ids) < len(full.token_ids)
 
 
+@pytest.mark.parametrize("method", ["anpd", "suffix"])
+def test_a_chat_with_a_prefix_cache_equals_each_turn_decoded_afresh(real_lm, method) -> None:
+    from leapdecode import Decoder
+
+    decoder = Decoder(real_lm, method, prefix_cache_tokens=2048)
+    messages: list[dict[str, str]] = []
+    saved = 0
+    for turn, (text, stop) in enumerate([(CHAT_PROMPTS[2], [","]), (CHAT_PROMPTS[3], []), (CHAT_PROMPTS[0], [])]):
+        messages.append({"role": "user", "content": text})
+        result = decoder.generate(messages, max_new_tokens=24, stop=stop)
+        fresh = wrap(real_lm, method).generate(messages, max_new_tokens=24, stop=stop)
+        assert result.token_ids == fresh.token_ids and result.text == fresh.text, turn
+        messages.append({"role": "assistant", "content": result.text})
+        assert decoder.prefix_cache.hit_tokens > saved or turn == 0  # each later turn starts from the last
+        saved = decoder.prefix_cache.hit_tokens
+    assert decoder.prefix_cache.hits == 2
+
+
 def test_chat_messages_list_and_token_ids_are_accepted(real_lm) -> None:
     messages = [{"role": "user", "content": CHAT_PROMPTS[0]}]
     by_messages = wrap(real_lm, "anpd").generate(messages, max_new_tokens=16)

@@ -126,6 +126,36 @@ def test_logprobs_are_the_library_ones_in_both_apis_streamed_or_not(client, real
     assert plain.choices[0].logprobs is None and plain.choices[0].message.content == whole.choices[0].message.content
 
 
+def test_a_chats_next_turn_starts_from_the_kept_cache_and_equals_the_library(server, client, real_lm) -> None:
+    first = [
+        {"role": "system", "content": "You answer in one short line."},
+        {"role": "user", "content": "Name a prime number."},
+    ]
+    answer = client.chat.completions.create(model=MODEL, messages=first, max_tokens=16, temperature=0)
+    second = [
+        *first,
+        {"role": "assistant", "content": answer.choices[0].message.content},
+        {"role": "user", "content": "And one more?"},
+    ]
+    expected = wrap(real_lm, "anpd").generate(second, max_new_tokens=16)
+    resp = client.chat.completions.create(model=MODEL, messages=second, max_tokens=16, temperature=0)
+    cached = resp.usage.prompt_tokens_details.cached_tokens
+    assert answer.usage.prompt_tokens <= cached < resp.usage.prompt_tokens == len(expected.prompt_ids)
+    assert resp.choices[0].message.content == expected.text
+    streamed = client.chat.completions.create(
+        model=MODEL, messages=second, max_tokens=16, temperature=0, stream=True, stream_options={"include_usage": True}
+    )
+    chunks = list(streamed)
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == expected.text
+    assert chunks[-1].usage.prompt_tokens_details.cached_tokens == resp.usage.prompt_tokens - 1  # all but the last
+    counted = [
+        float(line.split()[-1])
+        for line in httpx.get(server[0] + "/metrics").text.splitlines()
+        if line.startswith("leapdecode_cached_prompt_tokens_total")
+    ]
+    assert counted and counted[0] >= cached + resp.usage.prompt_tokens - 1
+
+
 def test_chat_streaming_and_not_agree_with_the_library(client, real_lm) -> None:
     messages = [{"role": "user", "content": "Name three colours."}]
     expected = wrap(real_lm, "anpd").generate(messages, max_new_tokens=40)

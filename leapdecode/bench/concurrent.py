@@ -23,6 +23,7 @@ import torch
 from leapdecode.api import Decoder
 from leapdecode.bench.concurrent_result import SOLO, ConcurrentResult
 from leapdecode.engine.cost import ForwardCost, measure_batch_cost
+from leapdecode.engine.prefix_cache import PrefixCache
 from leapdecode.engine.scheduler import BatchScheduler
 from leapdecode.engine.submission import Submission
 from leapdecode.errors import MethodError
@@ -64,9 +65,14 @@ def run_concurrent(
     concurrency: int,
     reference: Sequence[list[int]],
     max_rows: int,
+    prefix_cache_tokens: int = 0,
 ) -> ConcurrentResult:
-    """`concurrency` closed-loop clients over `prompts` on one `BatchScheduler`."""
-    scheduler = BatchScheduler(decoder.backend, cost, max_batch=concurrency, max_rows=max_rows)
+    """`concurrency` closed-loop clients over `prompts` on one `BatchScheduler` (with a prefix
+    cache of `prefix_cache_tokens` tokens, none at 0)."""
+    prefix_cache = PrefixCache(prefix_cache_tokens) if prefix_cache_tokens else None
+    scheduler = BatchScheduler(
+        decoder.backend, cost, max_batch=concurrency, max_rows=max_rows, prefix_cache=prefix_cache
+    )
     result = ConcurrentResult(str(decoder.method), str(concurrency), len(prompts), 0, 0.0)
     outputs: dict[int, list[int]] = {}
     sent: dict[int, float] = {}
@@ -116,10 +122,13 @@ def run_concurrency_bench(
     *,
     max_rows: int = 128,
     gguf: Path | None = None,
+    prefix_cache_tokens: int = 0,
     log: Callable[[str], None],
 ) -> list[ConcurrentResult]:
     """Every method solo and at every concurrency; plain decoding alone (`ar` solo, first) gives
-    the reference outputs. `llama-server` (a peer) runs on `gguf`, the same threads, the same load."""
+    the reference outputs. `llama-server` (a peer) runs on `gguf`, the same threads, the same load.
+    `prefix_cache_tokens`: the shared passes keep finished requests' caches for prompts that begin
+    the same way (`llama-server` then caches prompts too); 0: every prompt prefilled whole."""
     plain = Decoder(lm, "ar")
     plain.generate(prompts[0], max_new_tokens=8)  # warm the kernels
     log(f"ar: one at a time (the reference), {len(prompts)} prompts")
@@ -130,7 +139,11 @@ def run_concurrency_bench(
     for method in methods:
         parsed = parse_method(method)
         if isinstance(parsed, LlamaCppServer):
-            results.extend(_server_rows(gguf, prompts, max_new_tokens, concurrencies, reference.outputs, log))
+            results.extend(
+                _server_rows(
+                    gguf, prompts, max_new_tokens, concurrencies, reference.outputs, log, prefix_cache_tokens > 0
+                )
+            )
             continue
         decoder = plain if str(parsed) == str(plain.method) else Decoder(lm, parsed)
         if decoder is plain:
@@ -142,7 +155,16 @@ def run_concurrency_bench(
         for concurrency in concurrencies:
             log(f"{method}: {concurrency} at once")
             results.append(
-                run_concurrent(decoder, cost, prompts, max_new_tokens, concurrency, reference.outputs, max_rows)
+                run_concurrent(
+                    decoder,
+                    cost,
+                    prompts,
+                    max_new_tokens,
+                    concurrency,
+                    reference.outputs,
+                    max_rows,
+                    prefix_cache_tokens,
+                )
             )
     return results
 
@@ -154,6 +176,7 @@ def _server_rows(
     concurrencies: Sequence[int],
     reference: Sequence[list[int]],
     log: Callable[[str], None],
+    cache_prompt: bool = False,
 ) -> list[ConcurrentResult]:
     """`llama-server` one request at a time (one slot), then with a slot per client at each concurrency."""
     from leapdecode.bench.llamacpp_server import LABEL, run_llama_server
@@ -162,14 +185,16 @@ def _server_rows(
         raise MethodError(f"{LABEL} needs the model's GGUF file (a preset or a .gguf path)")
     threads = torch.get_num_threads()
     log(f"{LABEL}: one at a time")
-    solo = run_llama_server(gguf, prompts, max_new_tokens, 1, reference, threads, solo=True)
+    solo = run_llama_server(gguf, prompts, max_new_tokens, 1, reference, threads, solo=True, cache_prompt=cache_prompt)
     rows = [solo]
     for concurrency in concurrencies:
         if concurrency == 1:  # one client on one slot is one request at a time: the same run
             rows.append(dataclasses.replace(solo, concurrency="1"))
             continue
         log(f"{LABEL}: {concurrency} at once")
-        rows.append(run_llama_server(gguf, prompts, max_new_tokens, concurrency, reference, threads))
+        rows.append(
+            run_llama_server(gguf, prompts, max_new_tokens, concurrency, reference, threads, cache_prompt=cache_prompt)
+        )
     return rows
 
 

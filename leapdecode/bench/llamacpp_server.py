@@ -105,14 +105,15 @@ class LlamaServer:
                 self.process.wait()
         self.log.close()
 
-    def complete(self, prompt_ids: list[int], max_new_tokens: int) -> dict[str, Any]:
-        """One greedy completion of the prompt's token ids: the server's JSON answer."""
+    def complete(self, prompt_ids: list[int], max_new_tokens: int, cache_prompt: bool = False) -> dict[str, Any]:
+        """One greedy completion of the prompt's token ids: the server's JSON answer (`cache_prompt`:
+        a slot reuses what its cache shares with the prompt)."""
         body = {
             "prompt": prompt_ids,
             "n_predict": max_new_tokens,
             "temperature": 0.0,
             "top_k": 1,
-            "cache_prompt": False,
+            "cache_prompt": cache_prompt,
             "return_tokens": True,
             "stream": False,
         }
@@ -134,9 +135,11 @@ def run_llama_server(
     reference: Sequence[list[int]],
     threads: int,
     solo: bool = False,
+    cache_prompt: bool = False,
 ) -> ConcurrentResult:
     """`concurrency` closed-loop clients over `prompts` on a `llama-server` with that many slots
-    (`solo`: one slot, one request at a time, labelled as the engine's one-at-a-time row)."""
+    (`solo`: one slot, one request at a time, labelled as the engine's one-at-a-time row;
+    `cache_prompt`: its slots reuse cached prompt prefixes, as the engine's prefix cache does)."""
     context = max(len(p) for p in prompts) + max_new_tokens + 16
     result = ConcurrentResult(LABEL, SOLO if solo else str(concurrency), len(prompts), 0, 0.0, peer=True)
     outputs: dict[int, list[int]] = {}
@@ -154,7 +157,7 @@ def run_llama_server(
                     i = queue.pop(0)
                 began = time.perf_counter()
                 try:
-                    answer = server.complete(prompts[i], max_new_tokens)
+                    answer = server.complete(prompts[i], max_new_tokens, cache_prompt)
                     tokens = [int(t) for t in answer["tokens"]][:max_new_tokens]
                     prompt_s = float(answer["timings"]["prompt_ms"]) / 1000
                 except Exception as exc:  # noqa: BLE001 - any failure of a request fails the run, reported below

@@ -102,6 +102,16 @@ def bench(
     max_pass_rows: Annotated[
         int, typer.Option("--max-pass-rows", help="With --concurrency: tokens one shared pass may score.")
     ] = 128,
+    prefix_cache_tokens: Annotated[
+        int,
+        typer.Option(
+            "--prefix-cache-tokens",
+            help=(
+                "With --concurrency: tokens of finished requests' caches the shared passes keep for prompts that "
+                "begin the same way, as `serve` does (llama-server then caches prompts too); 0: off."
+            ),
+        ),
+    ] = 0,
 ) -> None:
     """Run methods and peers side by side (interleaved, one run) and write tables and plots.
     `--backend`, `--dtype` and `--quantize` say what runs the model (and `ar`, the baseline); a
@@ -139,6 +149,8 @@ def bench(
             "--concurrency runs engine methods on the loaded model and llama-server: leave out other peers and "
             "@variants (e.g. --methods ar,anpd,llama-server)"
         )
+    if prefix_cache_tokens < 0 or (prefix_cache_tokens and clients is None):
+        raise InputError("--prefix-cache-tokens takes a count >= 0, with --concurrency")
     if clients is None and serves:
         raise InputError("llama-server is a throughput peer: run it with --concurrency (e.g. --concurrency 1,4)")
     loaded = {
@@ -155,6 +167,7 @@ def bench(
             max_pass_rows,
             out,
             gguf,
+            prefix_cache_tokens,
             run_meta(loaded[own].name, dataset, limit, max_new_tokens, n_threads, len(prompts), loaded[own].describe),
         )
         return
@@ -218,6 +231,7 @@ def bench_concurrency(
     max_pass_rows: int,
     out: Path,
     gguf: Path | None,
+    prefix_cache_tokens: int,
     meta: dict[str, object],
 ) -> None:
     """`bench --concurrency`: every method one at a time and with each number of clients at once."""
@@ -230,8 +244,17 @@ def bench_concurrency(
         encode_turns(lm, p, lambda ids: plain.generate(ids, max_new_tokens=max_new_tokens).token_ids) for p in prompts
     ]
     results = run_concurrency_bench(
-        lm, methods, ids, max_new_tokens, clients, max_rows=max_pass_rows, gguf=gguf, log=err_console.log
+        lm,
+        methods,
+        ids,
+        max_new_tokens,
+        clients,
+        max_rows=max_pass_rows,
+        gguf=gguf,
+        prefix_cache_tokens=prefix_cache_tokens,
+        log=err_console.log,
     )
+    meta = {**meta, "prefix cache tokens": prefix_cache_tokens}
     out.mkdir(parents=True, exist_ok=True)
     table = concurrency_table(results)
     lines = [f"- {key}: {value}" for key, value in meta.items()]

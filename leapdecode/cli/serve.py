@@ -92,6 +92,16 @@ def serve(
             help="Tokens one shared pass may score: pending, drafted and prompt tokens (at most 256).",
         ),
     ] = 128,
+    prefix_cache_tokens: Annotated[
+        int,
+        typer.Option(
+            "--prefix-cache-tokens",
+            help=(
+                "Tokens of finished requests' KV caches kept for requests that begin the same way (a chat's "
+                "history, a system prompt), which then prefill only the rest; 0: off."
+            ),
+        ),
+    ] = 8192,
 ) -> None:
     """Serve the model over an OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions)."""
     import uvicorn
@@ -112,6 +122,8 @@ def serve(
         )
     if (max_batch is not None and max_batch < 1) or not (max_batch or 1) <= max_pass_rows <= 256:
         raise typer.BadParameter("--max-batch must be >= 1, and --max-pass-rows from --max-batch to 256")
+    if prefix_cache_tokens < 0:
+        raise typer.BadParameter("--prefix-cache-tokens must be >= 0 (0: no prefix cache)")
     if not is_loopback(host) and not api_key:
         err_console.print(f"[yellow]warning:[/] serving on {host}, reachable from other machines, with no --api-key")
     set_threads(threads)
@@ -130,6 +142,7 @@ def serve(
         max_connections=max_connections,
         max_batch=max_batch,
         max_pass_rows=max_pass_rows,
+        prefix_cache_tokens=prefix_cache_tokens,
     )
     console.print(f"serving [bold]{config.model_name}[/] with [bold]{method}[/] on http://{host}:{port}/v1")
     uvicorn.run(

@@ -275,16 +275,26 @@ class TorchBackend:
         return out.logits[0], _chosen_states(out, features)
 
     @torch.inference_mode()
-    def prefill(self, prompt_ids: list[int], *, features: tuple[int, ...] = ()) -> tuple[CacheState, Scores]:
+    def prefill(
+        self, prompt_ids: list[int], *, features: tuple[int, ...] = (), cached: CacheState | None = None
+    ) -> tuple[CacheState, Scores]:
+        """`cached`: a cache that holds the prompt's first tokens already (a kept prefix,
+        `engine.prefix_cache`, on a row-exact model): only the rest is scored, into it."""
+        if cached is not None and (features or not 0 < cached.length < len(prompt_ids)):
+            raise ValueError(
+                f"a cached prefix of {cached.length} tokens must leave some of the {len(prompt_ids)} prompt tokens "
+                f"to score, with no states asked for"
+            )
         # Every layer keeps every position, sliding-window layers too (their window is applied by
         # the attention mask, by the model for chains and by `AttentionLayout` for trees): a
         # window-sized cache drops entries that rollback and tree compaction must keep, as Hugging
         # Face's assisted generation also finds.
-        seq = CacheState(cache=new_growing_cache(), length=0)
+        seq = cached if cached is not None else CacheState(cache=new_growing_cache(), length=0)
         # A row-exact model takes the prompt in chunks its kernels score row by row, so a prefill
         # cut anywhere else (a shared pass's chunk, `engine.scheduler`) gives the same bits.
-        size = self.prefill_chunk or max(1, len(prompt_ids))
-        chunks = [prompt_ids[i : i + size] for i in range(0, len(prompt_ids), size)] or [prompt_ids]
+        rest = prompt_ids[seq.length :]
+        size = self.prefill_chunk or max(1, len(rest))
+        chunks = [rest[i : i + size] for i in range(0, len(rest), size)] or [rest]
         # Only the last position's logits are needed: skips a [prompt, vocab] matmul.
         scored = [self._run(seq, chunk, logits_to_keep=1, features=features) for chunk in chunks]
         if len(scored) == 1:
@@ -363,13 +373,33 @@ class TorchBackend:
         return CacheState(cache=new_growing_cache(), length=0)
 
     @torch.inference_mode()
-    def fork(self, seq: CacheState) -> CacheState:
-        """A copy of `seq` with a cache of its own: requests with the same prompt (`n` > 1
-        siblings) share one prefill and then decode apart."""
+    def fork(self, seq: CacheState, length: int | None = None) -> CacheState:
+        """A copy of `seq`'s first `length` tokens (None: all) with a cache of its own: requests
+        with the same prompt (`n` > 1 siblings) share one prefill and then decode apart, and a
+        request starts from a kept sequence's prefix (`engine.prefix_cache`)."""
+        length = seq.length if length is None else length
+        if not 1 <= length <= seq.length:
+            raise ValueError(f"cannot copy {length} tokens of a cache of {seq.length}")
         copy = new_growing_cache()
         for index, layer in enumerate(seq.cache.layers):
-            copy.update(layer.keys, layer.values, index)  # a `GrowingLayer` copies into fresh buffers
-        return CacheState(cache=copy, length=seq.length)
+            # a `GrowingLayer` copies into fresh buffers
+            copy.update(layer.keys[..., :length, :], layer.values[..., :length, :], index)  # [1, kv_heads, length, dim]
+        return CacheState(cache=copy, length=length)
+
+
+@torch.inference_mode()
+def snapshot_cache(seq: CacheState, length: int) -> CacheState:
+    """An exact-size copy of `seq`'s first `length` tokens, to keep (`engine.prefix_cache`): a
+    kept cache never grows (requests start from copies of it, `TorchBackend.fork`), so it keeps
+    none of the room a growing cache holds."""
+    from transformers import DynamicCache
+
+    if not 1 <= length <= seq.length:
+        raise ValueError(f"cannot keep {length} tokens of a cache of {seq.length}")
+    copy = DynamicCache()
+    for index, layer in enumerate(seq.cache.layers):
+        copy.update(layer.keys[..., :length, :], layer.values[..., :length, :], index)  # concatenated: a copy
+    return CacheState(cache=copy, length=length)
 
 
 def _chosen_states(out: Any, features: tuple[int, ...]) -> torch.Tensor | None:

@@ -8,7 +8,10 @@ shared fairly among the prompts, so a short one is not held behind a long one's 
 (`engine.batch`); each request's rows are bitwise what its own pass would give (a prompt's too,
 whatever its chunks), so its output equals the request alone. Requests with the same prompt that
 join together (`n` > 1 siblings) share its prefill: one is prefilled, the others get copies of
-its cache.
+its cache. With a prefix cache (`engine.prefix_cache`, on a row-exact model), a request that
+ends leaves its cache there, and a request whose prompt begins with tokens a kept cache holds (a
+chat's history, a system prompt) starts from a copy of it and prefills only the rest, in shared
+passes or in a pass of its own.
 
 Rows are shared, so drafts are cut for the whole pass, not per request: every drafted token comes
 with its estimated probability of acceptance (its `reach`, from cost-aware drafting), and the pass
@@ -43,10 +46,11 @@ from typing import TYPE_CHECKING, TypeVar
 
 import torch
 
-from leapdecode.engine.backend import TorchBackend
+from leapdecode.engine.backend import TorchBackend, snapshot_cache
 from leapdecode.engine.batch import BatchItem, drive_rounds, forward_batch
 from leapdecode.engine.cost import PassCost, allocate, efficient_rows, share_rows
 from leapdecode.engine.loop import SequenceRun, Step
+from leapdecode.engine.prefix_cache import PrefixCache
 from leapdecode.engine.submission import PassReport, Prefill, Submission
 from leapdecode.errors import InputError
 from leapdecode.models.row_exact import PASS_ROWS
@@ -74,9 +78,12 @@ class BatchScheduler:
         max_batch: int = 8,
         max_rows: int = 128,
         clock: Callable[[], float] = time.monotonic,
+        prefix_cache: PrefixCache | None = None,
     ) -> None:
         """`cost`: the measured cost of a shared pass by rows on `backend`, which must pack
-        sequences; None: requests never share passes (any backend)."""
+        sequences; None: requests never share passes (any backend). `prefix_cache`: where requests
+        on `backend`'s model leave their caches and start from kept prefixes, where that model is
+        row-exact (`TorchBackend.batchable` None); None: each prompt is prefilled whole."""
         if cost is not None and backend.batchable is not None:
             raise InputError(backend.batchable)
         if not 1 <= max_batch <= max_rows <= PASS_ROWS:
@@ -94,6 +101,9 @@ class BatchScheduler:
         # while requests decode, a pass holds no more rows than this (prompt chunks shrink): past
         # it prompt rows cost as much each, and the decoding requests would wait longer per token
         self.busy_rows = efficient_rows(cost, max_rows) if cost is not None else max_rows
+        # the model whose requests keep and take prefixes: one whose every row is bitwise its own pass
+        self.reusing = backend if isinstance(backend, TorchBackend) and backend.batchable is None else None
+        self.prefix_cache = prefix_cache if self.reusing is not None else None
         self.waiting: deque[Submission] = deque()
         self.running: list[Submission] = []  # admitted: decoding, prefilling, or following a prefill
         self.prefilling: dict[Submission, Prefill] = {}  # in order of admission
@@ -102,9 +112,9 @@ class BatchScheduler:
         self.wake = threading.Condition(self._lock)  # notified on submit: an idle worker sleeps on it
 
     @classmethod
-    def alone(cls, backend: Backend) -> BatchScheduler:
+    def alone(cls, backend: Backend, prefix_cache: PrefixCache | None = None) -> BatchScheduler:
         """A batch of one: one request at a time, each pass the decode loop's step for it."""
-        return cls(backend, None, max_batch=1, max_rows=1)
+        return cls(backend, None, max_batch=1, max_rows=1, prefix_cache=prefix_cache)
 
     def submit(self, submission: Submission) -> Submission:
         """Queue a request (any thread); it joins at a pass with room for it."""
@@ -116,6 +126,15 @@ class BatchScheduler:
             isinstance(backend, TorchBackend) and self.packing is not None and backend.model is self.packing.model
         )
         submission.alone = not same_model or backend.batchable is not None
+        # its cache is bitwise what a prefill of its tokens gives: it may start from a kept prefix and leave one
+        submission.keeps_prefix = (
+            self.prefix_cache is not None
+            and self.reusing is not None
+            and isinstance(backend, TorchBackend)
+            and backend.model is self.reusing.model
+            and backend.batchable is None
+            and not submission.run.features  # a drafter that reads the target's states needs the whole prompt's
+        )
         with self.wake:
             self.waiting.append(submission)
             self.wake.notify_all()
@@ -163,12 +182,13 @@ class BatchScheduler:
         if run.seq is None:
             # 1. Prefill: the prompt's pass also gives the first new token.
             def prefill() -> int:
-                seq, scores = backend.prefill(run.prompt_ids, features=run.features)
+                seq, scores = self._prefill_alone(submission, backend)
                 submission.decoding_at = self.clock()
                 return self._deliver(submission, run.begin(backend, seq, scores))  # 2. emit
 
             emitted = self._isolated(submission, prefill) or 0
-            return PassReport(1, len(run.prompt_ids), len(run.prompt_ids), 0, emitted, 0.0)
+            rows = len(run.prompt_ids) - submission.cached_tokens
+            return PassReport(1, rows, rows, 0, emitted, 0.0)
         drafted = 0
 
         def decode_step() -> int:
@@ -185,6 +205,18 @@ class BatchScheduler:
 
         emitted = self._isolated(submission, decode_step) or 0
         return PassReport(1, 1 + drafted, 0, drafted, emitted, 0.0)
+
+    def _prefill_alone(self, submission: Submission, backend: Backend) -> tuple[CacheState, Scores]:
+        """A request's prompt in a pass of its own: from a copy of its longest kept prefix where
+        there is one, else whole."""
+        run = submission.run
+        if submission.keeps_prefix and isinstance(backend, TorchBackend):
+            assert self.prefix_cache is not None, "set only with a prefix cache"
+            taken = self.prefix_cache.take(run.prompt_ids, backend.fork)
+            if taken is not None:
+                seq, submission.cached_tokens = taken
+                return backend.prefill(run.prompt_ids, cached=seq)
+        return backend.prefill(run.prompt_ids, features=run.features)
 
     def _packer(self) -> TorchBackend:
         """The backend of the shared passes (only requests that share reach them)."""
@@ -336,8 +368,20 @@ class BatchScheduler:
             )
             if leader is not None:
                 self.prefilling[leader].followers.append(submission)
+                submission.cached_tokens = leader.cached_tokens
             else:
-                self.prefilling[submission] = Prefill(self._packer().new_sequence())
+                self.prefilling[submission] = self._start_prefill(submission)
+
+    def _start_prefill(self, submission: Submission) -> Prefill:
+        """A joining request's prefill: from a copy of the longest kept prefix of its prompt, or
+        from an empty cache (a drafter that wants the target's states needs the whole prompt's)."""
+        run = submission.run
+        if self.prefix_cache is not None and submission.keeps_prefix:
+            taken = self.prefix_cache.take(run.prompt_ids, self._packer().fork)
+            if taken is not None:
+                seq, submission.cached_tokens = taken
+                return Prefill(seq, done=submission.cached_tokens)
+        return Prefill(self._packer().new_sequence())
 
     def _plan(self, decoding: list[Submission]) -> list[tuple[Submission, tuple[Offer, int]]]:
         """Each decoding request's offer and the most drafted tokens its pass may verify exactly.
@@ -421,7 +465,12 @@ class BatchScheduler:
         if submission in self.running:
             self.running.remove(submission)
         self._leave_prefill(submission)
-        submission.run.seq = None
+        run = submission.run
+        if self.prefix_cache is not None and submission.keeps_prefix and run.seq is not None and reason != "error":
+            # its cache holds the prompt and what it emitted, but the pending token (or past a
+            # stop string: accepted tokens the text was cut before), between passes
+            self.prefix_cache.keep([*run.prompt_ids, *run.generated], run.seq, snapshot_cache)
+        run.seq = None
         try:
             submission.on_end(reason)
         except Exception:  # noqa: BLE001 - one owner's failing callback must not stop the others' passes
@@ -463,10 +512,11 @@ def decode(
     return decode_run(backend, SequenceRun(prompt_ids, drafter, stop, verifier, tree_verifier))
 
 
-def decode_run(backend: Backend, run: SequenceRun) -> Iterator[Step]:
+def decode_run(backend: Backend, run: SequenceRun, prefix_cache: PrefixCache | None = None) -> Iterator[Step]:
     """Drive one `SequenceRun` alone: the scheduler with a batch of one, a step per pass, each
-    step yielded as its pass ends; an error in the request is raised here."""
-    scheduler = BatchScheduler.alone(backend)
+    step yielded as its pass ends; an error in the request is raised here. `prefix_cache`: where
+    it starts from a kept prefix of its prompt and leaves its cache (see `BatchScheduler`)."""
+    scheduler = BatchScheduler.alone(backend, prefix_cache)
     steps: list[Step] = []
     ended: list[str] = []
     submission = scheduler.submit(Submission(run, steps.append, ended.append))

@@ -48,6 +48,8 @@ class Submission:
     )
     backend: Backend | None = None  # the backend its run was made for; None: the scheduler's
     alone: bool = field(default=False, init=False)  # runs in passes of its own (set by the scheduler at submit)
+    keeps_prefix: bool = field(default=False, init=False)  # starts from and leaves a kept prefix (set at submit)
+    cached_tokens: int = field(default=0, init=False)  # prompt tokens a kept cache held (`engine.prefix_cache`)
 
     def overdue(self, now: float) -> bool:
         """Past its time limit: its decoding counted from its first token, its prefill (which

@@ -19,6 +19,7 @@ from typing import Protocol
 from leapdecode.engine.backend import Backend, TorchBackend
 from leapdecode.engine.cost import ForwardCost, measure_batch_cost
 from leapdecode.engine.loop import Step
+from leapdecode.engine.prefix_cache import PrefixCache
 from leapdecode.engine.scheduler import BatchScheduler
 from leapdecode.engine.submission import PassReport, Submission
 from leapdecode.errors import InputError
@@ -67,7 +68,7 @@ class BatchWorker:
             loop.call_soon_threadsafe(queue.put_nowait, step)
 
         def on_end(reason: str) -> None:
-            job.ended(reason)
+            job.ended(reason, submission.cached_tokens)
             if submission.started_at is not None:
                 self.metrics.queue_time.observe(submission.started_at - submission.submitted_at)
             if submission.error is not None:
@@ -107,13 +108,14 @@ def start_batching(lm: LoadedModel, config: ServerConfig, metrics: Metrics) -> B
     """The worker for `config.max_batch` (None: from the measured cost curve): shared passes where
     the model packs sequences and more than one request pays, else one request at a time."""
     backend: Backend = backend_for(lm)
+    prefix_cache = PrefixCache(config.prefix_cache_tokens) if config.prefix_cache_tokens else None
     if config.max_batch == 1:
-        return one_at_a_time(backend, metrics, "--max-batch 1")
+        return one_at_a_time(backend, metrics, "--max-batch 1", prefix_cache)
     reason = backend.batchable
     if reason is not None or not isinstance(backend, TorchBackend):
         if config.max_batch is not None:
             raise InputError(f"--max-batch {config.max_batch}: {reason}")
-        return one_at_a_time(backend, metrics, str(reason))
+        return one_at_a_time(backend, metrics, str(reason), prefix_cache)
     sequences = config.max_batch or 8  # the curve is by rows; eight sequences share them as a busy batch would
     logger.info(
         "measuring the cost of shared passes (1..%d tokens over up to %d requests)", config.max_pass_rows, sequences
@@ -121,18 +123,32 @@ def start_batching(lm: LoadedModel, config: ServerConfig, metrics: Metrics) -> B
     cost = measure_batch_cost(backend, config.max_pass_rows, sequences)
     max_batch = config.max_batch or min(default_max_batch(cost), config.max_pass_rows)
     if max_batch == 1:
-        return one_at_a_time(backend, metrics, "shared passes cost as much per token as passes of their own here")
-    scheduler = BatchScheduler(backend, cost, max_batch=max_batch, max_rows=config.max_pass_rows)
+        return one_at_a_time(
+            backend, metrics, "shared passes cost as much per token as passes of their own here", prefix_cache
+        )
+    scheduler = BatchScheduler(
+        backend, cost, max_batch=max_batch, max_rows=config.max_pass_rows, prefix_cache=prefix_cache
+    )
     logger.info(
-        "serving up to %d requests in shared passes of up to %d tokens (%d while requests decode)",
+        "serving up to %d requests in shared passes of up to %d tokens (%d while requests decode), %s",
         max_batch,
         config.max_pass_rows,
         scheduler.busy_rows,
+        f"keeping up to {config.prefix_cache_tokens} tokens of finished requests' caches for prompts that begin "
+        f"the same way"
+        if prefix_cache is not None
+        else "no prefix cache",
     )
     return BatchWorker(scheduler, metrics)
 
 
-def one_at_a_time(backend: Backend, metrics: Metrics, why: str) -> BatchWorker:
-    """A worker that runs one request at a time, each pass its own."""
-    logger.info("serving one request at a time: %s", why)
-    return BatchWorker(BatchScheduler.alone(backend), metrics)
+def one_at_a_time(backend: Backend, metrics: Metrics, why: str, prefix_cache: PrefixCache | None) -> BatchWorker:
+    """A worker that runs one request at a time, each pass its own (with the prefix cache where
+    the model is row-exact)."""
+    scheduler = BatchScheduler.alone(backend, prefix_cache)
+    logger.info(
+        "serving one request at a time: %s; %s",
+        why,
+        "with a prefix cache" if scheduler.prefix_cache is not None else "no prefix cache",
+    )
+    return BatchWorker(scheduler, metrics)

@@ -26,6 +26,9 @@ class ServerConfig:
     # measured cost curve where the model can share passes, else 1 (one request at a time).
     max_batch: int | None = None
     max_pass_rows: int = 128  # tokens one shared pass may score (pending, drafted and prompt tokens)
+    # Tokens of finished requests' caches kept for requests that begin the same way (a chat's
+    # history, a system prompt: `engine.prefix_cache`); 0: every prompt is prefilled whole.
+    prefix_cache_tokens: int = 8192
 
 
 def default_allowed_methods(served: Method) -> tuple[str, ...]:

@@ -39,6 +39,7 @@ class Job:
     finish_reason: str = "length"
     timed_out: bool = False
     method_name: str = ""
+    cached_tokens: int = 0  # prompt tokens a kept cache held (not prefilled)
 
     def siblings(self, n: int) -> list[Job]:
         """This job as `n` choices sharing one cancel: choice i samples with seed + i (choice 0
@@ -64,8 +65,10 @@ class Job:
         )
         return run, decoder.backend
 
-    def ended(self, reason: str) -> None:
-        """Record how the generation ended (the scheduler's reason)."""
+    def ended(self, reason: str, cached_tokens: int = 0) -> None:
+        """Record how the generation ended (the scheduler's reason) and how much of its prompt
+        came from the prefix cache."""
         if reason in ("stop", "length", "cancelled"):
             self.finish_reason = reason
         self.timed_out = reason == "timeout"
+        self.cached_tokens = cached_tokens

@@ -34,6 +34,9 @@ class Metrics:
             "leapdecode_requests", "HTTP requests by endpoint and status", ["endpoint", "status"], registry=r
         )
         self.prompt_tokens = Counter("leapdecode_prompt_tokens", "Prompt tokens processed", registry=r)
+        self.cached_prompt_tokens = Counter(
+            "leapdecode_cached_prompt_tokens", "Prompt tokens a kept cache held (not prefilled)", registry=r
+        )
         self.generated_tokens = Counter("leapdecode_generated_tokens", "Tokens generated", registry=r)
         self.forward_passes = Counter("leapdecode_forward_passes", "Target-model forward passes", registry=r)
         self.drafted_tokens = Counter("leapdecode_drafted_tokens", "Drafted tokens", registry=r)
@@ -99,10 +102,12 @@ class Metrics:
                 return route.path_format
         return UNMATCHED
 
-    def record(self, prompt_tokens: int, steps: list[Step]) -> None:
-        """Count a finished request; tau and alpha are over every request recorded so far."""
+    def record(self, prompt_tokens: int, steps: list[Step], cached_tokens: int = 0) -> None:
+        """Count a finished request (`cached_tokens`: of its prompt, those the prefix cache held);
+        tau and alpha are over every request recorded so far."""
         done = step_stats(steps)
         self.prompt_tokens.inc(prompt_tokens)
+        self.cached_prompt_tokens.inc(cached_tokens)
         self.generated_tokens.inc(done.new_tokens)
         self.forward_passes.inc(done.forward_passes)
         self.drafted_tokens.inc(done.drafted_tokens)

@@ -47,10 +47,16 @@ def final_text(tokenizer: Any, steps: Sequence[Step], stops: list[str]) -> str:
     return truncate_at_stop(tokenizer.decode(token_ids, skip_special_tokens=True), stops)
 
 
-def usage(prompt_tokens: int, steps: Sequence[Step]) -> dict[str, int]:
-    """The API's usage: the prompt once, the tokens of every choice (`steps` of all of them)."""
+def usage(prompt_tokens: int, steps: Sequence[Step], cached_tokens: int = 0) -> dict[str, Any]:
+    """The API's usage: the prompt once, the tokens of every choice (`steps` of all of them), and
+    as OpenAI's `prompt_tokens_details.cached_tokens` the prompt tokens the prefix cache held."""
     completion = sum(len(s.tokens) for s in steps)
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion, "total_tokens": prompt_tokens + completion}
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion,
+        "total_tokens": prompt_tokens + completion,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens},
+    }
 
 
 def leapdecode_stats(method: str, steps: Sequence[Step]) -> dict[str, Any]:
@@ -109,7 +115,9 @@ class CompletionFormat:
             "choices": [self._choice(text, finish, records, index)],
         }
 
-    def response(self, choices: Sequence[Choice], prompt_tokens: int, method: str) -> dict[str, Any]:
+    def response(
+        self, choices: Sequence[Choice], prompt_tokens: int, method: str, cached_tokens: int = 0
+    ) -> dict[str, Any]:
         steps = [s for c in choices for s in c.steps]
         return {
             "id": self.id,
@@ -117,7 +125,7 @@ class CompletionFormat:
             "created": self.created,
             "model": self.model,
             "choices": [self._choice(c.text, c.finish, step_logprobs(c.steps), i) for i, c in enumerate(choices)],
-            "usage": usage(prompt_tokens, steps),
+            "usage": usage(prompt_tokens, steps, cached_tokens),
             "leapdecode": leapdecode_stats(method, steps),
         }
 
@@ -170,7 +178,9 @@ class ChatFormat:
             "choices": [choice],
         }
 
-    def response(self, choices: Sequence[Choice], prompt_tokens: int, method: str) -> dict[str, Any]:
+    def response(
+        self, choices: Sequence[Choice], prompt_tokens: int, method: str, cached_tokens: int = 0
+    ) -> dict[str, Any]:
         steps = [s for c in choices for s in c.steps]
         return {
             "id": self.id,
@@ -186,7 +196,7 @@ class ChatFormat:
                 }
                 for i, c in enumerate(choices)
             ],
-            "usage": usage(prompt_tokens, steps),
+            "usage": usage(prompt_tokens, steps, cached_tokens),
             "leapdecode": leapdecode_stats(method, steps),
         }
 
@@ -232,7 +242,7 @@ class StreamText:
             yield self._send(tail)
         yield sse(self.chunk("", finish, self.pending))
 
-    def usage_line(self, usage: dict[str, int]) -> str:
+    def usage_line(self, usage: dict[str, Any]) -> str:
         """The stream's last chunk when the client asked for usage: no choices, the usage."""
         return sse({**self.chunk("", None, ()), "choices": [], "usage": usage})
 

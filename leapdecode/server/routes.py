@@ -124,7 +124,7 @@ async def respond(
         Choice(final_text(state.lm.tokenizer, s, job.stop), finish_reason(job.finish_reason), s)
         for job, s in zip(jobs, steps)
     ]
-    return form.response(choices, len(jobs[0].prompt_ids), jobs[0].method_name)
+    return form.response(choices, len(jobs[0].prompt_ids), jobs[0].method_name, jobs[0].cached_tokens)
 
 
 @router.get("/health")

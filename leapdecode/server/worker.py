@@ -143,7 +143,8 @@ class ServerState:
         if any(job.finish_reason == "cancelled" for job in jobs):  # counted in /metrics by the ApiError handler
             raise ApiError(499, "The client closed the request.", code="client_closed_request")
         for i, choice in enumerate(steps):
-            self.metrics.record(len(jobs[0].prompt_ids) if i == 0 else 0, choice)  # the prompt once
+            prompt, cached = (len(jobs[0].prompt_ids), jobs[0].cached_tokens) if i == 0 else (0, 0)  # the prompt once
+            self.metrics.record(prompt, choice, cached)
         self.metrics.requests.labels(endpoint, "200").inc()
         self.metrics.latency.labels(endpoint).observe(time.perf_counter() - start)
         return steps
@@ -253,10 +254,13 @@ class ServerState:
                 if line:
                     yield line
             if include_usage:
-                yield texts[0].usage_line(usage(len(jobs[0].prompt_ids), [s for choice in steps for s in choice]))
+                choices = [s for choice in steps for s in choice]
+                yield texts[0].usage_line(usage(len(jobs[0].prompt_ids), choices, jobs[0].cached_tokens))
             yield SSE_DONE
             for i, choice in enumerate(steps):
-                self.metrics.record(len(jobs[0].prompt_ids) if i == 0 else 0, choice)  # the prompt once
+                first = i == 0  # the prompt once
+                prompt, cached = (len(jobs[0].prompt_ids), jobs[0].cached_tokens) if first else (0, 0)
+                self.metrics.record(prompt, choice, cached)
         except (asyncio.CancelledError, GeneratorExit):
             status = "499"  # the client went away: stop decoding at the next step
             jobs[0].cancel.set()  # shared by the siblings

@@ -1,0 +1,117 @@
+"""Finished requests' KV caches, kept for the next request that begins with the same tokens.
+
+A chat resends its whole history every turn, and every request to a server begins with the same
+system prompt: the prompt tokens a kept cache already holds need no prefill, and on a CPU a
+prompt token costs about as much as a decoding row. This is what vLLM's automatic prefix caching
+and llama-server's `cache_prompt` do.
+
+It is lossless because the backends that share passes are row-exact: a token's keys and values
+are bitwise the same whether a prompt's prefill (in chunks of any size), a decoding pass or a
+tree pass's kept path computed them. A cache cut back to a prefix the new prompt shares is
+therefore bitwise the cache a fresh prefill of that prefix builds.
+
+An entry is one finished sequence: its tokens and its cache. A request takes a copy of the
+longest prefix it shares with any entry, so many requests can start from one entry (a system
+prompt, or `n` parallel chats). An entry is an exact-size copy (what a growing cache holds in
+room to grow is not kept), and entries beyond a budget of tokens go, least recently used first.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from leapdecode.engine.cache import CacheState
+from leapdecode.errors import InputError
+
+
+@dataclass
+class PrefixEntry:
+    """A kept sequence: `tokens` are what its cache holds, in order (`seq.length == len(tokens)`)."""
+
+    tokens: tuple[int, ...]
+    seq: CacheState
+
+
+def shared_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading tokens `a` and `b` share (binary search on slice equality: C-speed
+    comparisons, a few per call, not a Python loop over the tokens)."""
+    a, b = list(a), list(b)
+    low, high = 0, min(len(a), len(b))  # a[:low] == b[:low]; the answer is at most high
+    while low < high:
+        mid = (low + high + 1) // 2
+        if a[low:mid] == b[low:mid]:
+            low = mid
+        else:
+            high = mid - 1
+    return low
+
+
+class PrefixCache:
+    """Kept sequences by their tokens, at most `max_tokens` tokens in all."""
+
+    def __init__(self, max_tokens: int) -> None:
+        if max_tokens < 1:
+            raise InputError(f"a prefix cache needs room for at least one token, got {max_tokens}")
+        self.max_tokens = max_tokens
+        self.entries: list[PrefixEntry] = []  # least recently used first
+        self.hits = 0  # requests that started from a kept prefix
+        self.hit_tokens = 0  # prompt tokens they did not prefill
+        self._lock = threading.Lock()  # a library `Decoder` may be shared by threads
+
+    @property
+    def tokens(self) -> int:
+        return sum(len(entry.tokens) for entry in self.entries)
+
+    def take(
+        self, prompt: Sequence[int], fork: Callable[[CacheState, int], CacheState]
+    ) -> tuple[CacheState, int] | None:
+        """A new cache holding the longest prefix of `prompt` that an entry holds, and its length;
+        None when no entry shares a token. At least the prompt's last token is left to prefill:
+        its pass gives the first new token. `fork(seq, n)`: a copy of `seq`'s first `n` tokens."""
+        with self._lock:
+            found = self._longest(prompt)
+            if found is None:
+                return None
+            entry, length = found
+            self.entries.remove(entry)
+            self.entries.append(entry)  # the most recently used
+            self.hits += 1
+            self.hit_tokens += length
+            return fork(entry.seq, length), length
+
+    def _longest(self, prompt: Sequence[int]) -> tuple[PrefixEntry, int] | None:
+        """The entry sharing the most of `prompt` but its last token, and how much; None: none shares any."""
+        best: PrefixEntry | None = None
+        length = 0
+        for entry in self.entries:
+            shared = min(shared_prefix(entry.tokens, prompt), len(prompt) - 1)
+            if shared > length:
+                best, length = entry, shared
+        return None if best is None else (best, length)
+
+    def keep(self, tokens: Sequence[int], seq: CacheState, snapshot: Callable[[CacheState, int], CacheState]) -> None:
+        """Keep a finished sequence whose cache holds `tokens`, or their first `seq.length`, cut to
+        the budget: `snapshot(seq, n)`, an exact-size copy of its first `n` tokens, so the budget
+        is what the entries hold. An entry that holds it all already is only refreshed, and entries
+        that are prefixes of it go (it serves whatever they served)."""
+        count = min(len(tokens), seq.length, self.max_tokens)
+        if count == 0:
+            return
+        kept = tuple(tokens[:count])
+        with self._lock:
+            for entry in self.entries:
+                if len(entry.tokens) >= count and shared_prefix(entry.tokens, kept) == count:
+                    self.entries.remove(entry)
+                    self.entries.append(entry)
+                    return
+            self.entries = [e for e in self.entries if shared_prefix(e.tokens, kept) < len(e.tokens)]
+            self.entries.append(PrefixEntry(kept, snapshot(seq, count)))
+        while self.tokens > self.max_tokens:
+            self.entries.pop(0)
+
+    def clear(self) -> None:
+        """Drop every entry (their caches are freed)."""
+        with self._lock:
+            self.entries.clear()

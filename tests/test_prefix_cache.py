@@ -1,0 +1,231 @@
+"""The prefix cache: finished requests' caches reused by requests that begin the same way, each
+request's output still that of the request alone."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from leapdecode import Decoder, wrap
+from leapdecode.engine import CacheState
+from leapdecode.engine.backend import snapshot_cache
+from leapdecode.engine.cost import ForwardCost
+from leapdecode.engine.prefix_cache import PrefixCache, shared_prefix
+from leapdecode.engine.scheduler import BatchScheduler
+from leapdecode.engine.submission import Submission
+from leapdecode.errors import InputError
+from leapdecode.models.row_exact import use_row_exact
+from tests.helpers import TINY_VOCAB, make_tiny_model, tiny_lm
+
+COST = ForwardCost(tuple(0.01 + 0.003 * n for n in range(1, 129)))
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen2"])
+def exact_tiny(request):
+    """A tiny model made row-exact, as the API loads it (`LoadedModel.row_exact`)."""
+    model = make_tiny_model(request.param)
+    use_row_exact(model)
+    return dataclasses.replace(tiny_lm(model), row_exact=True)
+
+
+def fake_seq(length: int) -> CacheState:
+    return CacheState(cache=None, length=length)
+
+
+def fake_fork(seq: CacheState, length: int) -> CacheState:
+    assert 1 <= length <= seq.length
+    return fake_seq(length)
+
+
+def fake_snapshot(seq: CacheState, length: int) -> CacheState:
+    assert 1 <= length <= seq.length
+    return fake_seq(length)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 3), max_size=40), st.lists(st.integers(0, 3), max_size=40))
+def test_shared_prefix_is_the_brute_force_count(a, b) -> None:
+    count = 0
+    while count < min(len(a), len(b)) and a[count] == b[count]:
+        count += 1
+    assert shared_prefix(a, b) == count == shared_prefix(tuple(b), a)
+
+
+def test_a_request_takes_a_copy_of_the_longest_shared_prefix_and_leaves_a_token_to_prefill() -> None:
+    cache = PrefixCache(100)
+    cache.keep([1, 2, 3, 4, 5, 6], fake_seq(5), fake_snapshot)  # the pending token is not in the cache
+    cache.keep([1, 2, 9, 9], fake_seq(4), fake_snapshot)
+    assert [e.tokens for e in cache.entries] == [(1, 2, 3, 4, 5), (1, 2, 9, 9)]
+    seq, length = cache.take([1, 2, 3, 4, 7], fake_fork)
+    assert length == seq.length == 4 and cache.entries[-1].tokens == (1, 2, 3, 4, 5)  # now the most recent
+    assert cache.take([1, 2, 3], fake_fork)[1] == 2  # the whole prompt held: its last token is prefilled
+    assert cache.take([1], fake_fork) is None and cache.take([8, 1, 2], fake_fork) is None
+    assert (cache.hits, cache.hit_tokens) == (2, 6)
+
+
+def test_kept_sequences_are_refreshed_merged_and_evicted_least_recent_first_within_the_budget() -> None:
+    cache = PrefixCache(10)
+    cache.keep([1, 2, 3], fake_seq(3), fake_snapshot)
+    cache.keep([4, 5, 6], fake_seq(3), fake_snapshot)
+    longer = fake_seq(5)
+    cache.keep([1, 2, 3, 7, 8], longer, fake_snapshot)  # holds the first entry: it replaces it
+    assert [e.tokens for e in cache.entries] == [(4, 5, 6), (1, 2, 3, 7, 8)]
+    held = fake_seq(2)
+    cache.keep([4, 5], held, fake_snapshot)  # already held: the entry is refreshed, the new cache dropped
+    assert [e.tokens for e in cache.entries] == [(1, 2, 3, 7, 8), (4, 5, 6)] and cache.entries[0].seq.length == 5
+    cache.keep([9, 9, 9, 9], fake_seq(4), fake_snapshot)  # 12 tokens: the least recent goes
+    assert [e.tokens for e in cache.entries] == [(4, 5, 6), (9, 9, 9, 9)] and cache.tokens == 7
+    cache.keep(list(range(100, 130)), fake_seq(30), fake_snapshot)  # past the budget: cut to it, alone
+    assert [len(e.tokens) for e in cache.entries] == [10] and cache.entries[0].seq.length == 10
+    cache.keep([5], fake_seq(0), fake_snapshot)  # an empty cache is not kept
+    assert cache.tokens == 10
+    with pytest.raises(InputError, match="at least one token"):
+        PrefixCache(0)
+
+
+def converse(lm, methods, turns, prefix_cache, alone=False, **options):
+    """A conversation of `turns` user turns, each request's prompt the last one's prompt, its answer
+    and new tokens, on one scheduler (each request alone in the batch; `alone`: in passes of its
+    own): [(prompt, output, cached)]."""
+    decoders = {m: wrap(lm, m) for m in methods}
+    backend = decoders[methods[0]].backend
+    scheduler = (
+        BatchScheduler.alone(backend, prefix_cache)
+        if alone
+        else BatchScheduler(backend, COST, max_batch=4, max_rows=24, prefix_cache=prefix_cache)
+    )
+    rng = random.Random(len(methods))
+    prompt = [rng.randrange(2, TINY_VOCAB) for _ in range(9)]
+    history = []
+    for turn in range(turns):
+        output: list[int] = []
+        ends: list[str] = []
+        prefill_rows = 0
+        run = decoders[methods[turn % len(methods)]].start(prompt, max_new_tokens=12 + 3 * turn, **options)
+        submission = scheduler.submit(Submission(run, lambda s, out=output: out.extend(s.tokens), ends.append))
+        while not ends:
+            report = scheduler.step()
+            prefill_rows += report.prefill_rows if report else 0
+        assert prefill_rows == len(prompt) - submission.cached_tokens  # only the rest was prefilled
+        history.append((prompt, output, submission.cached_tokens))
+        prompt = prompt + output + [rng.randrange(2, TINY_VOCAB) for _ in range(5)]
+    return history, decoders
+
+
+@pytest.mark.parametrize("alone", [False, True], ids=["shared", "alone"])
+@pytest.mark.parametrize(
+    "methods, options",
+    [
+        (["ar"], {}),
+        (["anpd", "anpd-tree", "suffix", "ar"], {}),  # trees' kept paths, then reused by other methods
+        (["anpd"], {"temperature": 0.9, "seed": 3}),
+    ],
+)
+def test_each_turn_of_a_chat_reuses_the_last_cache_and_equals_its_prompt_decoded_alone(
+    exact_tiny, methods, options, alone
+) -> None:
+    history, decoders = converse(exact_tiny, methods, 4, PrefixCache(4096), alone, **options)
+    for turn, (prompt, output, cached) in enumerate(history):
+        if turn:
+            last_prompt, last_output, _ = history[turn - 1]
+            assert cached == len(last_prompt) + len(last_output) - 1  # all but the pending token
+        else:
+            assert cached == 0
+        alone = decoders[methods[turn % len(methods)]].generate(prompt, max_new_tokens=12 + 3 * turn, **options)
+        assert output == alone.token_ids, turn
+
+
+def test_a_kept_cache_is_an_exact_size_copy_and_a_request_copies_it_to_grow(exact_tiny) -> None:
+    backend = wrap(exact_tiny, "ar").backend
+    seq, _ = backend.prefill(list(range(2, 40)))
+    kept = snapshot_cache(seq, 30)
+    for layer, own in zip(kept.cache.layers, seq.cache.layers):
+        assert layer.keys.shape[-2] == 30 and layer.keys.untyped_storage().nbytes() == layer.keys.nbytes
+        assert torch.equal(layer.keys, own.keys[..., :30, :]) and torch.equal(layer.values, own.values[..., :30, :])
+    grown = backend.fork(kept, 20)
+    backend.forward(grown, [5, 6, 7])
+    assert kept.length == 30 and kept.cache.layers[0].keys.shape[-2] == 30  # the copy grows alone
+    with pytest.raises(ValueError, match="cannot keep"):
+        snapshot_cache(seq, 39)
+
+
+def test_without_a_prefix_cache_every_prompt_is_prefilled_whole(exact_tiny) -> None:
+    history, _ = converse(exact_tiny, ["ar"], 3, None)
+    assert [cached for _, _, cached in history] == [0, 0, 0]
+
+
+def test_a_decoder_with_a_prefix_cache_prefills_only_a_chats_new_turn(exact_tiny, tiny_model) -> None:
+    decoder = Decoder(exact_tiny, "anpd", prefix_cache_tokens=4096)
+    prompt = [5, 6, 7, 8, 9, 10, 11]
+    first = decoder.generate(prompt, max_new_tokens=10).token_ids
+    second = prompt + first + [12, 13]
+    assert (
+        decoder.generate(second, max_new_tokens=10).token_ids
+        == wrap(exact_tiny, "anpd").generate(second, max_new_tokens=10).token_ids
+    )
+    assert (decoder.prefix_cache.hits, decoder.prefix_cache.hit_tokens) == (1, len(prompt) + len(first) - 1)
+    # a model that is not row-exact: its prefill and decoding rows may differ in their last bits,
+    # so nothing is kept or taken
+    loose = Decoder(tiny_lm(tiny_model), "anpd", prefix_cache_tokens=4096)
+    first = loose.generate(prompt, max_new_tokens=10).token_ids
+    loose.generate(prompt + first, max_new_tokens=4)
+    assert loose.prefix_cache.hits == 0 and not loose.prefix_cache.entries
+    with pytest.raises(InputError, match="prefix_cache_tokens"):
+        Decoder(exact_tiny, "ar", prefix_cache_tokens=-1)
+
+
+@settings(max_examples=10, deadline=None)
+@given(
+    seed=st.integers(0, 2**16),
+    requests=st.integers(2, 7),
+    max_batch=st.integers(1, 3),
+    budget=st.sampled_from([16, 64, 4096]),
+)
+def test_requests_sharing_prefixes_in_a_busy_batch_each_equal_the_request_alone(
+    exact_tiny, seed, requests, max_batch, budget
+) -> None:
+    """Prompts that extend, cut or repeat earlier ones, joining while others decode and leave (one
+    cancelled), through a prefix cache small enough to evict."""
+    rng = random.Random(seed)
+    decoders = {m: wrap(exact_tiny, m) for m in ("ar", "anpd", "anpd-tree", "suffix")}
+    prefix_cache = PrefixCache(budget)
+    scheduler = BatchScheduler(
+        decoders["ar"].backend, COST, max_batch=max_batch, max_rows=24, prefix_cache=prefix_cache
+    )
+    prompts: list[list[int]] = []
+    outputs: dict[int, list[int]] = {}
+    ends: dict[int, str] = {}
+    plans = []
+    submissions = []
+    for i in range(requests):
+        base = list(rng.choice(prompts)) if prompts and rng.random() < 0.8 else []
+        base = base[: rng.randint(1, len(base))] if base and rng.random() < 0.3 else base
+        prompt = base + [rng.randrange(2, TINY_VOCAB) for _ in range(rng.randint(0 if base else 1, 12))]
+        prompts.append(prompt)
+        options = {"max_new_tokens": rng.randint(1, 20)}
+        plans.append((rng.choice(list(decoders)), prompt, options))
+        outputs[i] = []
+        submissions.append(
+            scheduler.submit(
+                Submission(
+                    decoders[plans[i][0]].start(prompt, **options),
+                    lambda step, i=i: outputs[i].extend(step.tokens),
+                    lambda reason, i=i: ends.__setitem__(i, reason),
+                )
+            )
+        )
+        for _ in range(rng.randint(0, 6)):
+            scheduler.step()
+        if i == 1:
+            submissions[0].cancel()
+    while not scheduler.idle:
+        scheduler.step()
+    assert prefix_cache.tokens <= budget
+    for i, (method, prompt, options) in enumerate(plans):
+        alone = decoders[method].generate(prompt, **options).token_ids
+        assert outputs[i] == (alone[: len(outputs[i])] if ends[i] == "cancelled" else alone), (i, plans[i])
