@@ -22,6 +22,7 @@ from leapdecode.engine import (
     SamplingParams,
     Step,
     StopCriteria,
+    TorchBackend,
     TreeVerifier,
     Verifier,
     truncate_at_stop,
@@ -169,6 +170,12 @@ class Decoder:
             raise InputError(f"{self.method.name!r} is a benchmark peer (Hugging Face generate), not an engine method")
         self.backend = self.method.make_backend(lm)
         self.prefix_cache = PrefixCache(prefix_cache_tokens) if prefix_cache_tokens else None
+        if self.prefix_cache is not None:
+            exact = isinstance(self.backend, TorchBackend) and self.backend.batchable is None
+            if not exact:  # its prefills and decoding rows may differ in their last bits
+                (log or logger.info)(
+                    "prefix cache unused: the model is not row-exact here; prompts are prefilled whole"
+                )
         self._new_drafter = self.method.prepare(
             lm,
             draft_model=draft_model,

@@ -937,3 +937,58 @@ def test_a_windowed_draft_model_reads_the_prompts_sinks_and_tail_and_never_chang
         scheduler.step()
     for prompt, got in zip(long_prompts, outputs):
         assert got == greedy_reference(target.model, prompt, 16)
+
+
+def test_a_chats_next_turn_starts_the_draft_model_from_its_kept_cache_and_never_changes_the_output(
+    tiny_model, random_draft
+) -> None:
+    """The draft model's prefix cache: a request whose cache holds its stream in order leaves it;
+    the next turn (its prompt that stream and more) starts the draft model from a copy, and its
+    first draft pass feeds only the new tokens; right drafts or wrong, the output is plain
+    greedy's. A request whose window skipped part of its prompt leaves nothing."""
+    from leapdecode.engine.prefix_cache import PrefixCache
+
+    for draft in (tiny_model, random_draft):
+        backend = TorchBackend(draft)
+        fed: list[list[int]] = []
+        prefill, forward = backend.prefill, backend.forward
+        backend.prefill = lambda tokens, fed=fed, prefill=prefill: fed.append(["prefill", *tokens]) or prefill(tokens)
+        backend.forward = lambda seq, tokens, fed=fed, forward=forward, **kw: (
+            fed.append(list(tokens)) or forward(seq, tokens, **kw)
+        )
+        kept = PrefixCache(4096)
+        prompt = [(3 * i + 5) % TINY_VOCAB for i in range(10)]
+        held = 0  # tokens of the kept entry the next turn copies
+        for turn in range(3):
+            fed.clear()
+            drafter = DraftModelDrafter(backend, k=4, window=16, prefix_cache=kept)
+            steps = list(decode(TorchBackend(tiny_model), prompt, drafter, StopCriteria(frozenset(), 20), *GREEDY))
+            output = [t for s in steps for t in s.tokens]
+            assert output == greedy_reference(tiny_model, prompt, 20), turn
+            if turn:
+                assert fed[0][0] != "prefill" and fed[0][: len(prompt) - held] == prompt[held:]
+            assert len(kept.entries) == 1 and kept.entries[0].tokens == tuple((prompt + output)[: kept.tokens])
+            held = kept.tokens
+            prompt = prompt + output + [7, 8, 9]
+        assert kept.hits == 2
+    skipped = PrefixCache(4096)
+    long_prompt = [(3 * i + 5) % TINY_VOCAB for i in range(40)]
+    list(
+        decode(
+            TorchBackend(tiny_model),
+            long_prompt,
+            DraftModelDrafter(TorchBackend(tiny_model), k=4, window=16, prefix_cache=skipped),
+            StopCriteria(frozenset(), 8),
+            *GREEDY,
+        )
+    )
+    assert not skipped.entries
+    target, draft = _row_exact(make_tiny_model("qwen2")), _row_exact(make_tiny_model("qwen2", seed=1))
+    decoder = wrap(target, "draft:k=3,cost_aware=false", draft_model=draft)
+    kept = decoder.start([5], max_new_tokens=1).drafter.prefix_cache  # one for the decoder's requests
+    first = decoder.generate([5, 6, 7, 8], max_new_tokens=6).token_ids
+    second = decoder.generate([5, 6, 7, 8, *first, 9], max_new_tokens=6).token_ids
+    assert second == greedy_reference(target.model, [5, 6, 7, 8, *first, 9], 6)
+    assert kept is not None and kept.hits == 1
+    with pytest.raises(MethodError, match="prefix_cache"):
+        parse_method("draft:prefix_cache=-1")

@@ -13,11 +13,12 @@ from hypothesis import strategies as st
 
 from leapdecode import Decoder, wrap
 from leapdecode.engine import CacheState
-from leapdecode.engine.backend import snapshot_cache
+from leapdecode.engine.cache import snapshot_cache
 from leapdecode.engine.cost import ForwardCost
 from leapdecode.engine.prefix_cache import PrefixCache, shared_prefix
 from leapdecode.engine.scheduler import BatchScheduler
 from leapdecode.engine.submission import Submission
+from leapdecode.engine.tree import compile_tree
 from leapdecode.errors import InputError
 from leapdecode.models.row_exact import use_row_exact
 from tests.helpers import TINY_VOCAB, make_tiny_model, tiny_lm
@@ -53,7 +54,7 @@ def test_shared_prefix_is_the_brute_force_count(a, b) -> None:
     count = 0
     while count < min(len(a), len(b)) and a[count] == b[count]:
         count += 1
-    assert shared_prefix(a, b) == count == shared_prefix(tuple(b), a)
+    assert shared_prefix(tuple(a), tuple(b)) == count == shared_prefix(tuple(b), tuple(a))
 
 
 def test_a_request_takes_a_copy_of_the_longest_shared_prefix_and_leaves_a_token_to_prefill() -> None:
@@ -147,11 +148,69 @@ def test_a_kept_cache_is_an_exact_size_copy_and_a_request_copies_it_to_grow(exac
     for layer, own in zip(kept.cache.layers, seq.cache.layers):
         assert layer.keys.shape[-2] == 30 and layer.keys.untyped_storage().nbytes() == layer.keys.nbytes
         assert torch.equal(layer.keys, own.keys[..., :30, :]) and torch.equal(layer.values, own.values[..., :30, :])
+    before = [(layer.keys.clone(), layer.values.clone()) for layer in kept.cache.layers]
     grown = backend.fork(kept, 20)
-    backend.forward(grown, [5, 6, 7])
-    assert kept.length == 30 and kept.cache.layers[0].keys.shape[-2] == 30  # the copy grows alone
+    backend.forward(grown, [5, 6, 7])  # writes positions 20-22 of its own buffers
+    assert kept.length == 30 and all(
+        torch.equal(layer.keys, k) and torch.equal(layer.values, v) for layer, (k, v) in zip(kept.cache.layers, before)
+    )  # the copy grows alone
     with pytest.raises(ValueError, match="cannot keep"):
         snapshot_cache(seq, 39)
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 2**16), nodes=st.integers(1, 9))
+def test_a_tree_pass_kept_path_is_bitwise_the_cache_a_prefill_of_it_writes(exact_tiny, seed, nodes) -> None:
+    """What makes a kept cache reusable: after a tree pass keeps any root-to-node path (entries
+    moved into place), the cache is bitwise a fresh prefill of the context and that path."""
+    rng = random.Random(seed)
+    backend = wrap(exact_tiny, "ar").backend
+    context = [rng.randrange(TINY_VOCAB) for _ in range(rng.randint(1, 60))]
+    parents = tuple(rng.randrange(-1, j) if j else -1 for j in range(nodes - 1))
+    tokens = [rng.randrange(TINY_VOCAB) for _ in range(nodes)]  # the pending token, then the tree
+    seq, _ = backend.prefill(context)
+    backend.forward(seq, tokens, tree=compile_tree(parents) if parents else None)
+    path, node = [], rng.randrange(nodes)
+    while node > 0:
+        path.append(node)
+        node = parents[node - 1] + 1
+    path = [0, *reversed(path)]
+    backend.keep(seq, len(context), path)
+    fresh, _ = backend.prefill(context + [tokens[i] for i in path])
+    assert seq.length == fresh.length and all(
+        torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
+        for a, b in zip(seq.cache.layers, fresh.cache.layers)
+    )
+
+
+def test_requests_with_one_prompt_share_its_kept_prefix_and_one_prefill(exact_tiny) -> None:
+    decoder = wrap(exact_tiny, "anpd")
+    prefix_cache = PrefixCache(4096)
+    scheduler = BatchScheduler(decoder.backend, COST, max_batch=4, max_rows=24, prefix_cache=prefix_cache)
+    first = [5, 6, 7, 8, 9, 10, 11, 12]
+    answer: list[int] = []
+    ends: list[str] = []
+    scheduler.submit(Submission(decoder.start(first, max_new_tokens=9), lambda s: answer.extend(s.tokens), ends.append))
+    while not scheduler.idle:
+        scheduler.step()
+    prompt = first + answer + [13, 14, 15]
+    options = [{"max_new_tokens": 8}, {"max_new_tokens": 8, "temperature": 0.9, "seed": 4}]
+    outputs: list[list[int]] = [[], []]
+    subs = [
+        scheduler.submit(
+            Submission(decoder.start(prompt, **o), lambda s, i=i: outputs[i].extend(s.tokens), ends.append)
+        )
+        for i, o in enumerate(options)
+    ]
+    prefill_rows = 0
+    while not scheduler.idle:
+        report = scheduler.step()
+        prefill_rows += report.prefill_rows if report else 0
+    cached = len(first) + len(answer) - 1
+    assert [s.cached_tokens for s in subs] == [cached, cached] and prefill_rows == len(prompt) - cached
+    assert prefix_cache.hits == 1  # one copy, one prefill: the second request follows the first's
+    for output, o in zip(outputs, options):
+        assert output == decoder.generate(prompt, **o).token_ids
 
 
 def test_without_a_prefix_cache_every_prompt_is_prefilled_whole(exact_tiny) -> None:

@@ -178,17 +178,19 @@ def _server_rows(
     log: Callable[[str], None],
     cache_prompt: bool = False,
 ) -> list[ConcurrentResult]:
-    """`llama-server` one request at a time (one slot), then with a slot per client at each concurrency."""
+    """`llama-server` one request at a time (one slot), then with a slot per client at each
+    concurrency (`cache_prompt`: these rows reuse cached prompt prefixes, as the engine's shared
+    passes do with a prefix cache; the one-at-a-time row never does, as the engine's never does)."""
     from leapdecode.bench.llamacpp_server import LABEL, run_llama_server
 
     if gguf is None:
         raise MethodError(f"{LABEL} needs the model's GGUF file (a preset or a .gguf path)")
     threads = torch.get_num_threads()
     log(f"{LABEL}: one at a time")
-    solo = run_llama_server(gguf, prompts, max_new_tokens, 1, reference, threads, solo=True, cache_prompt=cache_prompt)
+    solo = run_llama_server(gguf, prompts, max_new_tokens, 1, reference, threads, solo=True)  # as the engine's solo
     rows = [solo]
     for concurrency in concurrencies:
-        if concurrency == 1:  # one client on one slot is one request at a time: the same run
+        if concurrency == 1 and not cache_prompt:  # one client on one slot is one request at a time: the same run
             rows.append(dataclasses.replace(solo, concurrency="1"))
             continue
         log(f"{LABEL}: {concurrency} at once")

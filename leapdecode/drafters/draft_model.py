@@ -56,6 +56,7 @@ Options:
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Generator, Hashable, Sequence
 from dataclasses import dataclass
 
@@ -66,13 +67,16 @@ from leapdecode.drafters.base import Draft, Drafter, DraftFeed, Offer
 from leapdecode.drafters.cost_aware import AcceptanceEstimate, LengthEstimate, RequestEstimate, judged
 from leapdecode.drafters.ngram import NGramModule
 from leapdecode.drafters.suffix import SuffixDrafter
-from leapdecode.engine.backend import Backend, CacheState, Scores
+from leapdecode.engine.backend import Backend, CacheState, Scores, TorchBackend
 from leapdecode.engine.batch import drive_rounds
+from leapdecode.engine.cache import snapshot_cache
 from leapdecode.engine.cost import PassCost, cut_alone
 from leapdecode.engine.noise import PositionNoise, Stream
+from leapdecode.engine.prefix_cache import PrefixCache
 from leapdecode.engine.sampling import SamplingParams, logits_to_probs
 from leapdecode.verifiers import Verdict, verify_greedy, verify_speculative
 
+logger = logging.getLogger("leapdecode")
 SINK_TOKENS = 4  # a windowed context keeps its first tokens too: attention sinks (StreamingLLM, 2309.17453)
 PROBE_EVERY = 8  # silent steps (no draft: the first token did not pay) before one token is drafted anyway
 MAX_DEPTH_BUCKET = 8
@@ -123,6 +127,7 @@ class DraftModelDrafter(Drafter):
         lengths: LengthEstimate | None = None,
         retrieval: SuffixDrafter | None = None,
         window: int = 0,
+        prefix_cache: PrefixCache | None = None,
     ) -> None:
         if k < 1:
             raise ValueError(f"k must be >= 1, got {k}")
@@ -147,6 +152,10 @@ class DraftModelDrafter(Drafter):
         # (its cache position c holds stream token c, or c + skip past the sinks)
         self.window = window
         self.skip = 0
+        # finished requests' draft caches (a decoder's requests share it): a request whose prompt
+        # begins with kept tokens starts from a copy of them and feeds only the rest; a request
+        # whose cache holds its whole stream in order (no window skipped) leaves it at its end
+        self.prefix_cache = prefix_cache
         self.max_new_tokens: int | None = None  # the request's budget (`horizon`); None: unknown
         self.schedule = schedule
         self.threshold = threshold
@@ -178,7 +187,7 @@ class DraftModelDrafter(Drafter):
         self.prompt_len = len(self.stream)
         self.skip = max(0, self.prompt_len - self.window) if self.window else 0
         self.max_new_tokens = None
-        self.seq = None
+        self.seq = self._kept_prefix()
         self.last_draft = []
         self.k_now = self.k
         self.draft_passes = 0
@@ -190,6 +199,23 @@ class DraftModelDrafter(Drafter):
             self.retrieval.reset(prompt_ids)
         if self.ngram is not None:
             self.ngram.initialise(prompt_ids)
+
+    def _kept_prefix(self) -> CacheState | None:
+        """A copy of the longest kept draft cache the prompt begins with, or None (then the first
+        pass reads the prompt's window). Past the copy the window applies to the rest: the draft
+        model reads at most `window` of it, the copied prefix in place of the attention sinks."""
+        if self.prefix_cache is None or not isinstance(self.backend, TorchBackend):
+            return None
+        try:
+            taken = self.prefix_cache.take(self.stream, self.backend.fork)
+        except Exception:  # noqa: BLE001 - e.g. out of memory: the draft model reads its window instead
+            logger.exception("copying a kept draft-model cache failed")
+            return None
+        if taken is None:
+            return None
+        seq, length = taken
+        self.skip = max(0, self.prompt_len - length - self.window) if self.window else 0
+        return seq
 
     def horizon(self, max_new_tokens: int) -> None:
         self.max_new_tokens = max_new_tokens
@@ -397,6 +423,13 @@ class DraftModelDrafter(Drafter):
         # emitted a stop token may have scored a few past it)
         if self.max_new_tokens is not None:
             self.lengths.observe(self.emitted, self.emitted >= self.max_new_tokens)
+        # its cache position c holds stream token c up to the stream's end (past it: this pass's
+        # drafts) where no window was skipped: kept for a later prompt that begins the same way
+        if self.prefix_cache is not None and self.seq is not None and self.skip == 0:
+            try:
+                self.prefix_cache.keep(self.stream, self.seq, snapshot_cache)
+            except Exception:  # noqa: BLE001 - e.g. out of memory: the request ended well, its draft cache is not kept
+                logger.exception("keeping a draft-model cache failed")
 
     def cut(self, kept: Sequence[int]) -> None:
         # a chain's kept part is a prefix, a tree's keeps parents: the rest was never scored (a

@@ -387,21 +387,6 @@ class TorchBackend:
         return CacheState(cache=copy, length=length)
 
 
-@torch.inference_mode()
-def snapshot_cache(seq: CacheState, length: int) -> CacheState:
-    """An exact-size copy of `seq`'s first `length` tokens, to keep (`engine.prefix_cache`): a
-    kept cache never grows (requests start from copies of it, `TorchBackend.fork`), so it keeps
-    none of the room a growing cache holds."""
-    from transformers import DynamicCache
-
-    if not 1 <= length <= seq.length:
-        raise ValueError(f"cannot keep {length} tokens of a cache of {seq.length}")
-    copy = DynamicCache()
-    for index, layer in enumerate(seq.cache.layers):
-        copy.update(layer.keys[..., :length, :], layer.values[..., :length, :], index)  # concatenated: a copy
-    return CacheState(cache=copy, length=length)
-
-
 def _chosen_states(out: Any, features: tuple[int, ...]) -> torch.Tensor | None:
     """The `features` layers' states of a forward's output, side by side: [n, F], or None."""
     return torch.cat([out.hidden_states[i][0] for i in features], dim=-1) if features else None

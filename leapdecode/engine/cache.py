@@ -1,8 +1,9 @@
 """A sequence's KV cache: its state, the growing cache layer, and the one place a cache shrinks.
 
 A `CacheState` owns one sequence's `transformers` cache, whose layers append in place
-(`GrowingLayer`); `rollback_cache` and `keep_cache_entries` cut it back after a verdict, and
-`cache_room` / `extend_cache` let a forward of our own (`models.lean`) write its buffers directly.
+(`GrowingLayer`); `rollback_cache` and `keep_cache_entries` cut it back after a verdict,
+`cache_room` / `extend_cache` let a forward of our own (`models.lean`) write its buffers directly,
+and `snapshot_cache` copies a prefix to keep (`engine.prefix_cache`).
 """
 
 from __future__ import annotations
@@ -133,3 +134,18 @@ def keep_cache_entries(seq: CacheState, start: int, nodes: list[int]) -> None:
             for states in (layer.keys, layer.values):  # [batch, heads, length, head_dim]
                 states[:, :, start : start + len(nodes)] = states[:, :, source]
     rollback_cache(seq, start + len(nodes))
+
+
+@torch.inference_mode()
+def snapshot_cache(seq: CacheState, length: int) -> CacheState:
+    """An exact-size copy of `seq`'s first `length` tokens, to keep (`engine.prefix_cache`): a
+    kept cache never grows (requests start from copies of it, `TorchBackend.fork`), so it keeps
+    none of the room a growing cache holds."""
+    from transformers import DynamicCache
+
+    if not 1 <= length <= seq.length:
+        raise ValueError(f"cannot keep {length} tokens of a cache of {seq.length}")
+    copy = DynamicCache()
+    for index, layer in enumerate(seq.cache.layers):
+        copy.update(layer.keys[..., :length, :], layer.values[..., :length, :], index)  # concatenated: a copy
+    return CacheState(cache=copy, length=length)

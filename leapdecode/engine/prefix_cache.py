@@ -34,10 +34,9 @@ class PrefixEntry:
     seq: CacheState
 
 
-def shared_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    """How many leading tokens `a` and `b` share (binary search on slice equality: C-speed
-    comparisons, a few per call, not a Python loop over the tokens)."""
-    a, b = list(a), list(b)
+def shared_prefix(a: tuple[int, ...], b: tuple[int, ...]) -> int:
+    """How many leading tokens `a` and `b` share: a binary search on slice equality, so a few
+    comparisons run in C, not a Python step per token."""
     low, high = 0, min(len(a), len(b))  # a[:low] == b[:low]; the answer is at most high
     while low < high:
         mid = (low + high + 1) // 2
@@ -49,53 +48,49 @@ def shared_prefix(a: Sequence[int], b: Sequence[int]) -> int:
 
 
 class PrefixCache:
-    """Kept sequences by their tokens, at most `max_tokens` tokens in all."""
+    """Kept sequences by their tokens, at most `max_tokens` tokens in all. Safe to share between
+    threads (a library `Decoder` may be)."""
 
     def __init__(self, max_tokens: int) -> None:
         if max_tokens < 1:
             raise InputError(f"a prefix cache needs room for at least one token, got {max_tokens}")
         self.max_tokens = max_tokens
         self.entries: list[PrefixEntry] = []  # least recently used first
+        self.tokens = 0  # held by the entries
         self.hits = 0  # requests that started from a kept prefix
         self.hit_tokens = 0  # prompt tokens they did not prefill
-        self._lock = threading.Lock()  # a library `Decoder` may be shared by threads
-
-    @property
-    def tokens(self) -> int:
-        return sum(len(entry.tokens) for entry in self.entries)
+        self._lock = threading.Lock()
 
     def take(
         self, prompt: Sequence[int], fork: Callable[[CacheState, int], CacheState]
     ) -> tuple[CacheState, int] | None:
         """A new cache holding the longest prefix of `prompt` that an entry holds, and its length;
         None when no entry shares a token. At least the prompt's last token is left to prefill:
-        its pass gives the first new token. `fork(seq, n)`: a copy of `seq`'s first `n` tokens."""
+        its pass gives the first new token. `fork(seq, n)`: a copy of `seq`'s first `n` tokens
+        (if it fails, nothing is counted)."""
+        wanted = tuple(prompt)
         with self._lock:
-            found = self._longest(prompt)
-            if found is None:
+            best: PrefixEntry | None = None
+            length = 0
+            for entry in self.entries:
+                shared = min(shared_prefix(entry.tokens, wanted), len(wanted) - 1)
+                if shared > length:
+                    best, length = entry, shared
+            if best is None:
                 return None
-            entry, length = found
-            self.entries.remove(entry)
-            self.entries.append(entry)  # the most recently used
+            copy = fork(best.seq, length)
+            self.entries.remove(best)
+            self.entries.append(best)  # the most recently used
             self.hits += 1
             self.hit_tokens += length
-            return fork(entry.seq, length), length
-
-    def _longest(self, prompt: Sequence[int]) -> tuple[PrefixEntry, int] | None:
-        """The entry sharing the most of `prompt` but its last token, and how much; None: none shares any."""
-        best: PrefixEntry | None = None
-        length = 0
-        for entry in self.entries:
-            shared = min(shared_prefix(entry.tokens, prompt), len(prompt) - 1)
-            if shared > length:
-                best, length = entry, shared
-        return None if best is None else (best, length)
+            return copy, length
 
     def keep(self, tokens: Sequence[int], seq: CacheState, snapshot: Callable[[CacheState, int], CacheState]) -> None:
         """Keep a finished sequence whose cache holds `tokens`, or their first `seq.length`, cut to
         the budget: `snapshot(seq, n)`, an exact-size copy of its first `n` tokens, so the budget
         is what the entries hold. An entry that holds it all already is only refreshed, and entries
-        that are prefixes of it go (it serves whatever they served)."""
+        that are prefixes of it go (it serves whatever they served); then the least recently used
+        go until the budget holds."""
         count = min(len(tokens), seq.length, self.max_tokens)
         if count == 0:
             return
@@ -106,12 +101,15 @@ class PrefixCache:
                     self.entries.remove(entry)
                     self.entries.append(entry)
                     return
+            entry = PrefixEntry(kept, snapshot(seq, count))
             self.entries = [e for e in self.entries if shared_prefix(e.tokens, kept) < len(e.tokens)]
-            self.entries.append(PrefixEntry(kept, snapshot(seq, count)))
-        while self.tokens > self.max_tokens:
-            self.entries.pop(0)
+            self.entries.append(entry)
+            self.tokens = sum(len(e.tokens) for e in self.entries)
+            while self.tokens > self.max_tokens:
+                self.tokens -= len(self.entries.pop(0).tokens)
 
     def clear(self) -> None:
         """Drop every entry (their caches are freed)."""
         with self._lock:
             self.entries.clear()
+            self.tokens = 0

@@ -46,8 +46,9 @@ from typing import TYPE_CHECKING, TypeVar
 
 import torch
 
-from leapdecode.engine.backend import TorchBackend, snapshot_cache
+from leapdecode.engine.backend import TorchBackend
 from leapdecode.engine.batch import BatchItem, drive_rounds, forward_batch
+from leapdecode.engine.cache import snapshot_cache
 from leapdecode.engine.cost import PassCost, allocate, efficient_rows, share_rows
 from leapdecode.engine.loop import SequenceRun, Step
 from leapdecode.engine.prefix_cache import PrefixCache
@@ -210,13 +211,27 @@ class BatchScheduler:
         """A request's prompt in a pass of its own: from a copy of its longest kept prefix where
         there is one, else whole."""
         run = submission.run
-        if submission.keeps_prefix and isinstance(backend, TorchBackend):
-            assert self.prefix_cache is not None, "set only with a prefix cache"
-            taken = self.prefix_cache.take(run.prompt_ids, backend.fork)
+        if isinstance(backend, TorchBackend):
+            taken = self._kept_prefix(submission, backend.fork)
             if taken is not None:
-                seq, submission.cached_tokens = taken
-                return backend.prefill(run.prompt_ids, cached=seq)
+                return backend.prefill(run.prompt_ids, cached=taken)
         return backend.prefill(run.prompt_ids, features=run.features)
+
+    def _kept_prefix(self, submission: Submission, fork: Callable[[CacheState, int], CacheState]) -> CacheState | None:
+        """A copy of the longest kept prefix of the request's prompt (its length in
+        `cached_tokens`), or None: none is kept, or the copy failed (logged; the cache only ever
+        saves work, so the prompt is then prefilled whole)."""
+        if self.prefix_cache is None or not submission.keeps_prefix:
+            return None
+        try:
+            taken = self.prefix_cache.take(submission.run.prompt_ids, fork)
+        except Exception:  # noqa: BLE001 - e.g. out of memory: this request prefills its whole prompt
+            logger.exception("copying a kept prefix failed; prefilling the whole prompt")
+            return None
+        if taken is None:
+            return None
+        seq, submission.cached_tokens = taken
+        return seq
 
     def _packer(self) -> TorchBackend:
         """The backend of the shared passes (only requests that share reach them)."""
@@ -375,12 +390,9 @@ class BatchScheduler:
     def _start_prefill(self, submission: Submission) -> Prefill:
         """A joining request's prefill: from a copy of the longest kept prefix of its prompt, or
         from an empty cache (a drafter that wants the target's states needs the whole prompt's)."""
-        run = submission.run
-        if self.prefix_cache is not None and submission.keeps_prefix:
-            taken = self.prefix_cache.take(run.prompt_ids, self._packer().fork)
-            if taken is not None:
-                seq, submission.cached_tokens = taken
-                return Prefill(seq, done=submission.cached_tokens)
+        seq = self._kept_prefix(submission, self._packer().fork)
+        if seq is not None:
+            return Prefill(seq, done=submission.cached_tokens)
         return Prefill(self._packer().new_sequence())
 
     def _plan(self, decoding: list[Submission]) -> list[tuple[Submission, tuple[Offer, int]]]:
@@ -467,9 +479,12 @@ class BatchScheduler:
         self._leave_prefill(submission)
         run = submission.run
         if self.prefix_cache is not None and submission.keeps_prefix and run.seq is not None and reason != "error":
-            # its cache holds the prompt and what it emitted, but the pending token (or past a
-            # stop string: accepted tokens the text was cut before), between passes
-            self.prefix_cache.keep([*run.prompt_ids, *run.generated], run.seq, snapshot_cache)
+            try:
+                # its cache holds the prompt and what it emitted, but the pending token (or past a
+                # stop string: accepted tokens the text was cut before), between passes
+                self.prefix_cache.keep([*run.prompt_ids, *run.generated], run.seq, snapshot_cache)
+            except Exception:  # noqa: BLE001 - e.g. out of memory: the request ended well, its cache is not kept
+                logger.exception("keeping a finished request's cache failed")
         run.seq = None
         try:
             submission.on_end(reason)

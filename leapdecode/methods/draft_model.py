@@ -66,6 +66,10 @@ class DraftModel(Method):
     # prompt and what was emitted before it started), its first 4 (attention sinks) and its last,
     # so that a long prompt's draft prefill stays short (0: all of it)
     window: int = 128
+    # tokens of finished requests' draft-model caches kept: a prompt that begins as an earlier
+    # prompt and answer did (a chat's next turn) starts the draft model from that prefix, whole,
+    # and it reads only the rest (at most `window` of it); 0: none
+    prefix_cache: int = 8192
 
     @property
     def capabilities(self) -> Capabilities:
@@ -89,6 +93,7 @@ class DraftModel(Method):
             self.window == 0 or self.window >= MIN_WINDOW,
             f"window must be 0 (the whole context) or at least {MIN_WINDOW} tokens, got {self.window}",
         )
+        self._require(self.prefix_cache >= 0, f"prefix_cache must be 0 (none) or more tokens, got {self.prefix_cache}")
         self._require(
             self.precision in PRECISIONS, f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}"
         )
@@ -124,6 +129,7 @@ class DraftModel(Method):
         from leapdecode.drafters.draft_model import DraftCost, DraftModelDrafter
         from leapdecode.drafters.suffix import SuffixDrafter
         from leapdecode.engine.cost import measure_batch_cost, measure_forward_cost, measure_prefill_cost
+        from leapdecode.engine.prefix_cache import PrefixCache
 
         if target.backend != "torch":
             raise MethodError(f"draft: draft-model decoding runs on the torch backend, not {target.backend}")
@@ -153,6 +159,7 @@ class DraftModel(Method):
                 f"{1000 * draft_cost.catch_up:.2f} ms a token), target pass {1000 * cost.of(1):.1f} ms"
             )
         shared = AcceptanceEstimate()  # greedy requests share what acceptance the draft's confidence means
+        kept = PrefixCache(self.prefix_cache) if self.prefix_cache else None  # the requests' draft caches
         lengths = LengthEstimate()  # every request learns from earlier ones how long answers run
 
         def factory(sampling: SamplingParams, noise: PositionNoise) -> Drafter:
@@ -174,6 +181,7 @@ class DraftModel(Method):
                     else None
                 ),
                 window=self.window,
+                prefix_cache=kept,
             )
 
         return factory

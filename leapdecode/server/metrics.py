@@ -54,6 +54,9 @@ class Metrics:
         self.running = Gauge(
             "leapdecode_running_requests", "Generations in the batch (prefilling or decoding)", registry=r
         )
+        self.prefix_cache_tokens = Gauge(
+            "leapdecode_prefix_cache_tokens", "Tokens of finished requests' caches kept (the prefix cache)", registry=r
+        )
         self.latency = Histogram(
             "leapdecode_request_latency_seconds",
             "Request latency",

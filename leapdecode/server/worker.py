@@ -68,6 +68,8 @@ class ServerState:
         state = cls(lm, config, metrics, served, allowed, costs, default_decoder, batch)
         state.decoders[state.default_key] = default_decoder
         metrics.running.set_function(state.running)
+        kept = batch.scheduler.prefix_cache
+        metrics.prefix_cache_tokens.set_function(lambda: kept.tokens if kept is not None else 0)
         metrics.queue_depth.set_function(lambda: max(0, state.admitted - state.running()))
         return state
 
