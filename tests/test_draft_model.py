@@ -192,7 +192,7 @@ def test_a_draft_model_with_another_vocabulary_is_refused(tiny_model) -> None:
 def test_draft_method_parameters_are_validated() -> None:
     assert str(parse_method("draft:model=qwen2.5-coder-0.5b,k=5,cascade=true")) == (
         "draft:model=qwen2.5-coder-0.5b,k=5,schedule=constant,threshold=0.0,cascade=True,coupled=True,precision=int4,vocab=32768,lean=True,"
-        "cost_aware=True,suffix=True,suffix_k=16,suffix_min=1,suffix_tree=True,window=128"
+        "cost_aware=True,suffix=True,suffix_k=16,suffix_min=1,suffix_tree=True,window=128,prefix_cache=8192"
     )
     for bad in (
         "draft:k=0",
@@ -204,6 +204,7 @@ def test_draft_method_parameters_are_validated() -> None:
         "draft:precision=fp8",
         "draft:vocab=100",
         "draft:vocab=-1",
+        "draft:prefix_cache=-1",
     ):
         with pytest.raises(MethodError):
             parse_method(bad)
