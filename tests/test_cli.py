@@ -126,3 +126,10 @@ def test_llama_server_is_a_peer_of_concurrent_runs_only() -> None:
     assert alone.exit_code == 2 and "run it with --concurrency" in alone.output
     mixed = runner.invoke(app, ["bench", "--methods", "ar,hf-pld", "--concurrency", "1", "--limit", "1", "-n", "4"])
     assert mixed.exit_code == 2 and "leave out other peers" in mixed.output
+
+
+def test_a_prefix_cache_size_is_checked_before_anything_loads() -> None:
+    alone = runner.invoke(app, ["bench", "--methods", "ar", "--prefix-cache-tokens", "64", "--limit", "1", "-n", "4"])
+    assert alone.exit_code == 2 and "--prefix-cache-tokens" in alone.output and "--concurrency" in alone.output
+    negative = runner.invoke(app, ["serve", "--prefix-cache-tokens", "-1"])
+    assert negative.exit_code == 2 and "--prefix-cache-tokens" in negative.output
