@@ -288,3 +288,15 @@ def test_requests_sharing_prefixes_in_a_busy_batch_each_equal_the_request_alone(
     for i, (method, prompt, options) in enumerate(plans):
         alone = decoders[method].generate(prompt, **options).token_ids
         assert outputs[i] == (alone[: len(outputs[i])] if ends[i] == "cancelled" else alone), (i, plans[i])
+
+
+def test_the_servers_default_size_is_what_a_gigabyte_of_keys_and_values_holds_at_most(exact_tiny, monkeypatch) -> None:
+    from leapdecode.server import batching
+
+    backend = wrap(exact_tiny, "ar").backend
+    text = exact_tiny.model.config
+    kv_heads = text.num_key_value_heads
+    per_token = text.num_hidden_layers * 2 * kv_heads * (text.hidden_size // text.num_attention_heads) * 4
+    assert batching.default_prefix_cache_tokens(backend) == min(8192, 2**30 // per_token)
+    monkeypatch.setattr(batching, "PREFIX_CACHE_BYTES", 10 * per_token + 1)
+    assert batching.default_prefix_cache_tokens(backend) == 10

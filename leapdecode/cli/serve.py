@@ -93,15 +93,16 @@ def serve(
         ),
     ] = 128,
     prefix_cache_tokens: Annotated[
-        int,
+        int | None,
         typer.Option(
             "--prefix-cache-tokens",
             help=(
                 "Tokens of finished requests' KV caches kept for requests that begin the same way (a chat's "
-                "history, a system prompt), which then prefill only the rest; 0: off."
+                "history, a system prompt), which then prefill only the rest; 0: off (default: 8192, or what "
+                "1 GiB of keys and values holds where fewer)."
             ),
         ),
-    ] = 8192,
+    ] = None,
 ) -> None:
     """Serve the model over an OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions)."""
     import uvicorn
@@ -122,7 +123,7 @@ def serve(
         )
     if (max_batch is not None and max_batch < 1) or not (max_batch or 1) <= max_pass_rows <= 256:
         raise typer.BadParameter("--max-batch must be >= 1, and --max-pass-rows from --max-batch to 256")
-    if prefix_cache_tokens < 0:
+    if prefix_cache_tokens is not None and prefix_cache_tokens < 0:
         raise typer.BadParameter("--prefix-cache-tokens must be >= 0 (0: no prefix cache)")
     if not is_loopback(host) and not api_key:
         err_console.print(f"[yellow]warning:[/] serving on {host}, reachable from other machines, with no --api-key")

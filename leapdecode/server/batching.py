@@ -31,6 +31,8 @@ from leapdecode.server.metrics import Metrics
 
 logger = logging.getLogger("leapdecode")
 MAX_DEFAULT_BATCH = 16  # the largest batch `default_max_batch` picks
+PREFIX_CACHE_TOKENS = 8192  # the prefix cache's default size in tokens ...
+PREFIX_CACHE_BYTES = 1 << 30  # ... unless fewer tokens' keys and values fill this
 GAIN = 1.2  # doubling the batch must raise the pass's rows per second by this much to be worth it
 
 
@@ -108,7 +110,10 @@ def start_batching(lm: LoadedModel, config: ServerConfig, metrics: Metrics) -> B
     """The worker for `config.max_batch` (None: from the measured cost curve): shared passes where
     the model packs sequences and more than one request pays, else one request at a time."""
     backend: Backend = backend_for(lm)
-    prefix_cache = PrefixCache(config.prefix_cache_tokens) if config.prefix_cache_tokens else None
+    tokens = config.prefix_cache_tokens
+    if tokens is None:
+        tokens = default_prefix_cache_tokens(backend) if isinstance(backend, TorchBackend) else 0
+    prefix_cache = PrefixCache(tokens) if tokens else None
     if config.max_batch == 1:
         return one_at_a_time(backend, metrics, "--max-batch 1", prefix_cache)
     reason = backend.batchable
@@ -134,12 +139,20 @@ def start_batching(lm: LoadedModel, config: ServerConfig, metrics: Metrics) -> B
         max_batch,
         config.max_pass_rows,
         scheduler.busy_rows,
-        f"keeping up to {config.prefix_cache_tokens} tokens of finished requests' caches for prompts that begin "
-        f"the same way"
+        f"keeping up to {tokens} tokens of finished requests' caches for prompts that begin the same way"
         if prefix_cache is not None
         else "no prefix cache",
     )
     return BatchWorker(scheduler, metrics)
+
+
+def default_prefix_cache_tokens(backend: TorchBackend) -> int:
+    """`PREFIX_CACHE_TOKENS`, or fewer where a token's keys and values are large (measured: one
+    token prefilled): a 7B model without grouped-query attention keeps 0.5-1 MiB a token, so 8,192
+    of them would take gigabytes a user never asked for."""
+    seq, _ = backend.prefill([0])
+    per_token = int(sum(layer.keys.nbytes + layer.values.nbytes for layer in seq.cache.layers))
+    return max(1, min(PREFIX_CACHE_TOKENS, PREFIX_CACHE_BYTES // max(1, per_token)))
 
 
 def one_at_a_time(backend: Backend, metrics: Metrics, why: str, prefix_cache: PrefixCache | None) -> BatchWorker:

@@ -27,8 +27,9 @@ class ServerConfig:
     max_batch: int | None = None
     max_pass_rows: int = 128  # tokens one shared pass may score (pending, drafted and prompt tokens)
     # Tokens of finished requests' caches kept for requests that begin the same way (a chat's
-    # history, a system prompt: `engine.prefix_cache`); 0: every prompt is prefilled whole.
-    prefix_cache_tokens: int = 8192
+    # history, a system prompt: `engine.prefix_cache`); 0: every prompt is prefilled whole; None:
+    # 8,192, or what 1 GiB of keys and values holds where that is fewer (`server.batching`).
+    prefix_cache_tokens: int | None = None
 
 
 def default_allowed_methods(served: Method) -> tuple[str, ...]:
