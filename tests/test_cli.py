@@ -133,3 +133,15 @@ def test_a_prefix_cache_size_is_checked_before_anything_loads() -> None:
     assert alone.exit_code == 2 and "--prefix-cache-tokens" in alone.output and "--concurrency" in alone.output
     negative = runner.invoke(app, ["serve", "--prefix-cache-tokens", "-1"])
     assert negative.exit_code == 2 and "--prefix-cache-tokens" in negative.output
+
+
+def test_chat_answers_turn_after_turn_each_from_the_last_turns_cache() -> None:
+    result = runner.invoke(
+        app, ["chat", "-n", "8", "--method", "anpd", "--system", "Be brief."], input="Name a colour.\nAnd another?\n"
+    )
+    assert result.exit_code == 0, result.output
+    stats = [line for line in result.output.splitlines() if "from the last turns' cache" in line]
+    assert len(stats) == 2 and " 0 from the last turns' cache" in stats[0]
+    assert " 0 from the last turns' cache" not in stats[1]  # the second turn started from the first's
+    bad = runner.invoke(app, ["chat", "--prefix-cache-tokens", "-1"], input="hi\n")
+    assert bad.exit_code == 2 and "--prefix-cache-tokens" in bad.output
