@@ -22,7 +22,6 @@ from leapdecode.engine import (
     SamplingParams,
     Step,
     StopCriteria,
-    TorchBackend,
     TreeVerifier,
     Verifier,
     truncate_at_stop,
@@ -30,7 +29,7 @@ from leapdecode.engine import (
 from leapdecode.engine.loop import SequenceRun
 from leapdecode.engine.noise import PositionNoise
 from leapdecode.engine.prefix_cache import PrefixCache
-from leapdecode.engine.scheduler import decode_run
+from leapdecode.engine.scheduler import BatchScheduler, decode_run
 from leapdecode.errors import InputError
 from leapdecode.methods import Method, parse_method
 from leapdecode.methods.defaults import default_method
@@ -170,12 +169,10 @@ class Decoder:
             raise InputError(f"{self.method.name!r} is a benchmark peer (Hugging Face generate), not an engine method")
         self.backend = self.method.make_backend(lm)
         self.prefix_cache = PrefixCache(prefix_cache_tokens) if prefix_cache_tokens else None
-        if self.prefix_cache is not None:
-            exact = isinstance(self.backend, TorchBackend) and self.backend.batchable is None
-            if not exact:  # its prefills and decoding rows may differ in their last bits
-                (log or logger.info)(
-                    "prefix cache unused: the model is not row-exact here; prompts are prefilled whole"
-                )
+        # the scheduler decides where kept caches are exact (a row-exact model); elsewhere it keeps none
+        if self.prefix_cache is not None and BatchScheduler.alone(self.backend, self.prefix_cache).prefix_cache is None:
+            # its prefills and decoding rows may differ in their last bits
+            (log or logger.info)("prefix cache unused: the model is not row-exact here; prompts are prefilled whole")
         self._new_drafter = self.method.prepare(
             lm,
             draft_model=draft_model,

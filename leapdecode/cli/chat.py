@@ -22,6 +22,7 @@ from leapdecode.cli.common import (
     err_console,
     friendly,
     load_with_progress,
+    print_stream,
     set_threads,
 )
 
@@ -56,7 +57,6 @@ def chat(
     from leapdecode.engine import GenerationStats
     from leapdecode.engine.sampling import SamplingParams
     from leapdecode.methods import parse_method
-    from leapdecode.textstream import TextStream
 
     set_threads(threads)
     if method is not None:
@@ -76,14 +76,9 @@ def chat(
             break
         messages.append({"role": "user", "content": line})
         saved = decoder.prefix_cache.hit_tokens if decoder.prefix_cache is not None else 0
-        text = TextStream(lm.tokenizer)
         start = time.perf_counter()
         stream = decoder.stream(messages, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed)
-        steps = []
-        for step in stream:
-            steps.append(step)
-            console.out(text.push(step.tokens), end="", highlight=False)
-        console.out(text.flush(), highlight=False)
+        steps = print_stream(lm.tokenizer, stream)
         stats = GenerationStats.from_steps(steps, time.perf_counter() - start)
         reply = lm.tokenizer.decode([t for s in steps for t in s.tokens], skip_special_tokens=True)
         messages.append({"role": "assistant", "content": reply})

@@ -8,7 +8,7 @@ from __future__ import annotations
 import functools
 import logging
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
@@ -20,6 +20,7 @@ from leapdecode.errors import LeapDecodeError
 from leapdecode.models.presets import DEFAULT_MODEL
 
 if TYPE_CHECKING:
+    from leapdecode.engine import Step
     from leapdecode.models import LoadedModel
 
 __all__ = [
@@ -41,6 +42,7 @@ __all__ = [
     "fail",
     "friendly",
     "load_with_progress",
+    "print_stream",
     "read_prompt",
     "set_threads",
 ]
@@ -182,3 +184,17 @@ def chosen_method(lm: LoadedModel, method: str | None) -> str:
     choice = default_method(lm)
     err_console.print(f"[dim]method: {choice.method} ({choice.reason})[/]")
     return choice.method
+
+
+def print_stream(tokenizer: Any, steps: Iterable[Step]) -> list[Step]:
+    """Print a generation's text as its steps arrive (standard output keeps only the text), and
+    return the steps."""
+    from leapdecode.textstream import TextStream
+
+    text = TextStream(tokenizer)
+    done = []
+    for step in steps:
+        done.append(step)
+        console.out(text.push(step.tokens), end="", highlight=False)
+    console.out(text.flush(), highlight=False)
+    return done

@@ -26,6 +26,7 @@ from leapdecode.cli.common import (
     err_console,
     friendly,
     load_with_progress,
+    print_stream,
     read_prompt,
     set_threads,
 )
@@ -65,7 +66,6 @@ def generate(
     from leapdecode.engine import GenerationStats
     from leapdecode.engine.sampling import SamplingParams
     from leapdecode.methods import parse_method
-    from leapdecode.textstream import TextStream
 
     set_threads(threads)
     text = read_prompt(prompt)
@@ -80,13 +80,10 @@ def generate(
         decoder.generate(text, max_new_tokens=2, chat=chat)
     if compare and temperature > 0 and seed is None:
         sampling["seed"] = 0  # both runs draw from one seed, so that they can be compared
-    stream = TextStream(lm.tokenizer)
-    steps = []
     start = time.perf_counter()
-    for step in decoder.stream(text, max_new_tokens=max_new_tokens, stop=stops, chat=chat, **sampling):
-        steps.append(step)
-        console.out(stream.push(step.tokens), end="", highlight=False)
-    console.out(stream.flush(), highlight=False)
+    steps = print_stream(
+        lm.tokenizer, decoder.stream(text, max_new_tokens=max_new_tokens, stop=stops, chat=chat, **sampling)
+    )
     stats = GenerationStats.from_steps(steps, time.perf_counter() - start)
     bound = (
         f", bound alpha*K+1 = {stats.speedup_bound(decoder.method.draft_length):.2f}"
