@@ -27,12 +27,14 @@ from leapdecode.methods import backend_for
 from leapdecode.models import LoadedModel
 from leapdecode.server.config import ServerConfig
 from leapdecode.server.jobs import Job
+from leapdecode.server.memory import release_free_memory
 from leapdecode.server.metrics import Metrics
 
 logger = logging.getLogger("leapdecode")
 MAX_DEFAULT_BATCH = 16  # the largest batch `default_max_batch` picks
 PREFIX_CACHE_TOKENS = 8192  # the prefix cache's default size in tokens ...
 PREFIX_CACHE_BYTES = 1 << 30  # ... unless fewer tokens' keys and values fill this
+IDLE_S = 0.5  # after this long without work, the worker gives freed memory back to the system
 GAIN = 1.2  # doubling the batch must raise the pass's rows per second by this much to be worth it
 
 
@@ -53,7 +55,8 @@ class Sink(Protocol):
 
 
 class BatchWorker:
-    """The thread that runs `scheduler.step()` while there is work, and sleeps otherwise."""
+    """The thread that runs `scheduler.step()` while there is work, and sleeps otherwise (giving
+    the memory its requests freed back to the system once idle)."""
 
     def __init__(self, scheduler: BatchScheduler, metrics: Metrics) -> None:
         self.scheduler = scheduler
@@ -84,9 +87,14 @@ class BatchWorker:
         return self.scheduler.submit(submission)
 
     def _loop(self) -> None:
+        worked = False  # since memory was last given back
         while not self._stop.is_set():
-            if not self.scheduler.wait_for_work(timeout=0.5):
+            if not self.scheduler.wait_for_work(timeout=IDLE_S):
+                if worked:  # idle for IDLE_S after work: give back what its requests freed
+                    release_free_memory()
+                    worked = False
                 continue
+            worked = True
             try:
                 report = self.scheduler.step()
             except Exception as exc:  # noqa: BLE001 - end what is in the batch with the error; keep serving
