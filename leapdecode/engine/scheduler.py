@@ -4,14 +4,15 @@ Requests join and leave between passes. Each pass packs, for every running reque
 token and the part of its draft that pays, plus chunks of the prompts of requests that joined
 (their prefill rides along with the others' decoding in the rows the pass has left, Sarathi-style,
 so a long prompt never stalls the others for more than one pass of `max_rows`, and those rows are
-shared fairly among the prompts, so a short one is not held behind a long one's prefill), into one forward
-(`engine.batch`); each request's rows are bitwise what its own pass would give (a prompt's too,
-whatever its chunks), so its output equals the request alone. Requests with the same prompt that
-join together (`n` > 1 siblings) share its prefill: one is prefilled, the others get copies of
-its cache. With a prefix cache (`engine.prefix_cache`, on a row-exact model), a request that
-ends leaves its cache there, and a request whose prompt begins with tokens a kept cache holds (a
-chat's history, a system prompt) starts from a copy of it and prefills only the rest, in shared
-passes or in a pass of its own.
+shared fairly among the prompts, so a short one is not held behind a long one's prefill), into
+one forward (`engine.batch`; the drafts planned and cut in `engine.pass_plan`); each request's
+rows are bitwise what its own pass would give (a prompt's too, whatever its chunks), so its
+output equals the request alone. Requests with the same prompt that join together (`n` > 1
+siblings) share its prefill: one is prefilled, the others get copies of its cache. With a
+prefix cache (`engine.prefix_cache`, on a row-exact model), a request that ends leaves its cache
+there, and a request whose prompt begins with tokens a kept cache holds (a chat's history, a
+system prompt) starts from a copy of it and prefills only the rest, in shared passes or in a
+pass of its own.
 
 Rows are shared, so drafts are cut for the whole pass, not per request: every drafted token comes
 with its estimated probability of acceptance (its `reach`, from cost-aware drafting), and the pass
@@ -41,16 +42,17 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Generator, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, TypeVar
 
 import torch
 
 from leapdecode.engine.backend import TorchBackend
-from leapdecode.engine.batch import BatchItem, drive_rounds, forward_batch
+from leapdecode.engine.batch import BatchItem, forward_batch
 from leapdecode.engine.cache import snapshot_cache
-from leapdecode.engine.cost import PassCost, allocate, efficient_rows, share_rows
+from leapdecode.engine.cost import PassCost, efficient_rows, share_rows
 from leapdecode.engine.loop import SequenceRun, Step
+from leapdecode.engine.pass_plan import cut_drafts, features_for, plan_offers
 from leapdecode.engine.prefix_cache import PrefixCache
 from leapdecode.engine.submission import PassReport, Prefill, Submission
 from leapdecode.errors import InputError
@@ -60,11 +62,10 @@ logger = logging.getLogger("leapdecode")
 T = TypeVar("T")
 
 if TYPE_CHECKING:
-    from leapdecode.drafters.base import Drafter, DraftFeed, Offer
+    from leapdecode.drafters.base import Drafter
     from leapdecode.engine.backend import Backend, CacheState, Scores
     from leapdecode.engine.loop import TreeVerifier, Verifier
     from leapdecode.engine.stopping import StopCriteria
-    from leapdecode.engine.tree import TreeLayout
 
 
 class BatchScheduler:
@@ -265,9 +266,11 @@ class BatchScheduler:
     def _pass(self, decoding: list[Submission], chunks: list[tuple[Submission, BatchItem]]) -> PassReport | None:
         """Plan, score and settle one shared pass; a request whose drafting, verifying or
         callbacks fail leaves with its error, the others go on (a failed forward ends them all)."""
-        planned = self._plan(decoding)
+        batch = sum(not s.alone for s in self.running)
+        planned = plan_offers(decoding, self._packer(), batch, self.cost, self._isolated)
         prefill = sum(len(item.tokens) for _, item in chunks)
-        drafting = self._allocate(planned, len(planned) + prefill)
+        assert self.cost is not None, "shared passes are cut by their measured cost"
+        drafting = cut_drafts(planned, len(planned) + prefill, self.cost, self.max_rows, self._isolated)
         members = [s for s, _ in drafting] + [s for s, _ in chunks]
         items = [item for _, item in drafting] + [item for _, item in chunks]
         if not items:
@@ -288,9 +291,7 @@ class BatchScheduler:
             emitted += self._isolated(submission, functools.partial(self._settled, submission, score, wanted)) or 0
         for (submission, item), score in zip(chunks, scores[len(drafting) :]):
             try:
-                emitted += self._prefilled(
-                    submission, len(item.tokens), self._features_for(submission.run, score, wanted)
-                )
+                emitted += self._prefilled(submission, len(item.tokens), features_for(submission.run, score, wanted))
             except Exception as exc:  # noqa: BLE001 - this prompt's requests end with the error, the others go on
                 spoiled = self.prefilling.pop(submission, None)
                 for member in [submission, *(spoiled.followers if spoiled is not None else ())]:
@@ -302,7 +303,7 @@ class BatchScheduler:
     def _settled(self, submission: Submission, scores: Scores, wanted: tuple[int, ...]) -> int:
         """A decoding request's rows were scored: verify, keep, emit."""
         return self._deliver(
-            submission, submission.run.settle(self._packer(), self._features_for(submission.run, scores, wanted))
+            submission, submission.run.settle(self._packer(), features_for(submission.run, scores, wanted))
         )
 
     def _prefilled(self, submission: Submission, rows: int, scores: Scores) -> int:
@@ -395,83 +396,6 @@ class BatchScheduler:
             return Prefill(seq, done=submission.cached_tokens)
         return Prefill(self._packer().new_sequence())
 
-    def _plan(self, decoding: list[Submission]) -> list[tuple[Submission, tuple[Offer, int]]]:
-        """Each decoding request's offer and the most drafted tokens its pass may verify exactly.
-        Requests whose drafters draft with one draft model run their rounds together, one packed
-        pass of it a round (`drive_rounds`); a request whose drafting fails leaves with its error."""
-        groups: dict[int, list[Submission]] = {}
-        for submission in decoding:
-            groups.setdefault(id(submission.run.drafter.draft_backend), []).append(submission)
-        # the drafters price rows for every request sharing the passes: those decoding now and those
-        # whose prompts are in the passes (decoding in a few steps, while a draft's cost is repaid)
-        batch = sum(not s.alone for s in self.running)
-        offers: dict[int, tuple[Offer, int]] = {}
-        for members in groups.values():
-            started = [
-                (submission, made)
-                for submission in members
-                if (made := self._isolated(submission, functools.partial(self._start_offer, submission, batch)))
-                is not None
-            ]
-            backend = members[0].run.drafter.draft_backend
-            done = drive_rounds(backend, [rounds for _, (_, rounds) in started])
-            for (submission, (exact, _)), offer in zip(started, done):
-                if isinstance(offer, Exception):
-                    submission.error = offer
-                    self._end(submission, "error")
-                    continue
-                offers[id(submission)] = (offer, len(offer.draft) if exact is None else min(len(offer.draft), exact))
-        return [(submission, offers[id(submission)]) for submission in decoding if id(submission) in offers]
-
-    def _start_offer(
-        self, submission: Submission, batch: int
-    ) -> tuple[int | None, Generator[DraftFeed, tuple[CacheState, Scores], Offer]]:
-        """A decoding request's exact bound (the most drafted tokens its pass verifies exactly)
-        and its drafter's rounds (`batch` requests sharing the passes), not yet started."""
-        run = submission.run
-        assert run.seq is not None, "a decoding request has its cache"
-        exact = self._packer().draft_limit(run.seq)
-        return exact, run.offer_rounds(exact, batch, self.cost)
-
-    def _allocate(
-        self, planned: list[tuple[Submission, tuple[Offer, int]]], base: int
-    ) -> list[tuple[Submission, BatchItem]]:
-        """Cut the decoding requests' offers for the pass (`allocate`; `base`: the rows it holds
-        before drafts) and build their items; a request whose cut or plan fails leaves with its
-        error, the others go on."""
-        # a prompt row is worth a token, as a decoding row is: work the requests need either way,
-        # where a drafted row is worth only its reach (else a pass that carries a prompt chunk
-        # would make drafts look cheap against its cost)
-        assert self.cost is not None, "shared passes are cut by their measured cost"
-        kept = allocate(
-            [offer for _, (offer, _) in planned],
-            [cap for _, (_, cap) in planned],
-            base,
-            base,
-            self.cost,
-            max(self.max_rows, base),
-        )
-        items: list[tuple[Submission, BatchItem]] = []
-        for (submission, (offer, _)), keep in zip(planned, kept):
-            run = submission.run
-            plan = self._isolated(submission, functools.partial(taken_plan, run, offer, keep))
-            if plan is not None and run.seq is not None:
-                items.append((submission, BatchItem(run.seq, plan[0], plan[1])))
-        return items
-
-    @staticmethod
-    def _features_for(run: SequenceRun, scores: Scores, wanted: tuple[int, ...]) -> Scores:
-        """A request's scores with only the states its drafter asked for (the pass computed the
-        union of every request's)."""
-        from leapdecode.engine.backend import Scores
-
-        own = run.features
-        if own == wanted or scores.features is None:
-            return scores if own else Scores(scores.logits)
-        width = scores.features.shape[-1] // len(wanted)
-        columns = [slice(wanted.index(layer) * width, (wanted.index(layer) + 1) * width) for layer in own]
-        return Scores(scores.logits, features=torch.cat([scores.features[:, c] for c in columns], dim=-1))
-
     def _end(self, submission: Submission, reason: str) -> None:
         """Take a request out of the batch (its cache is freed with its run) and tell its owner."""
         if submission in self.running:
@@ -508,11 +432,6 @@ class BatchScheduler:
                 self.prefilling[leader] = waiting
             elif heir is not None:  # in its place
                 self.prefilling[heir] = waiting
-
-
-def taken_plan(run: SequenceRun, offer: Offer, kept: Sequence[int]) -> tuple[list[int], TreeLayout | None]:
-    """The pass's tokens and tree for the part of `offer` the scheduler kept."""
-    return run.plan(run.take(offer, kept))
 
 
 def decode(

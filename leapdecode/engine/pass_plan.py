@@ -1,0 +1,122 @@
+"""A shared pass's drafts: what each decoding request offers, and the cut for the whole pass.
+
+The scheduler (`engine.scheduler`) asks every decoding request's drafter for an offer (requests
+whose drafters share one draft model run their rounds together, one packed pass of it a round:
+`drive_rounds`), then keeps the most probable drafted tokens of all requests in the number the
+pass's measured cost says pays (`engine.cost.allocate`). A request whose drafting, cut or plan
+fails leaves with its error through `isolated`; the others go on.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Generator, Sequence
+from typing import TYPE_CHECKING, Protocol, TypeVar
+
+import torch
+
+from leapdecode.engine.batch import BatchItem, drive_rounds
+from leapdecode.engine.cost import PassCost, allocate
+from leapdecode.engine.submission import Submission
+
+if TYPE_CHECKING:
+    from leapdecode.drafters.base import DraftFeed, Offer
+    from leapdecode.engine.backend import CacheState, Scores, TorchBackend
+    from leapdecode.engine.loop import SequenceRun
+    from leapdecode.engine.tree import TreeLayout
+
+T = TypeVar("T")
+Planned = tuple[Submission, tuple["Offer", int]]  # a request, its offer and the most its pass verifies exactly
+
+
+class Isolated(Protocol):
+    """Runs `work` for one request; if it fails, that request ends with the error (None)."""
+
+    def __call__(self, submission: Submission, work: Callable[[], T]) -> T | None: ...
+
+
+def plan_offers(
+    decoding: list[Submission], packer: TorchBackend, batch: int, cost: PassCost | None, isolated: Isolated
+) -> list[Planned]:
+    """Each decoding request's offer and the most drafted tokens its pass may verify exactly;
+    `batch`: the requests sharing the passes, whom the drafters price rows for (those decoding
+    now and those whose prompts are in the passes, decoding in a few steps, while a draft's cost
+    is repaid). A request whose drafting fails leaves with its error."""
+    groups: dict[int, list[Submission]] = {}
+    for submission in decoding:
+        groups.setdefault(id(submission.run.drafter.draft_backend), []).append(submission)
+    offers: dict[int, tuple[Offer, int]] = {}
+    for members in groups.values():
+        started = [
+            (submission, made)
+            for submission in members
+            if (made := isolated(submission, functools.partial(_start_offer, submission, packer, batch, cost)))
+            is not None
+        ]
+        backend = members[0].run.drafter.draft_backend
+        done = drive_rounds(backend, [rounds for _, (_, rounds) in started])
+        for (submission, (exact, _)), offer in zip(started, done):
+            if isinstance(offer, Exception):
+                isolated(submission, functools.partial(_raise, offer))
+                continue
+            offers[id(submission)] = (offer, len(offer.draft) if exact is None else min(len(offer.draft), exact))
+    return [(submission, offers[id(submission)]) for submission in decoding if id(submission) in offers]
+
+
+def _start_offer(
+    submission: Submission, packer: TorchBackend, batch: int, cost: PassCost | None
+) -> tuple[int | None, Generator[DraftFeed, tuple[CacheState, Scores], Offer]]:
+    """A decoding request's exact bound (the most drafted tokens its pass verifies exactly) and
+    its drafter's rounds, not yet started."""
+    run = submission.run
+    assert run.seq is not None, "a decoding request has its cache"
+    exact = packer.draft_limit(run.seq)
+    return exact, run.offer_rounds(exact, batch, cost)
+
+
+def _raise(error: Exception) -> None:
+    raise error
+
+
+def cut_drafts(
+    planned: list[Planned], base: int, cost: PassCost, max_rows: int, isolated: Isolated
+) -> list[tuple[Submission, BatchItem]]:
+    """Cut the decoding requests' offers for the pass (`allocate`; `base`: the rows it holds
+    before drafts) and build their items; a request whose cut or plan fails leaves with its
+    error, the others go on."""
+    # a prompt row is worth a token, as a decoding row is: work the requests need either way,
+    # where a drafted row is worth only its reach (else a pass that carries a prompt chunk
+    # would make drafts look cheap against its cost)
+    kept = allocate(
+        [offer for _, (offer, _) in planned],
+        [cap for _, (_, cap) in planned],
+        base,
+        base,
+        cost,
+        max(max_rows, base),
+    )
+    items: list[tuple[Submission, BatchItem]] = []
+    for (submission, (offer, _)), keep in zip(planned, kept):
+        run = submission.run
+        plan = isolated(submission, functools.partial(taken_plan, run, offer, keep))
+        if plan is not None and run.seq is not None:
+            items.append((submission, BatchItem(run.seq, plan[0], plan[1])))
+    return items
+
+
+def taken_plan(run: SequenceRun, offer: Offer, kept: Sequence[int]) -> tuple[list[int], TreeLayout | None]:
+    """The pass's tokens and tree for the part of `offer` the scheduler kept."""
+    return run.plan(run.take(offer, kept))
+
+
+def features_for(run: SequenceRun, scores: Scores, wanted: tuple[int, ...]) -> Scores:
+    """A request's scores with only the states its drafter asked for (the pass computed the
+    union of every request's)."""
+    from leapdecode.engine.backend import Scores
+
+    own = run.features
+    if own == wanted or scores.features is None:
+        return scores if own else Scores(scores.logits)
+    width = scores.features.shape[-1] // len(wanted)
+    columns = [slice(wanted.index(layer) * width, (wanted.index(layer) + 1) * width) for layer in own]
+    return Scores(scores.logits, features=torch.cat([scores.features[:, c] for c in columns], dim=-1))
