@@ -15,7 +15,7 @@ from leapdecode import Decoder, wrap
 from leapdecode.engine import CacheState
 from leapdecode.engine.cache import snapshot_cache
 from leapdecode.engine.cost import ForwardCost
-from leapdecode.engine.prefix_cache import PrefixCache, shared_prefix
+from leapdecode.engine.prefix_cache import PrefixCache, RunningSource, plan_start, shared_prefix
 from leapdecode.engine.scheduler import BatchScheduler
 from leapdecode.engine.submission import Submission
 from leapdecode.engine.tree import compile_tree
@@ -244,17 +244,24 @@ def test_a_decoder_with_a_prefix_cache_prefills_only_a_chats_new_turn(exact_tiny
     requests=st.integers(2, 7),
     max_batch=st.integers(1, 3),
     budget=st.sampled_from([16, 64, 4096]),
+    wait_tokens=st.sampled_from([1, 4, 10**6]),
 )
 def test_requests_sharing_prefixes_in_a_busy_batch_each_equal_the_request_alone(
-    exact_tiny, seed, requests, max_batch, budget
+    exact_tiny, seed, requests, max_batch, budget, wait_tokens
 ) -> None:
-    """Prompts that extend, cut or repeat earlier ones, joining while others decode and leave (one
-    cancelled), through a prefix cache small enough to evict."""
+    """Prompts that extend, cut or repeat earlier ones, joining while others are prefilled, decode
+    and leave (one cancelled), starting from kept caches (a budget small enough to evict) and from
+    running requests' caches, waiting or not for prefills that will give them more."""
     rng = random.Random(seed)
     decoders = {m: wrap(exact_tiny, m) for m in ("ar", "anpd", "anpd-tree", "suffix")}
     prefix_cache = PrefixCache(budget)
     scheduler = BatchScheduler(
-        decoders["ar"].backend, COST, max_batch=max_batch, max_rows=24, prefix_cache=prefix_cache
+        decoders["ar"].backend,
+        COST,
+        max_batch=max_batch,
+        max_rows=6,
+        prefix_cache=prefix_cache,
+        wait_tokens=wait_tokens,
     )
     prompts: list[list[int]] = []
     outputs: dict[int, list[int]] = {}
@@ -278,7 +285,7 @@ def test_requests_sharing_prefixes_in_a_busy_batch_each_equal_the_request_alone(
                 )
             )
         )
-        for _ in range(rng.randint(0, 6)):
+        for _ in range(rng.choice([0, 0, 1, 3, 6])):  # often in bursts
             scheduler.step()
         if i == 1:
             submissions[0].cancel()
@@ -288,6 +295,106 @@ def test_requests_sharing_prefixes_in_a_busy_batch_each_equal_the_request_alone(
     for i, (method, prompt, options) in enumerate(plans):
         alone = decoders[method].generate(prompt, **options).token_ids
         assert outputs[i] == (alone[: len(outputs[i])] if ends[i] == "cancelled" else alone), (i, plans[i])
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    prompt=st.lists(st.integers(0, 3), min_size=1, max_size=12),
+    kept=st.integers(0, 12),
+    running=st.lists(st.tuples(st.lists(st.integers(0, 3), max_size=12), st.integers(0, 12)), max_size=4),
+    wait_tokens=st.integers(1, 6),
+)
+def test_a_prompt_starts_from_the_longest_prefix_held_now_or_waits_for_enough_more(
+    prompt, kept, running, wait_tokens
+) -> None:
+    sources = [
+        RunningSource(tuple(tokens), min(ready, len(tokens)), fake_seq(min(ready, len(tokens))))
+        for tokens, ready in running
+    ]
+    start = plan_start(prompt, kept, sources, wait_tokens)
+    cap = len(prompt) - 1
+    shared = [min(shared_prefix(s.tokens, tuple(prompt)), cap) for s in sources]
+    now = max([min(kept, cap)] + [min(n, s.ready) for n, s in zip(shared, sources)])
+    later = max([n for n, s in zip(shared, sources) if n > s.ready], default=0)
+    if later - now >= wait_tokens:
+        assert start is not None and start.wait and start.length == later
+        assert shared[start.source] == later > sources[start.source].ready
+    elif now == 0:
+        assert start is None
+    else:
+        assert start is not None and not start.wait and start.length == now
+        if start.source is None:
+            assert min(kept, cap) == now
+        else:
+            assert min(shared[start.source], sources[start.source].ready) == now
+
+
+@pytest.mark.parametrize("cancel_leader", [False, True])
+def test_a_burst_with_one_system_prompt_prefills_it_once(exact_tiny, cancel_leader) -> None:
+    """Requests that join together, each a shared system prompt and a question of its own: the
+    first prefills the system prompt, the others wait for it and start from copies (the first
+    cancelled midway: the next in its place); each equals its request alone."""
+    decoders = [wrap(exact_tiny, m) for m in ("ar", "anpd", "suffix", "anpd-tree")]
+    prefix_cache = PrefixCache(4096)
+    scheduler = BatchScheduler(
+        decoders[0].backend, COST, max_batch=4, max_rows=8, prefix_cache=prefix_cache, wait_tokens=4
+    )
+    rng = random.Random(7)
+    system = [rng.randrange(2, TINY_VOCAB) for _ in range(20)]
+    prompts = [system + [rng.randrange(2, TINY_VOCAB) for _ in range(3 + i)] for i in range(4)]
+    outputs: list[list[int]] = [[] for _ in prompts]
+    ends: list[str] = []
+    subs = [
+        scheduler.submit(
+            Submission(d.start(p, max_new_tokens=10), lambda s, i=i: outputs[i].extend(s.tokens), ends.append)
+        )
+        for i, (d, p) in enumerate(zip(decoders, prompts))
+    ]
+    prefill_rows = 0
+    steps = 0
+    while not scheduler.idle:
+        if cancel_leader and steps == 1:
+            subs[0].cancel()
+        report = scheduler.step()
+        prefill_rows += report.prefill_rows if report else 0
+        steps += 1
+    followers = subs[1:]
+    if cancel_leader:
+        assert outputs[0] == [] and ends.count("cancelled") == 1
+        # the leader left after a chunk (its cache with it): the next prefills its whole prompt,
+        # the last two wait for that one's prefill instead
+        assert followers[0].cached_tokens == 0
+        assert [s.cached_tokens for s in followers[1:]] == [len(system)] * 2
+    else:
+        assert [s.cached_tokens for s in followers] == [len(system)] * 3
+        assert prefill_rows == sum(len(p) for p in prompts) - 3 * len(system)
+    for i, (d, p) in enumerate(zip(decoders, prompts)):
+        if not (cancel_leader and i == 0):
+            assert outputs[i] == d.generate(p, max_new_tokens=10).token_ids
+
+
+def test_a_request_joining_a_decoding_one_starts_from_its_cache(exact_tiny) -> None:
+    """A prompt that extends what a running request has decoded so far (a chat's next turn sent
+    before the last one ended, or a shared prefix) starts from a copy of its cache."""
+    decoder = wrap(exact_tiny, "anpd")
+    scheduler = BatchScheduler(decoder.backend, COST, max_batch=4, max_rows=24, prefix_cache=PrefixCache(4096))
+    first = [5, 6, 7, 8, 9, 10, 11, 12]
+    answer: list[int] = []
+    ends: list[str] = []
+    scheduler.submit(
+        Submission(decoder.start(first, max_new_tokens=30), lambda s: answer.extend(s.tokens), ends.append)
+    )
+    while len(answer) < 6:
+        scheduler.step()
+    prompt = first + answer[:4] + [13, 14]
+    second: list[int] = []
+    sub = scheduler.submit(
+        Submission(decoder.start(prompt, max_new_tokens=8), lambda s: second.extend(s.tokens), ends.append)
+    )
+    while not scheduler.idle:
+        scheduler.step()
+    assert sub.cached_tokens == len(first) + 4
+    assert second == decoder.generate(prompt, max_new_tokens=8).token_ids
 
 
 def test_the_servers_default_size_is_what_a_gigabyte_of_keys_and_values_holds_at_most(exact_tiny, monkeypatch) -> None:

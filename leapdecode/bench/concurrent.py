@@ -78,6 +78,7 @@ def run_concurrent(
     sent: dict[int, float] = {}
     queue = list(range(len(prompts)))
     in_flight = [0]
+    submissions: list[Submission] = []
 
     def send() -> None:
         i = queue.pop(0)
@@ -94,7 +95,9 @@ def run_concurrent(
             result.latencies_s.append(time.perf_counter() - sent[i])
             in_flight[0] -= 1
 
-        scheduler.submit(Submission(decoder.start(prompts[i], max_new_tokens=max_new_tokens), on_step, on_end))
+        submissions.append(
+            scheduler.submit(Submission(decoder.start(prompts[i], max_new_tokens=max_new_tokens), on_step, on_end))
+        )
 
     start = time.perf_counter()
     while queue and in_flight[0] < concurrency:
@@ -110,6 +113,7 @@ def run_concurrent(
     result.new_tokens = sum(len(t) for t in outputs.values())
     result.outputs = [outputs[i] for i in range(len(prompts))]
     result.identical = sum(outputs[i] == want for i, want in enumerate(reference))
+    result.cached_tokens = sum(s.cached_tokens for s in submissions)
     return result
 
 

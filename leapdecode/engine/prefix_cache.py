@@ -14,6 +14,10 @@ An entry is one finished sequence: its tokens and its cache. A request takes a c
 longest prefix it shares with any entry, so many requests can start from one entry (a system
 prompt, or `n` parallel chats). An entry is an exact-size copy (what a growing cache holds in
 room to grow is not kept), and entries beyond a budget of tokens go, least recently used first.
+
+Requests still running are sources too (`plan_start`): a request that joins while another with
+the same system prompt is being prefilled waits for that prefill to pass the shared tokens and
+starts from a copy, so a burst of requests with one long system prompt prefills it once.
 """
 
 from __future__ import annotations
@@ -45,6 +49,48 @@ def shared_prefix(a: tuple[int, ...], b: tuple[int, ...]) -> int:
         else:
             high = mid - 1
     return low
+
+
+@dataclass(frozen=True)
+class RunningSource:
+    """A running request's cache as a prefix source: `tokens` in order, the first `ready` of which
+    its cache `seq` holds now (a prompt being prefilled holds fewer than it will)."""
+
+    tokens: tuple[int, ...]
+    ready: int
+    seq: CacheState
+
+
+@dataclass(frozen=True)
+class PrefixStart:
+    """Where a prompt starts: `length` tokens from running source `source` (its index), or from
+    the kept cache (None); `wait`: that source's prefill has yet to reach `length`."""
+
+    length: int
+    source: int | None
+    wait: bool
+
+
+def plan_start(
+    prompt: Sequence[int], kept: int, running: Sequence[RunningSource], wait_tokens: int
+) -> PrefixStart | None:
+    """The longest prefix of `prompt` to start from: `kept` tokens from the kept cache or what a
+    running request's cache holds now; or, where a prompt being prefilled will hold at least
+    `wait_tokens` more than that, a wait for it. None: nothing to share. At least the prompt's
+    last token is left to prefill (its pass gives the first new token)."""
+    wanted = tuple(prompt)
+    cap = len(wanted) - 1
+    now, now_source = min(kept, cap), None
+    later, later_source = 0, None
+    for index, source in enumerate(running):
+        shared = min(shared_prefix(source.tokens, wanted), cap)
+        if min(shared, source.ready) > now:
+            now, now_source = min(shared, source.ready), index
+        if shared > source.ready and shared > later:
+            later, later_source = shared, index
+    if later_source is not None and later - now >= wait_tokens:
+        return PrefixStart(later, later_source, wait=True)
+    return PrefixStart(now, now_source, wait=False) if now > 0 else None
 
 
 class PrefixCache:
@@ -84,6 +130,13 @@ class PrefixCache:
             self.hits += 1
             self.hit_tokens += length
             return copy, length
+
+    def longest(self, prompt: Sequence[int]) -> int:
+        """How many leading tokens of `prompt` `take` would copy now (0: none)."""
+        wanted = tuple(prompt)
+        with self._lock:
+            shared = max((shared_prefix(entry.tokens, wanted) for entry in self.entries), default=0)
+        return min(shared, len(wanted) - 1)
 
     def keep(self, tokens: Sequence[int], seq: CacheState, snapshot: Callable[[CacheState, int], CacheState]) -> None:
         """Keep a finished sequence whose cache holds `tokens`, or their first `seq.length`, cut to

@@ -49,17 +49,18 @@ import torch
 
 from leapdecode.engine.backend import TorchBackend
 from leapdecode.engine.batch import BatchItem, forward_batch
-from leapdecode.engine.cache import snapshot_cache
 from leapdecode.engine.cost import PassCost, efficient_rows, share_rows
 from leapdecode.engine.loop import SequenceRun, Step
 from leapdecode.engine.pass_plan import cut_drafts, features_for, plan_offers
 from leapdecode.engine.prefix_cache import PrefixCache
+from leapdecode.engine.prefix_reuse import PrefixReuse
 from leapdecode.engine.submission import PassReport, Prefill, Submission
 from leapdecode.errors import InputError
 from leapdecode.models.row_exact import PASS_ROWS
 
 logger = logging.getLogger("leapdecode")
 T = TypeVar("T")
+WAIT_TOKENS = 16  # a joining request waits for a prompt being prefilled that will give it this many more tokens
 
 if TYPE_CHECKING:
     from leapdecode.drafters.base import Drafter
@@ -81,11 +82,14 @@ class BatchScheduler:
         max_rows: int = 128,
         clock: Callable[[], float] = time.monotonic,
         prefix_cache: PrefixCache | None = None,
+        wait_tokens: int = WAIT_TOKENS,
     ) -> None:
         """`cost`: the measured cost of a shared pass by rows on `backend`, which must pack
         sequences; None: requests never share passes (any backend). `prefix_cache`: where requests
         on `backend`'s model leave their caches and start from kept prefixes, where that model is
-        row-exact (`TorchBackend.batchable` None); None: each prompt is prefilled whole."""
+        row-exact (`TorchBackend.batchable` None), and start from running requests' caches too
+        (waiting for a prompt being prefilled that will give `wait_tokens` more); None: each prompt
+        is prefilled whole."""
         if cost is not None and backend.batchable is not None:
             raise InputError(backend.batchable)
         if not 1 <= max_batch <= max_rows <= PASS_ROWS:
@@ -106,6 +110,7 @@ class BatchScheduler:
         # the model whose requests keep and take prefixes: one whose every row is bitwise its own pass
         self.reusing = backend if isinstance(backend, TorchBackend) and backend.batchable is None else None
         self.prefix_cache = prefix_cache if self.reusing is not None else None
+        self.reuse = PrefixReuse(self.prefix_cache, wait_tokens) if self.prefix_cache is not None else None
         self.waiting: deque[Submission] = deque()
         self.running: list[Submission] = []  # admitted: decoding, prefilling, or following a prefill
         self.prefilling: dict[Submission, Prefill] = {}  # in order of admission
@@ -159,6 +164,8 @@ class BatchScheduler:
         its own, in turn; None when there is nothing to do."""
         self._drop_leavers()
         self._admit()
+        for ready in self.reuse.ready(self.prefilling) if self.reuse is not None else ():
+            self._join_prefill(ready)
         decoding = [s for s in self.running if not s.alone and s.run.seq is not None]
         turns: list[Submission | None] = [None] if decoding or self.prefilling else []
         turns += [s for s in self.running if s.alone]
@@ -212,27 +219,11 @@ class BatchScheduler:
         """A request's prompt in a pass of its own: from a copy of its longest kept prefix where
         there is one, else whole."""
         run = submission.run
-        if isinstance(backend, TorchBackend):
-            taken = self._kept_prefix(submission, backend.fork)
+        if isinstance(backend, TorchBackend) and self.reuse is not None and submission.keeps_prefix:
+            taken = self.reuse.kept_prefix(submission, backend.fork)
             if taken is not None:
                 return backend.prefill(run.prompt_ids, cached=taken)
         return backend.prefill(run.prompt_ids, features=run.features)
-
-    def _kept_prefix(self, submission: Submission, fork: Callable[[CacheState, int], CacheState]) -> CacheState | None:
-        """A copy of the longest kept prefix of the request's prompt (its length in
-        `cached_tokens`), or None: none is kept, or the copy failed (logged; the cache only ever
-        saves work, so the prompt is then prefilled whole)."""
-        if self.prefix_cache is None or not submission.keeps_prefix:
-            return None
-        try:
-            taken = self.prefix_cache.take(submission.run.prompt_ids, fork)
-        except Exception:  # noqa: BLE001 - e.g. out of memory: this request prefills its whole prompt
-            logger.exception("copying a kept prefix failed; prefilling the whole prompt")
-            return None
-        if taken is None:
-            return None
-        seq, submission.cached_tokens = taken
-        return seq
 
     def _packer(self) -> TorchBackend:
         """The backend of the shared passes (only requests that share reach them)."""
@@ -245,6 +236,8 @@ class BatchScheduler:
             waiting = list(self.waiting)
             self.waiting.clear()
         self.prefilling.clear()
+        if self.reuse is not None:
+            self.reuse.awaiting.clear()
         for submission in [*self.running, *waiting]:
             submission.error = error
             self._end(submission, "error")
@@ -386,30 +379,27 @@ class BatchScheduler:
                 self.prefilling[leader].followers.append(submission)
                 submission.cached_tokens = leader.cached_tokens
             else:
-                self.prefilling[submission] = self._start_prefill(submission)
+                self._join_prefill(submission)
 
-    def _start_prefill(self, submission: Submission) -> Prefill:
-        """A joining request's prefill: from a copy of the longest kept prefix of its prompt, or
-        from an empty cache (a drafter that wants the target's states needs the whole prompt's)."""
-        seq = self._kept_prefix(submission, self._packer().fork)
-        if seq is not None:
-            return Prefill(seq, done=submission.cached_tokens)
-        return Prefill(self._packer().new_sequence())
+    def _join_prefill(self, submission: Submission) -> None:
+        """A joining request's prefill: from a copy of the longest prefix of its prompt that a kept
+        or a running request's cache holds, after waiting for a prompt being prefilled to hold more
+        (`engine.prefix_reuse`), or from an empty cache."""
+        prefill = None
+        if self.reuse is not None and submission.keeps_prefix:
+            prefill = self.reuse.start(submission, self.running, self.prefilling, self._packer().fork)
+            if submission in self.reuse.awaiting:
+                return
+        self.prefilling[submission] = prefill if prefill is not None else Prefill(self._packer().new_sequence())
 
     def _end(self, submission: Submission, reason: str) -> None:
         """Take a request out of the batch (its cache is freed with its run) and tell its owner."""
         if submission in self.running:
             self.running.remove(submission)
         self._leave_prefill(submission)
-        run = submission.run
-        if self.prefix_cache is not None and submission.keeps_prefix and run.seq is not None and reason != "error":
-            try:
-                # its cache holds the prompt and what it emitted, but the pending token (or past a
-                # stop string: accepted tokens the text was cut before), between passes
-                self.prefix_cache.keep([*run.prompt_ids, *run.generated], run.seq, snapshot_cache)
-            except Exception:  # noqa: BLE001 - e.g. out of memory: the request ended well, its cache is not kept
-                logger.exception("keeping a finished request's cache failed")
-        run.seq = None
+        if self.reuse is not None:
+            self.reuse.leave(submission, reason)
+        submission.run.seq = None
         try:
             submission.on_end(reason)
         except Exception:  # noqa: BLE001 - one owner's failing callback must not stop the others' passes
