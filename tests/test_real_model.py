@@ -112,6 +112,35 @@ def test_a_chat_with_a_prefix_cache_equals_each_turn_decoded_afresh(real_lm, met
     assert decoder.prefix_cache.hits == 2
 
 
+def test_a_burst_sharing_a_system_prompt_prefills_it_once_and_equals_each_request_alone(real_lm) -> None:
+    """Requests that join together with one system prompt, in shared passes with a prefix cache:
+    the first prefills it, the others start from copies of its cache; each equals its own decode."""
+    from leapdecode.engine.cost import ForwardCost
+    from leapdecode.engine.prefix_cache import PrefixCache
+    from leapdecode.engine.scheduler import BatchScheduler
+    from leapdecode.engine.submission import Submission
+
+    system = "You answer questions about rivers, towns and the sea. Keep every answer short and plain. " * 4
+    chats = [[{"role": "system", "content": system}, {"role": "user", "content": p}] for p in CHAT_PROMPTS[:3]]
+    decoders = [wrap(real_lm, m) for m in ("anpd", "suffix", "ar")]
+    cost = ForwardCost(tuple(0.01 + 0.003 * n for n in range(1, 129)))
+    scheduler = BatchScheduler(decoders[0].backend, cost, max_batch=3, max_rows=32, prefix_cache=PrefixCache(4096))
+    outputs: list[list[int]] = [[], [], []]
+    ends: list[str] = []
+    subs = [
+        scheduler.submit(
+            Submission(d.start(c, max_new_tokens=24), lambda s, i=i: outputs[i].extend(s.tokens), ends.append)
+        )
+        for i, (d, c) in enumerate(zip(decoders, chats))
+    ]
+    while not scheduler.idle:
+        scheduler.step()
+    shared = len(real_lm.tokenizer.apply_chat_template(chats[0][:1], tokenize=True, return_dict=False)) - 4
+    assert subs[0].cached_tokens == 0 and all(s.cached_tokens >= shared for s in subs[1:])
+    for d, c, output in zip(decoders, chats, outputs):
+        assert output == d.generate(c, max_new_tokens=24).token_ids
+
+
 def test_chat_messages_list_and_token_ids_are_accepted(real_lm) -> None:
     messages = [{"role": "user", "content": CHAT_PROMPTS[0]}]
     by_messages = wrap(real_lm, "anpd").generate(messages, max_new_tokens=16)
