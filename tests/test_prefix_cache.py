@@ -34,6 +34,20 @@ def exact_tiny(request):
     return dataclasses.replace(tiny_lm(model), row_exact=True)
 
 
+def drain(scheduler: BatchScheduler, before_step=None, steps: int = 5000) -> int:
+    """Step `scheduler` until it is idle (failing, not hanging, past `steps` passes); the prompt rows
+    its passes prefilled. `before_step(i)` runs before pass i."""
+    prefill_rows = 0
+    for i in range(steps):
+        if scheduler.idle:
+            return prefill_rows
+        if before_step is not None:
+            before_step(i)
+        report = scheduler.step()
+        prefill_rows += report.prefill_rows if report else 0
+    pytest.fail(f"the scheduler was not idle after {steps} passes")
+
+
 def fake_seq(length: int) -> CacheState:
     return CacheState(cache=None, length=length)
 
@@ -350,14 +364,7 @@ def test_a_burst_with_one_system_prompt_prefills_it_once(exact_tiny, cancel_lead
         )
         for i, (d, p) in enumerate(zip(decoders, prompts))
     ]
-    prefill_rows = 0
-    steps = 0
-    while not scheduler.idle:
-        if cancel_leader and steps == 1:
-            subs[0].cancel()
-        report = scheduler.step()
-        prefill_rows += report.prefill_rows if report else 0
-        steps += 1
+    prefill_rows = drain(scheduler, lambda i: subs[0].cancel() if cancel_leader and i == 1 else None)
     followers = subs[1:]
     if cancel_leader:
         assert outputs[0] == [] and ends.count("cancelled") == 1
@@ -384,17 +391,48 @@ def test_a_request_joining_a_decoding_one_starts_from_its_cache(exact_tiny) -> N
     scheduler.submit(
         Submission(decoder.start(first, max_new_tokens=30), lambda s: answer.extend(s.tokens), ends.append)
     )
-    while len(answer) < 6:
+    for _ in range(30):
+        if len(answer) >= 6:
+            break
         scheduler.step()
+    assert len(answer) >= 6 and not ends  # the first is still decoding
     prompt = first + answer[:4] + [13, 14]
     second: list[int] = []
     sub = scheduler.submit(
         Submission(decoder.start(prompt, max_new_tokens=8), lambda s: second.extend(s.tokens), ends.append)
     )
-    while not scheduler.idle:
-        scheduler.step()
-    assert sub.cached_tokens == len(first) + 4
+    drain(scheduler)
+    assert sub.cached_tokens == len(first) + 4 and scheduler.prefix_cache.hits == 0  # from the running request
     assert second == decoder.generate(prompt, max_new_tokens=8).token_ids
+
+
+def test_requests_with_one_prompt_that_wait_on_a_prefill_then_share_one(exact_tiny) -> None:
+    """Siblings with one prompt (`n` > 1) that join while another prompt sharing its start is being
+    prefilled: they wait for it, then one prefills the rest and the others follow its prefill."""
+    decoder = wrap(exact_tiny, "anpd")
+    scheduler = BatchScheduler(
+        decoder.backend, COST, max_batch=4, max_rows=4, prefix_cache=PrefixCache(4096), wait_tokens=4
+    )
+    system = list(range(20, 44))
+    prompts = [system + [5, 6], system + [7, 8, 9], system + [7, 8, 9]]
+    outputs: list[list[int]] = [[] for _ in prompts]
+    ends: list[str] = []
+    subs = [
+        scheduler.submit(
+            Submission(decoder.start(p, max_new_tokens=6), lambda s, i=i: outputs[i].extend(s.tokens), ends.append)
+        )
+        for i, p in enumerate(prompts)
+    ]
+    prefill_rows = drain(scheduler)
+    assert [s.cached_tokens for s in subs] == [0, len(system), len(system)]
+    assert prefill_rows == len(prompts[0]) + 3  # the system prompt once, the siblings' rest once
+    for output, p in zip(outputs, prompts):
+        assert output == decoder.generate(p, max_new_tokens=6).token_ids
+
+
+def test_a_scheduler_refuses_a_wait_of_no_tokens(exact_tiny) -> None:
+    with pytest.raises(InputError, match="wait_tokens"):
+        BatchScheduler(wrap(exact_tiny, "ar").backend, COST, prefix_cache=PrefixCache(64), wait_tokens=0)
 
 
 def test_the_servers_default_size_is_what_a_gigabyte_of_keys_and_values_holds_at_most(exact_tiny, monkeypatch) -> None:

@@ -95,7 +95,8 @@ def rss_once_idle(url: str, proc: subprocess.Popen) -> float:
     """The server's resident memory (MiB) once its requests have ended and its worker has been
     idle long enough to give freed memory back."""
     deadline = time.time() + 30
-    while time.time() < deadline and (httpx.get(url + "/health").json()["admitted"] or any(gauges(url).values())):
+    while httpx.get(url + "/health").json()["admitted"] or any(gauges(url).values()):
+        assert time.time() < deadline, "the server was not idle 30 s after its clients were done"
         time.sleep(0.2)
     time.sleep(3 * IDLE_S)
     return psutil.Process(proc.pid).memory_info().rss / 2**20

@@ -113,6 +113,6 @@ def running_sources(
         if prefill is not None:
             sources.append((other, RunningSource(tuple(other.run.prompt_ids), prefill.done, prefill.seq)))
         elif other.run.seq is not None:  # decoding: the prompt and what it emitted, but the pending token
-            tokens = (*other.run.prompt_ids, *other.run.generated)
-            sources.append((other, RunningSource(tokens, min(other.run.seq.length, len(tokens)), other.run.seq)))
+            held = (*other.run.prompt_ids, *other.run.generated)[: other.run.seq.length]
+            sources.append((other, RunningSource(held, len(held), other.run.seq)))  # all ready: never waited on
     return sources

@@ -92,6 +92,8 @@ class BatchScheduler:
         is prefilled whole."""
         if cost is not None and backend.batchable is not None:
             raise InputError(backend.batchable)
+        if wait_tokens < 1:
+            raise InputError(f"wait_tokens must be at least 1, got {wait_tokens}")
         if not 1 <= max_batch <= max_rows <= PASS_ROWS:
             raise InputError(
                 f"max_batch must be at least 1, and max_rows from max_batch to {PASS_ROWS}; got {max_batch} and "
@@ -165,7 +167,7 @@ class BatchScheduler:
         self._drop_leavers()
         self._admit()
         for ready in self.reuse.ready(self.prefilling) if self.reuse is not None else ():
-            self._join_prefill(ready)
+            self._isolated(ready, functools.partial(self._join_prefill, ready))
         decoding = [s for s in self.running if not s.alone and s.run.seq is not None]
         turns: list[Submission | None] = [None] if decoding or self.prefilling else []
         turns += [s for s in self.running if s.alone]
@@ -358,8 +360,8 @@ class BatchScheduler:
                 self._end(submission, "timeout")
 
     def _admit(self) -> None:
-        """Waiting requests join, oldest first, while the batch has room: each starts its prefill,
-        or follows a joined request's prefill of the same prompt (same states wanted) to share it."""
+        """Waiting requests join, oldest first, while the batch has room, each to its prefill
+        (`_join_prefill`)."""
         with self._lock:
             joining = []
             while self.waiting and len(self.running) < self.max_batch:
@@ -368,23 +370,22 @@ class BatchScheduler:
                 self.running.append(submission)
                 joining.append(submission)
         for submission in joining:
-            if submission.alone:  # prefilled in a pass of its own
-                continue
-            run = submission.run
-            leader = next(
-                (s for s in self.prefilling if s.run.prompt_ids == run.prompt_ids and s.run.features == run.features),
-                None,
-            )
-            if leader is not None:
-                self.prefilling[leader].followers.append(submission)
-                submission.cached_tokens = leader.cached_tokens
-            else:
-                self._join_prefill(submission)
+            if not submission.alone:  # else prefilled in a pass of its own
+                self._isolated(submission, functools.partial(self._join_prefill, submission))
 
     def _join_prefill(self, submission: Submission) -> None:
-        """A joining request's prefill: from a copy of the longest prefix of its prompt that a kept
-        or a running request's cache holds, after waiting for a prompt being prefilled to hold more
+        """A joining request's prefill: following a prefill of the same prompt (same states
+        wanted) to share it; else from a copy of the longest prefix of its prompt that a kept or a
+        running request's cache holds, after waiting for a prompt being prefilled to hold more
         (`engine.prefix_reuse`), or from an empty cache."""
+        run = submission.run
+        leader = next(
+            (s for s in self.prefilling if s.run.prompt_ids == run.prompt_ids and s.run.features == run.features), None
+        )
+        if leader is not None:
+            self.prefilling[leader].followers.append(submission)
+            submission.cached_tokens = leader.cached_tokens
+            return
         prefill = None
         if self.reuse is not None and submission.keeps_prefix:
             prefill = self.reuse.start(submission, self.running, self.prefilling, self._packer().fork)

@@ -9,9 +9,9 @@ long after the requests that needed it have ended. `malloc_trim` returns those f
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import functools
 import logging
+import time
 from collections.abc import Callable
 
 logger = logging.getLogger("leapdecode")
@@ -20,11 +20,8 @@ logger = logging.getLogger("leapdecode")
 @functools.cache
 def _malloc_trim() -> Callable[[int], int] | None:
     """glibc's `malloc_trim`, or None where the C library has none (musl, macOS)."""
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return None
     try:
-        trim = ctypes.CDLL(name).malloc_trim
+        trim = ctypes.CDLL(None).malloc_trim  # the process's own symbols, libc's among them
     except (OSError, AttributeError):
         return None
     trim.argtypes = [ctypes.c_size_t]
@@ -34,6 +31,15 @@ def _malloc_trim() -> Callable[[int], int] | None:
 
 def release_free_memory() -> bool:
     """Return the allocator's free pages to the system; whether any were returned (False where
-    the C library cannot)."""
+    the C library cannot, or the call failed: it only ever saves memory)."""
     trim = _malloc_trim()
-    return bool(trim(0)) if trim is not None else False
+    if trim is None:
+        return False
+    start = time.perf_counter()
+    try:
+        released = bool(trim(0))
+    except Exception:  # noqa: BLE001 - never worth stopping the worker thread for
+        logger.exception("giving freed memory back failed")
+        return False
+    logger.debug("gave freed memory back in %.0f ms", 1000 * (time.perf_counter() - start))
+    return released
