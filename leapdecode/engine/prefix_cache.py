@@ -114,14 +114,8 @@ class PrefixCache:
         None when no entry shares a token. At least the prompt's last token is left to prefill:
         its pass gives the first new token. `fork(seq, n)`: a copy of `seq`'s first `n` tokens
         (if it fails, nothing is counted)."""
-        wanted = tuple(prompt)
         with self._lock:
-            best: PrefixEntry | None = None
-            length = 0
-            for entry in self.entries:
-                shared = min(shared_prefix(entry.tokens, wanted), len(wanted) - 1)
-                if shared > length:
-                    best, length = entry, shared
+            best, length = self._longest(tuple(prompt))
             if best is None:
                 return None
             copy = fork(best.seq, length)
@@ -133,10 +127,19 @@ class PrefixCache:
 
     def longest(self, prompt: Sequence[int]) -> int:
         """How many leading tokens of `prompt` `take` would copy now (0: none)."""
-        wanted = tuple(prompt)
         with self._lock:
-            shared = max((shared_prefix(entry.tokens, wanted) for entry in self.entries), default=0)
-        return min(shared, len(wanted) - 1)
+            return self._longest(tuple(prompt))[1]
+
+    def _longest(self, wanted: tuple[int, ...]) -> tuple[PrefixEntry | None, int]:
+        """The entry sharing the most leading tokens with `wanted` and how many, at most all but
+        its last (None, 0: none shares a token). Under the lock."""
+        best: PrefixEntry | None = None
+        length = 0
+        for entry in self.entries:
+            shared = min(shared_prefix(entry.tokens, wanted), len(wanted) - 1)
+            if shared > length:
+                best, length = entry, shared
+        return best, length
 
     def keep(self, tokens: Sequence[int], seq: CacheState, snapshot: Callable[[CacheState, int], CacheState]) -> None:
         """Keep a finished sequence whose cache holds `tokens`, or their first `seq.length`, cut to

@@ -237,9 +237,7 @@ class BatchScheduler:
         with self._lock:
             waiting = list(self.waiting)
             self.waiting.clear()
-        self.prefilling.clear()
-        if self.reuse is not None:
-            self.reuse.awaiting.clear()
+        self.prefilling.clear()  # (a request waiting on a prefill stops waiting as it ends)
         for submission in [*self.running, *waiting]:
             submission.error = error
             self._end(submission, "error")
