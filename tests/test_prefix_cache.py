@@ -356,12 +356,11 @@ def test_a_burst_with_one_system_prompt_prefills_it_once(exact_tiny, cancel_lead
     rng = random.Random(7)
     system = [rng.randrange(2, TINY_VOCAB) for _ in range(20)]
     prompts = [system + [rng.randrange(2, TINY_VOCAB) for _ in range(3 + i)] for i in range(4)]
+    options = [{"max_new_tokens": 10}] * 3 + [{"max_new_tokens": 10, "temperature": 0.9, "seed": 5}]  # one sampled
     outputs: list[list[int]] = [[] for _ in prompts]
     ends: list[str] = []
     subs = [
-        scheduler.submit(
-            Submission(d.start(p, max_new_tokens=10), lambda s, i=i: outputs[i].extend(s.tokens), ends.append)
-        )
+        scheduler.submit(Submission(d.start(p, **options[i]), lambda s, i=i: outputs[i].extend(s.tokens), ends.append))
         for i, (d, p) in enumerate(zip(decoders, prompts))
     ]
     prefill_rows = drain(scheduler, lambda i: subs[0].cancel() if cancel_leader and i == 1 else None)
@@ -377,7 +376,7 @@ def test_a_burst_with_one_system_prompt_prefills_it_once(exact_tiny, cancel_lead
         assert prefill_rows == sum(len(p) for p in prompts) - 3 * len(system)
     for i, (d, p) in enumerate(zip(decoders, prompts)):
         if not (cancel_leader and i == 0):
-            assert outputs[i] == d.generate(p, max_new_tokens=10).token_ids
+            assert outputs[i] == d.generate(p, **options[i]).token_ids
 
 
 def test_a_request_joining_a_decoding_one_starts_from_its_cache(exact_tiny) -> None:
