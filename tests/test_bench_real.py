@@ -266,3 +266,54 @@ def test_untimed_runs_leave_no_trace_in_a_shared_method(real_lm) -> None:
     assert runner.run(ids, 24).stats.forward_passes == fresh.stats.forward_passes
     again = runner.run(ids, 24)  # the timed decoder's own earlier request does
     assert again.token_ids == fresh.token_ids and again.stats.forward_passes < fresh.stats.forward_passes
+
+
+SYSTEM = (
+    "You are the help desk of a small library. Answer in two sentences at most, in plain words, and never "
+    "invent opening hours, fees or book titles. If you do not know, say so and suggest asking at the front desk."
+)
+
+
+def test_concurrent_bench_with_one_system_message_shares_its_prefill(tmp_path) -> None:
+    """`bench --concurrency --system`: every request begins with the same system message, so with a
+    prefix cache the requests after the first take it from a cache instead of a prefill (counted
+    in the table), and every output still equals plain decoding's alone."""
+    out = tmp_path / "bench"
+    args = ["bench", "-d", "spec-bench:qa", "--limit", "3", "-n", "8", "--methods", "ar,anpd"]
+    args += ["--concurrency", "1,3", "--prefix-cache-tokens", "4096", "--system", SYSTEM, "--threads", "1"]
+    result = runner.invoke(app, [*args, "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    data = json.loads((out / "concurrency.json").read_text())
+    system_tokens = int(data["meta"]["system message"].split()[0])
+    assert system_tokens > 30
+    rows = {(r["method"], r["concurrency"]): r for r in data["results"]}
+    assert len(rows) == 6 and {c for _, c in rows} == {"solo", "1", "3"}
+    for (_, clients), r in rows.items():
+        assert r["identical"] == r["requests"] == 3 and r["prompt_tokens"] > 3 * system_tokens
+        if clients == "solo":
+            assert r["cached_tokens"] == 0  # one at a time, no scheduler: no prefix cache
+        else:  # the second and third requests start from a cache holding at least the system message
+            assert r["cached_tokens"] >= 2 * system_tokens
+    table = (out / "concurrency.md").read_text()
+    assert f"system message: {system_tokens} tokens before every prompt" in table and "prompt tokens cached" in table
+
+
+def test_a_system_message_comes_before_every_turn_and_its_earlier_answers(real_lm) -> None:
+    from leapdecode.api import encode_prompt
+    from leapdecode.bench.datasets import load_dataset, with_system
+    from leapdecode.bench.runner import encode_turns
+
+    first, second = with_system(load_dataset("spec-bench:multi-turn", limit=2), SYSTEM)
+    assert encode_turns(real_lm, first, lambda ids: []) == encode_prompt(
+        real_lm, [{"role": "system", "content": SYSTEM}, {"role": "user", "content": first.text}]
+    )
+    asked: list[str] = []
+
+    def answer(ids: list[int]) -> list[int]:
+        asked.append(real_lm.tokenizer.decode(ids))
+        return real_lm.tokenizer("A short reply.", add_special_tokens=False)["input_ids"]
+
+    text = real_lm.tokenizer.decode(encode_turns(real_lm, second, answer))
+    assert len(asked) == 1 and SYSTEM in asked[0] and first.text in asked[0]  # the earlier turn, answered after it
+    assert text.index(SYSTEM) < text.index(first.text) < text.index("A short reply.") < text.index(second.text)
+    assert text.count(SYSTEM) == 1

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
 from typer.testing import CliRunner
 
 from leapdecode.cli import app
+from leapdecode.errors import InputError
 
 runner = CliRunner()
 
@@ -145,3 +147,14 @@ def test_chat_answers_turn_after_turn_each_from_the_last_turns_cache() -> None:
     assert " 0 from the last turns' cache" not in stats[1]  # the second turn started from the first's
     bad = runner.invoke(app, ["chat", "--prefix-cache-tokens", "-1"], input="hi\n")
     assert bad.exit_code == 2 and "--prefix-cache-tokens" in bad.output
+
+
+def test_a_bench_system_message_is_checked_before_anything_loads() -> None:
+    empty = runner.invoke(app, ["bench", "--methods", "ar", "--system", "  ", "--limit", "1", "-n", "4"])
+    assert empty.exit_code == 2 and "--system" in empty.output and "non-empty" in empty.output
+    from leapdecode.bench.datasets import BenchPrompt, with_system
+
+    with pytest.raises(InputError, match="chat template"):
+        with_system([BenchPrompt("1", "code", "def add(a, b):", chat=False)], "Be brief.")
+    chosen = with_system([BenchPrompt("1", "qa", "Why is the sky blue?")], "Be brief.")
+    assert chosen[0].system == "Be brief." and chosen[0].text == "Why is the sky blue?"

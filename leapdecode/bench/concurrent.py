@@ -36,7 +36,7 @@ def run_solo(
 ) -> ConcurrentResult:
     """One request after another through `Decoder.stream`: no scheduler, no shared passes
     (`reference` None: this run is the reference, plain decoding's own)."""
-    result = ConcurrentResult(str(decoder.method), SOLO, len(prompts), 0, 0.0)
+    result = ConcurrentResult(str(decoder.method), SOLO, len(prompts), 0, 0.0, prompt_tokens=sum(map(len, prompts)))
     start = time.perf_counter()
     for prompt in prompts:
         began = time.perf_counter()
@@ -73,7 +73,9 @@ def run_concurrent(
     scheduler = BatchScheduler(
         decoder.backend, cost, max_batch=concurrency, max_rows=max_rows, prefix_cache=prefix_cache
     )
-    result = ConcurrentResult(str(decoder.method), str(concurrency), len(prompts), 0, 0.0)
+    result = ConcurrentResult(
+        str(decoder.method), str(concurrency), len(prompts), 0, 0.0, prompt_tokens=sum(map(len, prompts))
+    )
     outputs: dict[int, list[int]] = {}
     sent: dict[int, float] = {}
     queue = list(range(len(prompts)))
@@ -210,8 +212,8 @@ def concurrency_table(results: Sequence[ConcurrentResult]) -> str:
     solo = {r.method: r.tokens_per_s for r in results if r.concurrency == SOLO}
     lines = [
         "| method | clients | tok/s (all) | vs solo | p50 latency s | p95 latency s | first token p50 s | rows/pass | "
-        "identical |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "prompt tokens cached | identical |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results:
         s = r.summary()
@@ -219,6 +221,6 @@ def concurrency_table(results: Sequence[ConcurrentResult]) -> str:
         lines.append(
             f"| {r.method} | {r.concurrency} | {r.tokens_per_s:.1f} | {ratio:.2f}x | {s['latency_p50_s']:.2f} | "
             f"{s['latency_p95_s']:.2f} | {s['first_token_p50_s']:.3f} | {s['rows_per_pass']:.1f} | "
-            f"{r.identical}/{r.requests} |"
+            f"{r.cached_tokens}/{r.prompt_tokens} | {r.identical}/{r.requests} |"
         )
     return "\n".join(lines) + "\n"

@@ -23,7 +23,8 @@ class ConcurrentResult:
     identical: int = 0  # requests whose tokens equal plain decoding's alone
     passes: int = 0
     rows: int = 0
-    cached_tokens: int = 0  # prompt tokens that came from a kept or running request's cache, not a prefill
+    prompt_tokens: int = 0  # all requests' prompt tokens
+    cached_tokens: int = 0  # of those, how many came from a kept or running request's cache, not a prefill
     outputs: list[list[int]] = field(default_factory=list, repr=False)  # each request's tokens, in prompt order
     peer: bool = False  # another program's rows (llama-server): its numerics differ, so `identical` is only counted
 

@@ -11,10 +11,13 @@ How a prompt reaches the model (every method sees the same token ids):
   does, both turns in it (`--limit` counts turns).
 - JSONL: each line has `turns` (each one a prompt, after the earlier ones and their answers)
   or `prompt`; optional `category`, `question_id`.
+- `bench --system TEXT` puts one system message before every prompt's conversation (all
+  prompts then begin the same way, as a deployed assistant's do).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import json
 from collections import defaultdict
@@ -42,6 +45,19 @@ class BenchPrompt:
     text: str  # the user turn
     chat: bool = True  # through the chat template
     earlier: tuple[str, ...] = ()  # the user turns before this one, each answered by plain greedy decoding
+    system: str = ""  # a system message before the conversation ("": none)
+
+
+def with_system(prompts: Iterable[BenchPrompt], system: str) -> list[BenchPrompt]:
+    """Every prompt with `system` as its conversation's system message: the load of a deployed
+    assistant, whose requests all begin with the same (often long) instructions."""
+    if not system.strip():
+        raise InputError("--system takes a non-empty system message")
+    chosen = list(prompts)
+    plain = [p.id for p in chosen if not p.chat]
+    if plain:
+        raise InputError(f"--system needs prompts that go through the chat template; {plain[0]!r} does not")
+    return [dataclasses.replace(p, system=system) for p in chosen]
 
 
 def humaneval() -> list[BenchPrompt]:

@@ -141,7 +141,9 @@ def run_llama_server(
     (`solo`: one slot, one request at a time, labelled as the engine's one-at-a-time row;
     `cache_prompt`: its slots reuse cached prompt prefixes, as the engine's prefix cache does)."""
     context = max(len(p) for p in prompts) + max_new_tokens + 16
-    result = ConcurrentResult(LABEL, SOLO if solo else str(concurrency), len(prompts), 0, 0.0, peer=True)
+    result = ConcurrentResult(
+        LABEL, SOLO if solo else str(concurrency), len(prompts), 0, 0.0, prompt_tokens=sum(map(len, prompts)), peer=True
+    )
     outputs: dict[int, list[int]] = {}
     failures: list[BaseException] = []
     lock = threading.Lock()
@@ -160,6 +162,7 @@ def run_llama_server(
                     answer = server.complete(prompts[i], max_new_tokens, cache_prompt)
                     tokens = [int(t) for t in answer["tokens"]][:max_new_tokens]
                     prompt_s = float(answer["timings"]["prompt_ms"]) / 1000
+                    cached = int(answer["timings"].get("cache_n", 0))  # prompt tokens its slot already held
                 except Exception as exc:  # noqa: BLE001 - any failure of a request fails the run, reported below
                     with lock:
                         failures.append(exc)
@@ -168,6 +171,7 @@ def run_llama_server(
                     result.latencies_s.append(time.perf_counter() - began)
                     result.first_token_s.append(prompt_s)
                     outputs[i] = tokens
+                    result.cached_tokens += cached
 
         start = time.perf_counter()
         clients = [threading.Thread(target=client) for _ in range(concurrency)]

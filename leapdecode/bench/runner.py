@@ -166,13 +166,14 @@ def token_agreement(lm: LoadedModel, prompt_ids: list[int], token_ids: list[int]
 
 
 def encode_turns(lm: LoadedModel, prompt: BenchPrompt, answer: Callable[[list[int]], list[int]]) -> list[int]:
-    """A prompt's token ids; a later turn of a conversation comes after the earlier turns, each
-    followed by the target's answer to it (`answer`: plain greedy decoding, the same for every method)."""
-    if not prompt.earlier:
+    """A prompt's token ids, after its system message if it has one; a later turn of a conversation
+    comes after the earlier turns, each followed by the target's answer to it (`answer`: plain
+    greedy decoding, the same for every method)."""
+    if not prompt.earlier and not prompt.system:
         return encode_prompt(lm, prompt.text, chat=prompt.chat)
     if not prompt.chat:
-        raise InputError(f"prompt {prompt.id}: a conversation's later turn needs the chat template")
-    messages: list[dict[str, str]] = []
+        raise InputError(f"prompt {prompt.id}: a system message or a later turn needs the chat template")
+    messages = [{"role": "system", "content": prompt.system}] if prompt.system else []
     for turn in prompt.earlier:
         messages.append({"role": "user", "content": turn})
         reply = answer(encode_prompt(lm, messages))

@@ -9,6 +9,7 @@ import functools
 import logging
 import sys
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
@@ -198,3 +199,16 @@ def print_stream(tokenizer: Any, steps: Iterable[Step]) -> list[Step]:
         console.out(text.push(step.tokens), end="", highlight=False)
     console.out(text.flush(), highlight=False)
     return done
+
+
+DatasetOpt = Annotated[
+    str, typer.Option("--dataset", "-d", help="humaneval, spec-bench, spec-bench:CATEGORY, a JSONL file; join with +.")
+]
+LimitOpt = Annotated[
+    str, typer.Option("--limit", help="Prompts per category: N, or N,CATEGORY=M,... (e.g. 10,humaneval=30).")
+]
+OutOpt = Annotated[Path, typer.Option("--out", help="Output folder.")]
+BenchThreadsOpt = Annotated[
+    int,
+    typer.Option("--threads", help="Torch CPU threads for every method (0: all cores, or OMP_NUM_THREADS where set)."),
+]
