@@ -195,13 +195,13 @@ def real_lm_cache_dir() -> str:
 def test_dtype_names_auto_and_bad_values(tmp_path, real_lm, monkeypatch) -> None:
     import torch
 
-    from leapdecode.models import loading
+    from leapdecode.models import hardware
 
     cpu = torch.device("cpu")
-    monkeypatch.setattr(loading, "cpu_flags", lambda: frozenset({"avx2", "avx512_bf16"}))
-    assert loading.hardware_of(cpu).native_bf16 and not loading.hardware_of(cpu).native_fp16
-    monkeypatch.setattr(loading, "cpu_flags", lambda: frozenset({"avx2"}))  # bf16 would be emulated: slower
-    assert not loading.hardware_of(cpu).native_bf16
+    monkeypatch.setattr(hardware, "cpu_flags", lambda: frozenset({"avx2", "avx512_bf16"}))
+    assert hardware.hardware_of(cpu).native_bf16 and not hardware.hardware_of(cpu).native_fp16
+    monkeypatch.setattr(hardware, "cpu_flags", lambda: frozenset({"avx2"}))  # bf16 would be emulated: slower
+    assert not hardware.hardware_of(cpu).native_bf16
     monkeypatch.undo()
     with pytest.raises(ModelLoadError, match="unknown dtype 'fp8'"):
         load_model("smollm2-135m", dtype="fp8", **QUIET)

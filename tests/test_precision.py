@@ -104,7 +104,7 @@ def test_checkpoint_dtype_reads_either_config_name() -> None:
 def test_load_model_defaults_run_the_fast_path(tmp_path, real_lm, monkeypatch) -> None:
     """A GGUF preset loads as its own int4 blocks without flags and says so; a bfloat16 folder
     loads in bfloat16 where the CPU computes it natively, in float32 where it does not."""
-    from leapdecode.models import load_model, loading
+    from leapdecode.models import hardware, load_model
 
     quiet = {"log": lambda msg: None}
     lm = load_model("smollm2-135m", **quiet)
@@ -114,9 +114,9 @@ def test_load_model_defaults_run_the_fast_path(tmp_path, real_lm, monkeypatch) -
     config = json.loads((tmp_path / "bf16" / "config.json").read_text())
     config["dtype"] = "bfloat16"
     (tmp_path / "bf16" / "config.json").write_text(json.dumps(config))
-    monkeypatch.setattr(loading, "cpu_flags", lambda: frozenset({"avx2", "avx512_bf16"}))
+    monkeypatch.setattr(hardware, "cpu_flags", lambda: frozenset({"avx2", "avx512_bf16"}))
     native = load_model(tmp_path / "bf16", cache_dir=tmp_path / "cache", row_exact=False, **quiet)
     assert (native.dtype, native.quantize) == ("bfloat16", "none")
-    monkeypatch.setattr(loading, "cpu_flags", lambda: frozenset({"avx2"}))
+    monkeypatch.setattr(hardware, "cpu_flags", lambda: frozenset({"avx2"}))
     emulated = load_model(tmp_path / "bf16", cache_dir=tmp_path / "cache", **quiet)
     assert (emulated.dtype, emulated.quantize) == ("float32", "none") and "not native" in emulated.describe

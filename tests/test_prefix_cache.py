@@ -347,7 +347,7 @@ def test_a_prompt_starts_from_the_longest_prefix_held_now_or_waits_for_enough_mo
 def test_a_burst_with_one_system_prompt_prefills_it_once(exact_tiny, cancel_leader) -> None:
     """Requests that join together, each a shared system prompt and a question of its own: the
     first prefills the system prompt, the others wait for it and start from copies (the first
-    cancelled midway: the next in its place); each equals its request alone."""
+    cancelled midway: the next goes on from the chunks it kept); each equals its request alone."""
     decoders = [wrap(exact_tiny, m) for m in ("ar", "anpd", "suffix", "anpd-tree")]
     prefix_cache = PrefixCache(4096)
     scheduler = BatchScheduler(
@@ -367,10 +367,12 @@ def test_a_burst_with_one_system_prompt_prefills_it_once(exact_tiny, cancel_lead
     followers = subs[1:]
     if cancel_leader:
         assert outputs[0] == [] and ends.count("cancelled") == 1
-        # the leader left after a chunk (its cache with it): the next prefills its whole prompt,
-        # the last two wait for that one's prefill instead
-        assert followers[0].cached_tokens == 0
+        # the leader left after a chunk and kept it: the next starts from that chunk and prefills
+        # the rest of its prompt, the last two wait for that one's prefill; no prompt row is
+        # prefilled twice
+        assert 0 < followers[0].cached_tokens < len(system) and prefix_cache.hits == 1
         assert [s.cached_tokens for s in followers[1:]] == [len(system)] * 2
+        assert prefill_rows == sum(len(p) for p in prompts[1:]) - 2 * len(system)
     else:
         assert [s.cached_tokens for s in followers] == [len(system)] * 3
         assert prefill_rows == sum(len(p) for p in prompts) - 3 * len(system)

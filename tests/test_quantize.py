@@ -17,22 +17,16 @@ from leapdecode.engine import StopCriteria, TorchBackend, decode
 from leapdecode.errors import ModelLoadError
 from leapdecode.models import load_model, quantize
 from leapdecode.models.gguf_blocks import read_blocks
-from leapdecode.models.quantize import (
+from leapdecode.models.packing import RECORD, pack, pack_super, packed_shape, unpack, unpack_super
+from leapdecode.models.quantize import QuantizedLinear, quantize_model
+from leapdecode.models.rounding import (
     GROUP,
-    RECORD,
-    QuantizedLinear,
     SuperScales,
     dequantize,
-    pack,
     pack_int4,
-    pack_super,
-    packed_shape,
-    quantize_model,
     quantize_weight,
     quantize_weight_super,
-    unpack,
     unpack_int4,
-    unpack_super,
 )
 from leapdecode.models.row_exact import ATTENTION, register_attention
 from tests.helpers import GREEDY, TINY_VOCAB, ScriptedDrafter, make_tiny_model, prompts

@@ -22,6 +22,7 @@ import torch
 
 from leapdecode.api import Decoder
 from leapdecode.bench.concurrent_result import SOLO, ConcurrentResult
+from leapdecode.bench.labels import short_label
 from leapdecode.engine.cost import ForwardCost, measure_batch_cost
 from leapdecode.engine.prefix_cache import PrefixCache
 from leapdecode.engine.scheduler import BatchScheduler
@@ -208,7 +209,7 @@ def _server_rows(
 
 def concurrency_table(results: Sequence[ConcurrentResult]) -> str:
     """A Markdown table: one row per method and concurrency, with the aggregate against the
-    method's own one-at-a-time rate."""
+    method's own one-at-a-time rate (each method by its short label; the JSON keeps it whole)."""
     solo = {r.method: r.tokens_per_s for r in results if r.concurrency == SOLO}
     lines = [
         "| method | clients | tok/s (all) | vs solo | p50 latency s | p95 latency s | first token p50 s | rows/pass | "
@@ -219,8 +220,9 @@ def concurrency_table(results: Sequence[ConcurrentResult]) -> str:
         s = r.summary()
         ratio = r.tokens_per_s / solo[r.method] if solo.get(r.method) else 0.0
         lines.append(
-            f"| {r.method} | {r.concurrency} | {r.tokens_per_s:.1f} | {ratio:.2f}x | {s['latency_p50_s']:.2f} | "
-            f"{s['latency_p95_s']:.2f} | {s['first_token_p50_s']:.3f} | {s['rows_per_pass']:.1f} | "
+            f"| {short_label(r.method)} | {r.concurrency} | {r.tokens_per_s:.1f} | {ratio:.2f}x | "
+            f"{s['latency_p50_s']:.2f} | {s['latency_p95_s']:.2f} | {s['first_token_p50_s']:.3f} | "
+            f"{s['rows_per_pass']:.1f} | "
             f"{r.cached_tokens}/{r.prompt_tokens} | {r.identical}/{r.requests} |"
         )
     return "\n".join(lines) + "\n"

@@ -86,16 +86,25 @@ class PrefixReuse:
                 done.append(submission)
         return done
 
-    def leave(self, submission: Submission, reason: str) -> None:
+    def leave(self, submission: Submission, reason: str, prefill: Prefill | None = None) -> None:
         """A request ends: it waits no more, and its cache is kept (not after an error), as it
         stands between passes: the prompt and what it emitted but the pending token (or past a
-        stop string, accepted tokens the text was cut before)."""
+        stop string, accepted tokens the text was cut before). One that leaves while its prompt
+        is being prefilled (cancelled, timed out), with no request following its prefill
+        (`prefill`), leaves the chunks prefilled so far: the requests waiting on it, and a client
+        that sends the prompt again, start from them."""
         self.awaiting.pop(submission, None)
         run = submission.run
-        if not submission.keeps_prefix or run.seq is None or reason == "error":
+        if not submission.keeps_prefix or reason == "error":
+            return
+        if run.seq is not None:
+            tokens, seq = [*run.prompt_ids, *run.generated], run.seq
+        elif prefill is not None and prefill.done:
+            tokens, seq = list(run.prompt_ids[: prefill.done]), prefill.seq
+        else:
             return
         try:
-            self.cache.keep([*run.prompt_ids, *run.generated], run.seq, snapshot_cache)
+            self.cache.keep(tokens, seq, snapshot_cache)
         except Exception:  # noqa: BLE001 - e.g. out of memory: the request ended well, its cache is not kept
             logger.exception("keeping a finished request's cache failed")
 

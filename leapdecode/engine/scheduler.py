@@ -395,9 +395,11 @@ class BatchScheduler:
         """Take a request out of the batch (its cache is freed with its run) and tell its owner."""
         if submission in self.running:
             self.running.remove(submission)
+        prefill = self.prefilling.get(submission)
+        orphan = prefill if prefill is not None and not prefill.followers else None  # else its heir goes on with it
         self._leave_prefill(submission)
         if self.reuse is not None:
-            self.reuse.leave(submission, reason)
+            self.reuse.leave(submission, reason, orphan)
         submission.run.seq = None
         try:
             submission.on_end(reason)

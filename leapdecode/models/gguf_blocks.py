@@ -8,7 +8,7 @@ fits ours, take the file's integers and scales themselves:
 - Q8_0 (w = d·q) → int8 groups;
 - Q6_K (w = d·sc·(q − 32), an int8 sc per 16 weights) → 6-bit groups.
 Q4_K's and Q6_K's scales keep their own form, small integers times a float per 256 weights (the
-layers' super-block form, `quantize.SuperScales`): the same float32 values, in fewer bytes.
+layers' super-block form, `rounding.SuperScales`): the same float32 values, in fewer bytes.
 The file's tensors are matched to the model's linear layers by value, not by name (names differ
 per architecture, and `transformers` permutes the rows of some): each row of the de-quantized
 tensor is looked up among the layer's rows, so a permutation is found and applied.
@@ -24,7 +24,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from leapdecode.models.quantize import GROUP, QuantizedLinear, SuperScales, pack_int4
+from leapdecode.models.quantize import QuantizedLinear
+from leapdecode.models.rounding import GROUP, SuperScales, pack_int4
 
 
 @dataclass(frozen=True)
@@ -39,7 +40,7 @@ class Blocks:
     factors: SuperScales | None = None  # the scales' super-block form, where the file has it (Q4_K)
 
     def groups(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """(qweight, scales, mins) as `quantize.quantize_weight` gives them (what
+        """(qweight, scales, mins) as `rounding.quantize_weight` gives them (what
         `QuantizedLinear.from_groups` takes)."""
         if self.bits == 4:
             return pack_int4(self.q.to(torch.uint8)), self.scales, self.mins

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from leapdecode.models import quantize, row_exact
+from leapdecode.models import packing, quantize, row_exact
 from leapdecode.models.extensions import build
 from leapdecode.models.quantize import QuantizedLinear
 from leapdecode.models.row_exact import RowExactRMSNorm
@@ -280,7 +280,7 @@ def _fused(layers: list[QuantizedLinear]) -> tuple[QuantizedLinear, ...]:
     if (
         any(
             (layer.bits, layer.super_blocks, layer.in_features) != (first.bits, first.super_blocks, first.in_features)
-            or layer.out_features % quantize.BLOCK
+            or layer.out_features % packing.BLOCK
             for layer in layers
         )
         or len({layer.bias is None for layer in layers}) != 1

@@ -7,26 +7,24 @@ that a second load takes seconds.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import hashlib
 import logging
 import os
-import shutil
-import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
-from safetensors.torch import save_file
 
 from leapdecode.errors import ModelLoadError
 from leapdecode.models import presets
+from leapdecode.models.gguf_folder import dequantized_folder, first_line, quiet_progress
+from leapdecode.models.hardware import default_device, hardware_of
 from leapdecode.models.linear import use_small_batch_linear
+from leapdecode.models.model_info import context_length, end_of_turn_ids
 from leapdecode.models.precision import (
-    Hardware,
     Source,
     check_choices,
     checkpoint_dtype,
@@ -36,7 +34,6 @@ from leapdecode.models.precision import (
 from leapdecode.models.quantize import load_quantized, quantize_model, save_quantized
 
 GGUF_MAGIC = b"GGUF"
-_PROBE = "leapdecode-probe-reply"
 
 
 def default_cache_dir() -> Path:
@@ -44,40 +41,8 @@ def default_cache_dir() -> Path:
     return Path(os.environ.get("LEAPDECODE_HOME", Path.home() / ".cache" / "leapdecode"))
 
 
-def default_device() -> torch.device:
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-
-
 BACKENDS = ("torch", "llama.cpp")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def cpu_flags() -> frozenset[str]:
-    """The CPU's feature flags as Linux reports them (empty elsewhere)."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as fh:
-            for line in fh:
-                if line.startswith("flags"):
-                    return frozenset(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return frozenset()
-
-
-def hardware_of(device: torch.device) -> Hardware:
-    """What `device` computes natively: bfloat16 products on a CUDA GPU that supports them or a
-    CPU with AVX512-BF16 or AMX; float16 on CUDA or a CPU with AVX512-FP16 or AMX-FP16. Elsewhere
-    those types are emulated and slower than float32."""
-    if device.type == "cuda":
-        return Hardware("cuda", native_bf16=bool(torch.cuda.is_bf16_supported()), native_fp16=True)
-    if device.type == "cpu":
-        flags = cpu_flags()
-        return Hardware(
-            "cpu",
-            native_bf16=bool(flags & {"avx512_bf16", "amx_bf16"}),
-            native_fp16=bool(flags & {"avx512_fp16", "amx_fp16"}),
-        )
-    return Hardware("mps" if device.type == "mps" else "other", native_bf16=False, native_fp16=device.type == "mps")
 
 
 @dataclass(frozen=True)
@@ -314,7 +279,7 @@ def _resolve(
         )
     if backend == "llama.cpp":
         return _Source("", name, gguf, sha)
-    return _Source(str(_dequantized_folder(gguf, sha, cache, log)), name, gguf, sha)
+    return _Source(str(dequantized_folder(gguf, sha, cache, log)), name, gguf, sha)
 
 
 def huggingface_source(
@@ -331,9 +296,6 @@ def huggingface_source(
 
 
 QUANTIZED_FORMAT = 3  # bump when the saved layout changes
-# Marks a complete de-quantized folder of the current layout (v2: a tied output layer is not saved
-# twice); a folder without it is rebuilt.
-FOLDER_FORMAT = ".leapdecode-folder-v2"
 
 
 def _quantize(model: Any, mode: str, gguf: Path | None, sha256: str, cache: Path, log: Callable[[str], None]) -> None:
@@ -385,20 +347,6 @@ def _is_gguf(path: Path) -> bool:
         return fh.read(4) == GGUF_MAGIC
 
 
-@contextlib.contextmanager
-def _quiet_progress() -> Iterator[None]:
-    """No "Loading weights" bar from transformers on every load: the caller's `log` reports progress."""
-    from transformers.utils import logging as hf_logging
-
-    was_enabled = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            hf_logging.enable_progress_bar()
-
-
 def _load_config(source: str) -> Any:
     """The checkpoint's transformers config (says its dtype and architecture; weights not read)."""
     from transformers import AutoConfig
@@ -406,11 +354,11 @@ def _load_config(source: str) -> Any:
     try:
         return AutoConfig.from_pretrained(source)
     except (OSError, ValueError) as exc:
-        raise ModelLoadError(f"could not load model {source!r}: {_first_line(exc)}") from exc
+        raise ModelLoadError(f"could not load model {source!r}: {first_line(exc)}") from exc
 
 
 def _from_pretrained(source: str, dtype: torch.dtype, log: Callable[[str], None], config: Any) -> tuple[Any, Any]:
-    with _quiet_progress():
+    with quiet_progress():
         return _load_pretrained(source, dtype, log, config)
 
 
@@ -423,107 +371,11 @@ def _load_pretrained(source: str, dtype: torch.dtype, log: Callable[[str], None]
     except ValueError as exc:
         if "Unrecognized configuration class" in str(exc):
             raise ModelLoadError(f"{source!r} is a {type(config).__name__} model, not a causal language model") from exc
-        raise ModelLoadError(f"could not load model {source!r}: {_first_line(exc)}") from exc
+        raise ModelLoadError(f"could not load model {source!r}: {first_line(exc)}") from exc
     except (OSError, RuntimeError, KeyError) as exc:
-        raise ModelLoadError(f"could not load model weights from {source!r}: {_first_line(exc)}") from exc
+        raise ModelLoadError(f"could not load model weights from {source!r}: {first_line(exc)}") from exc
     try:
         tokenizer = AutoTokenizer.from_pretrained(source)
     except (OSError, ValueError, KeyError) as exc:
-        raise ModelLoadError(f"could not load the tokenizer of {source!r}: {_first_line(exc)}") from exc
+        raise ModelLoadError(f"could not load the tokenizer of {source!r}: {first_line(exc)}") from exc
     return model, tokenizer
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
-
-
-def _dequantized_folder(gguf: Path, sha256: str, cache: Path, log: Callable[[str], None]) -> Path:
-    """A Hugging Face folder with the GGUF's de-quantized weights, built once per sha256."""
-    folder = cache / "models" / sha256[:16]
-    if (folder / FOLDER_FORMAT).is_file():
-        return folder
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    log(f"de-quantizing {gguf.name} (once; the result is cached in {folder})")
-    try:
-        with _quiet_progress():
-            tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-            model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
-    except Exception as exc:  # a corrupt file can fail anywhere in the GGUF parser, with any error type
-        raise ModelLoadError(
-            f"could not read GGUF {gguf}: {_first_line(exc)} (corrupt file or unsupported architecture?)"
-        ) from exc
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".building-", dir=folder.parent))
-    try:
-        config_dict = model.config.to_dict()
-        config_dict.pop("quantization_config", None)  # the weights we save are plain float32
-        model.config.__class__.from_dict(config_dict).save_pretrained(tmp)
-        model.generation_config.save_pretrained(tmp)
-        save_file(_untied_state(model), str(tmp / "model.safetensors"), metadata={"format": "pt"})
-        tokenizer.save_pretrained(tmp)
-        (tmp / FOLDER_FORMAT).touch()
-        if folder.exists():
-            shutil.rmtree(folder)
-        tmp.rename(folder)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-    return folder
-
-
-def _untied_state(model: Any) -> dict[str, torch.Tensor]:
-    """The weights to save, a tied output layer left out as `save_pretrained` leaves it out: the
-    folder's readers tie it back from the input embeddings (vLLM 0.32 reads a saved copy as the
-    output layer and leaves the embeddings unset: every logit equal)."""
-    state = model.state_dict()
-    head, embed = model.get_output_embeddings(), model.get_input_embeddings()
-    if head is not None and embed is not None and _same_memory(head.weight, embed.weight):
-        head_names = {name for name, module in model.named_modules() if module is head}
-        for name in [n for n in state if n.rsplit(".", 1)[0] in head_names and _same_memory(state[n], embed.weight)]:
-            del state[name]
-    return {name: tensor.contiguous() for name, tensor in state.items()}
-
-
-def _same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.shape == b.shape and a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
-
-
-def end_of_turn_ids(model: Any, tokenizer: Any) -> set[int]:
-    """Every id that ends generation: the generation config's EOS ids, the tokenizer's EOS,
-    and the token the chat template puts after an assistant reply (e.g. `<|im_end|>`)."""
-    ids: set[int] = set()
-    gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    for value in (gen_eos, getattr(model.config, "eos_token_id", None), tokenizer.eos_token_id):
-        if isinstance(value, int):
-            ids.add(value)
-        elif isinstance(value, (list, tuple)):
-            ids.update(int(v) for v in value)
-    if getattr(tokenizer, "chat_template", None):
-        ids.update(_template_end_of_turn(tokenizer))
-    return ids
-
-
-def _template_end_of_turn(tokenizer: Any) -> set[int]:
-    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": _PROBE}]
-    try:
-        rendered = tokenizer.apply_chat_template(messages, tokenize=False)
-    except (ValueError, TypeError, KeyError):
-        return set()
-    tail = rendered[rendered.rfind(_PROBE) + len(_PROBE) :]
-    tail_ids = tokenizer(tail, add_special_tokens=False)["input_ids"]
-    special = set(tokenizer.all_special_ids) | set(getattr(tokenizer, "added_tokens_decoder", {}).keys())
-    return {tail_ids[0]} if tail_ids and tail_ids[0] in special else set()
-
-
-def context_length(model: Any, tokenizer: Any) -> int:
-    """The longest sequence the model accepts (prompt plus new tokens)."""
-    for attr in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
-        value = getattr(model.config, attr, None)
-        if isinstance(value, int) and value > 0:
-            return value
-    limit = getattr(tokenizer, "model_max_length", None)
-    if isinstance(limit, int) and 0 < limit < 10**9:
-        return limit
-    return 2048

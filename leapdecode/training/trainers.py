@@ -34,7 +34,7 @@ class Trainer(ABC):
     method: str
 
     def __init__(self, target: LoadedModel, settings: TrainSettings, vocab: DraftVocabulary) -> None:
-        from leapdecode.models.loading import hardware_of
+        from leapdecode.models.hardware import hardware_of
 
         self.target, self.settings, self.vocab = target, settings, vocab
         self.to_draft = vocab.to_draft()
