@@ -522,3 +522,20 @@ def test_bench_threads_default_to_all_cores_or_the_environments_omp_num_threads(
         assert torch.get_num_threads() == 1  # a refused value changes nothing
     finally:
         torch.set_num_threads(before)
+
+
+def test_the_concurrency_table_names_methods_short_and_counts_cached_prompt_tokens() -> None:
+    from leapdecode.bench.concurrent import concurrency_table
+    from leapdecode.bench.concurrent_result import SOLO, ConcurrentResult
+
+    long = "draft:model=m,k=5,schedule=constant,threshold=0.0,coupled=True,window=128"
+    rows = [
+        ConcurrentResult(long, SOLO, 4, 40, 10.0, prompt_tokens=400, identical=4),
+        ConcurrentResult(long, "4", 4, 40, 4.0, prompt_tokens=400, cached_tokens=270, identical=4),
+        ConcurrentResult("llama-server", SOLO, 4, 40, 20.0, prompt_tokens=400, identical=3, peer=True),
+        ConcurrentResult("llama-server", "4", 4, 40, 10.0, prompt_tokens=400, cached_tokens=90, identical=3, peer=True),
+    ]
+    table = concurrency_table(rows).splitlines()
+    assert "prompt tokens cached" in table[0] and long not in "\n".join(table)
+    assert table[3].startswith("| draft:model=m | 4 | 10.0 | 2.50x |") and "| 270/400 | 4/4 |" in table[3]
+    assert table[5].startswith("| llama-server | 4 | 4.0 | 2.00x |") and "| 90/400 | 3/4 |" in table[5]

@@ -149,8 +149,10 @@ def test_chat_answers_turn_after_turn_each_from_the_last_turns_cache() -> None:
     assert bad.exit_code == 2 and "--prefix-cache-tokens" in bad.output
 
 
-def test_a_bench_system_message_is_checked_before_anything_loads() -> None:
-    empty = runner.invoke(app, ["bench", "--methods", "ar", "--system", "  ", "--limit", "1", "-n", "4"])
+def test_a_bench_system_message_is_checked_before_the_model_loads() -> None:
+    empty = runner.invoke(
+        app, ["bench", "-d", "spec-bench:qa", "--methods", "ar", "--system", "  ", "--limit", "1", "-n", "4"]
+    )
     assert empty.exit_code == 2 and "--system" in empty.output and "non-empty" in empty.output
     from leapdecode.bench.datasets import BenchPrompt, with_system
 

@@ -273,6 +273,13 @@ def test_llama_server_serves_the_same_load_as_a_throughput_peer(cpp_lm, referenc
         assert all(1 <= len(t) <= 16 for t in result.outputs)  # it stops at the model's end of text
         assert [t[:1] for t in result.outputs] == [w[:1] for w in want]  # greedy: its first token is the model's
         assert result.identical == sum(a == b for a, b in zip(result.outputs, want))
+        assert result.cached_tokens == 0 and result.prompt_tokens == sum(map(len, prompts))  # no cache_prompt
+    # with cache_prompt, a prompt that begins with the last one's takes it from the slot (`timings.cache_n`);
+    # the first takes the first 8 tokens of the server's warm-up request, its own first 8
+    longer = [prompts[1], prompts[1] + prompts[3]]
+    cached = run_llama_server(Path(cpp_lm.model.path), longer, 4, 1, [[], []], 1, cache_prompt=True)
+    assert len(prompts[1]) <= cached.cached_tokens <= len(prompts[1]) + 8
+    assert cached.prompt_tokens == sum(map(len, longer))
     assert gguf_of(str(cpp_lm.model.path), Path("/nonexistent")) == Path(cpp_lm.model.path)
     with pytest.raises(MethodError, match="GGUF"):
         gguf_of("some/hub-model", Path("/nonexistent"))

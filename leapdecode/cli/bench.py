@@ -1,4 +1,4 @@
-"""The benchmark commands: bench, report, sweep, trace, forward-cost.
+"""The benchmark commands: bench and report (sweep, trace and forward-cost: `cli.measure`).
 
 Each command imports the benchmark (and so torch) when it runs, not when the CLI starts.
 """
@@ -223,7 +223,7 @@ def system_meta(lm: LoadedModel, system: str | None) -> dict[str, object]:
     if system is None:
         return {}
     tokens = len(lm.tokenizer(system, add_special_tokens=False)["input_ids"])
-    return {"system message": f"{tokens} tokens before every prompt"}
+    return {"system message": f"{tokens} tokens (the message alone, without the chat template's), before every prompt"}
 
 
 def parse_concurrency(text: str) -> list[int]:

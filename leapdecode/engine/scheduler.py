@@ -392,7 +392,9 @@ class BatchScheduler:
         self.prefilling[submission] = prefill if prefill is not None else Prefill(self._packer().new_sequence())
 
     def _end(self, submission: Submission, reason: str) -> None:
-        """Take a request out of the batch (its cache is freed with its run) and tell its owner."""
+        """Take a request out of the batch and tell its owner. Its cache is freed with its run,
+        or kept by the prefix cache (`PrefixReuse.leave`: a finished request's, or the chunks of
+        a prompt it leaves part-prefilled)."""
         if submission in self.running:
             self.running.remove(submission)
         prefill = self.prefilling.get(submission)

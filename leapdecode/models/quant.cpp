@@ -6,7 +6,7 @@
 // (w = d * sc * (q - 32), q in 0..63, sc int8: GGUF's Q6_K exactly). Activations are quantized at run time, per row and group, to
 // int8 with their own scale (as llama.cpp does), so each group's dot product is an exact integer.
 //
-// Packed layout (built once at load, `quantize.pack`): outputs in blocks of 8, and for each block
+// Packed layout (built once at load, `packing.pack`): outputs in blocks of 8, and for each block
 // and group one contiguous record, so a block streams from memory in one sequential read. A
 // record's weights (its body):
 //   int4 (128 bytes): 4 x 32 bytes of nibbles. In the k-th 32 bytes, byte 4j+e holds q[j][4k+e]
