@@ -378,19 +378,19 @@ def learnt(accepted: bool):
     """A shared estimate that has seen 200 drafts at every depth and confidence decile, all
     accepted or all rejected."""
     from leapdecode.drafters.cost_aware import AcceptanceEstimate
-    from leapdecode.drafters.draft_model import _depth_bucket
+    from leapdecode.drafters.draft_pricing import depth_bucket
 
     estimate = AcceptanceEstimate()
     for _ in range(200):
         for depth in range(1, 9):
-            estimate.observe(_depth_bucket(depth), accepted)
+            estimate.observe(depth_bucket(depth), accepted)
             for decile in range(10):
                 estimate.observe(("prob", depth, decile), accepted)
     return estimate
 
 
 def cost_run(target, draft, prompt, cost, **options):
-    from leapdecode.drafters.draft_model import DraftCost
+    from leapdecode.drafters.draft_pricing import DraftCost
 
     drafter = DraftModelDrafter(
         TorchBackend(draft), cost=DraftCost(ForwardCost((cost[0],)), ForwardCost(cost[1])), **options
@@ -400,7 +400,7 @@ def cost_run(target, draft, prompt, cost, **options):
 
 
 def test_the_cost_cut_drafts_while_tokens_pay_and_never_changes_the_output(tiny_model, random_draft) -> None:
-    from leapdecode.drafters.draft_model import PROBE_EVERY
+    from leapdecode.drafters.draft_pricing import PROBE_EVERY
 
     flat = (0.030,) * 8
     for prompt in prompts(3, seed=12):
@@ -424,7 +424,7 @@ def test_the_cost_cut_drafts_while_tokens_pay_and_never_changes_the_output(tiny_
 
 
 def test_the_cost_cut_learns_per_depth_and_confidence_and_hears_the_loops_cut(tiny_model) -> None:
-    from leapdecode.drafters.draft_model import DraftCost
+    from leapdecode.drafters.draft_pricing import DraftCost
 
     drafter = DraftModelDrafter(
         TorchBackend(tiny_model), k=6, cost=DraftCost(ForwardCost((1e-6,)), ForwardCost((0.03,) * 8))
@@ -444,14 +444,14 @@ def test_alone_the_draft_is_cut_by_the_shared_passes_rule(tiny_model) -> None:
     short is dropped before the pass: alone (`propose`) exactly as a shared pass's cut
     (`allocate` over the offer) drops it, and the drafter hears the cut."""
     from leapdecode.drafters.cost_aware import AcceptanceEstimate
-    from leapdecode.drafters.draft_model import DraftCost, _depth_bucket
+    from leapdecode.drafters.draft_pricing import DraftCost, depth_bucket
     from leapdecode.engine.batch import drive_rounds
     from leapdecode.engine.cost import allocate
 
     estimate = AcceptanceEstimate()
     for _ in range(200):  # every depth accepted so far; every probability bucket of depths 3+ rejected
         for depth in range(1, 9):
-            estimate.observe(_depth_bucket(depth), True)
+            estimate.observe(depth_bucket(depth), True)
             for decile in range(10):
                 estimate.observe(("prob", depth, decile), depth < 3)
     cost = DraftCost(ForwardCost((1e-6,)), ForwardCost((0.030, 0.031, 0.032, 0.034, 0.036, 0.038, 0.040)))
@@ -474,7 +474,7 @@ def test_a_probe_is_verified_whole_alone_and_in_a_shared_pass(tiny_model) -> Non
     drafts one token anyway: that probe offers no reach, so neither cut drops it and the rates
     learn from its verdict. In a batch of four each request probes four times as seldom, so the
     shared passes carry about as many probes as a request's own passes do."""
-    from leapdecode.drafters.draft_model import PROBE_EVERY, DraftCost
+    from leapdecode.drafters.draft_pricing import PROBE_EVERY, DraftCost
     from leapdecode.engine.batch import drive_rounds
     from leapdecode.engine.cost import allocate
 
@@ -501,7 +501,7 @@ def test_in_a_batch_a_drafted_token_costs_a_row_per_sequence(tiny_model) -> None
     """Rows free up to 16, then each as dear as a pass: alone the draft model drafts its whole
     budget; with 8 sequences in the target's pass (each drafting as it does), a token costs 8
     rows, and it drafts one (16 rows); with 16 sequences, none."""
-    from leapdecode.drafters.draft_model import DraftCost
+    from leapdecode.drafters.draft_pricing import DraftCost
     from leapdecode.engine.batch import drive_rounds
 
     estimate = learnt(True)
@@ -519,7 +519,7 @@ def test_in_a_batch_a_drafted_token_costs_a_row_per_sequence(tiny_model) -> None
 def test_in_shared_passes_rows_are_priced_by_the_schedulers_curve(tiny_model) -> None:
     """A drafter's own target curve is a single sequence's; in shared passes the scheduler hands
     it the curve of the passes themselves, and where that says rows are dear it drafts less."""
-    from leapdecode.drafters.draft_model import DraftCost
+    from leapdecode.drafters.draft_pricing import DraftCost
     from leapdecode.engine.batch import drive_rounds
 
     estimate = learnt(True)
@@ -540,7 +540,7 @@ def test_the_draft_models_prefill_is_priced_against_the_steps_left(tiny_model) -
     the rest of the request, so the first token is charged that feed spread over the steps left.
     A long budget repays it and the model drafts; a short one does not, and the draft model never
     runs, not even for a probe; an unknown budget is not charged. The output never changes."""
-    from leapdecode.drafters.draft_model import PROBE_EVERY, DraftCost
+    from leapdecode.drafters.draft_pricing import PROBE_EVERY, DraftCost
 
     estimate = learnt(True)  # every draft accepted so far
     # a 40-token prompt's feed: 39 x 10 ms against a 30 ms target pass and a 10 ms draft pass
@@ -594,7 +594,8 @@ def test_a_decoder_whose_answers_run_short_stops_paying_for_draft_prefills(tiny_
     counted on for little more and its draft model never runs; one that has already run far past
     them drafts again. The output is plain decoding's throughout."""
     from leapdecode.drafters.cost_aware import LengthEstimate
-    from leapdecode.drafters.draft_model import SINK_TOKENS, DraftCost
+    from leapdecode.drafters.draft_model import SINK_TOKENS
+    from leapdecode.drafters.draft_pricing import DraftCost
 
     estimate, lengths = learnt(True), LengthEstimate()
     cost = DraftCost(ForwardCost((0.010,)), ForwardCost((0.030,) * 8), catch_up=0.010)
@@ -643,7 +644,7 @@ def test_in_a_batch_the_draft_models_prefill_is_charged_to_the_whole_pass(tiny_m
     """A draft model's prefill holds up every request of the batch: with rows free, a feed that a
     request alone repays over its steps left is charged as if each of eight requests fed as much,
     and does not pay; the same request whose draft cache holds its prompt drafts."""
-    from leapdecode.drafters.draft_model import DraftCost
+    from leapdecode.drafters.draft_pricing import DraftCost
     from leapdecode.engine.batch import drive_rounds
 
     estimate = learnt(True)
@@ -675,7 +676,7 @@ def test_retrieval_first_drafts_from_a_long_match_and_never_changes_the_output(
     when a draft pass is dear, seldom when drafting is free and the draft model is the target
     itself; greedy output is plain decoding's in every case, and the draft model's cache
     catches up on the tokens it skipped in its next pass."""
-    from leapdecode.drafters.draft_model import DraftCost
+    from leapdecode.drafters.draft_pricing import DraftCost
     from leapdecode.drafters.suffix import SuffixDrafter
 
     costs = (
@@ -719,7 +720,7 @@ def test_retrieval_first_drafts_from_a_long_match_and_never_changes_the_output(
 
 
 def test_retrieval_is_off_where_the_draft_models_q_is_needed(tiny_model) -> None:
-    from leapdecode.drafters.draft_model import DraftCost
+    from leapdecode.drafters.draft_pricing import DraftCost
     from leapdecode.drafters.suffix import SuffixDrafter
 
     cost = DraftCost(ForwardCost((1.0,)), ForwardCost((0.03,) * 8))
@@ -764,7 +765,7 @@ def test_requests_in_a_batch_draft_in_shared_passes_and_each_equals_plain_decodi
     backend = runs[0].drafter.draft_backend
     assert backend is not None and all(run.drafter.draft_backend is backend for run in runs)
     if "cost_aware=false" not in spec:  # costs where drafting pays, not the tiny models' timings
-        from leapdecode.drafters.draft_model import DraftCost
+        from leapdecode.drafters.draft_pricing import DraftCost
 
         for run in runs:
             assert isinstance(run.drafter, DraftModelDrafter) and run.drafter.cost is not None
@@ -869,7 +870,7 @@ def test_a_draft_vocabularys_packed_pass_scores_each_sequence_as_its_own_pass() 
 def test_a_cost_aware_draft_offers_each_token_with_its_reach_for_the_shared_cut(tiny_model) -> None:
     """In a shared pass, the draft model's tokens carry their chance to be accepted (parents
     first, never rising), so `allocate` cuts its draft by the same rule as every other request's."""
-    from leapdecode.drafters.draft_model import DraftCost
+    from leapdecode.drafters.draft_pricing import DraftCost
     from leapdecode.engine.batch import drive_rounds
 
     backend = TorchBackend(tiny_model)
@@ -993,3 +994,33 @@ def test_a_chats_next_turn_starts_the_draft_model_from_its_kept_cache_and_never_
     assert kept is not None and kept.hits == 1
     with pytest.raises(MethodError, match="prefix_cache"):
         parse_method("draft:prefix_cache=-1")
+
+
+def test_a_drafted_token_pays_exactly_when_the_steps_rate_rises() -> None:
+    """`pays` against the rate it stands for, computed the long way: (tokens expected) / (seconds
+    of the draft passes and the verification pass), with and without the token."""
+    from leapdecode.drafters.cost_aware import LengthEstimate
+    from leapdecode.drafters.draft_pricing import DraftCost, catch_up_charge, model_rate, pays
+
+    target = ForwardCost((0.030, 0.031, 0.034, 0.038, 0.044, 0.052, 0.060, 0.070, 0.080))
+    cost = DraftCost(ForwardCost((0.008, 0.010)), target, catch_up=0.004)
+    for drafted in range(3):
+        for batch in (1, 2):
+            for guess in (0.05, 0.3, 0.6, 0.95):
+                for catch_up in (0.0, 0.2):
+                    expected = 1.0 + 0.7 * drafted
+                    spent = drafted * cost.draft.of(batch) + target.of(batch * (drafted + 1))
+                    more = spent + cost.draft.of(batch) + batch * catch_up
+                    more += target.of(batch * (drafted + 2)) - target.of(batch * (drafted + 1))
+                    want = (expected + guess) / more > expected / spent
+                    assert pays(cost, target, drafted, guess, expected, batch, catch_up) == want
+    assert pays(cost, target, 0, 0.9, 1.0, 1, 0.0) and not pays(cost, target, 0, 0.9, 1.0, 1, 0.5)
+    # the catch-up feed: its tokens but one, spread over the steps still to come (none: nothing known)
+    lengths = LengthEstimate()
+    assert catch_up_charge(cost, 1, 0, 64, lengths, lambda b: 0.5) == 0.0
+    assert catch_up_charge(cost, 9, 0, None, lengths, lambda b: 0.5) == 0.0
+    assert catch_up_charge(cost, 9, 0, 64, lengths, lambda b: 0.5) == pytest.approx(8 * 0.004 / (64 / 1.5))
+    # drafting nothing is always an option; at rate 1 and near-free draft passes, the deepest draft wins
+    assert model_rate(cost, lambda b: 0.0, 4, 0.0) == pytest.approx(1 / 0.030)
+    cheap = DraftCost(ForwardCost((1e-9,)), target)
+    assert model_rate(cheap, lambda b: 1.0, 4, 0.0) == pytest.approx(5 / (4e-9 + target.of(5)))

@@ -58,13 +58,21 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Generator, Hashable, Sequence
-from dataclasses import dataclass
 
 import torch
 
 from leapdecode.choices import DRAFT_SCHEDULES
 from leapdecode.drafters.base import Draft, Drafter, DraftFeed, Offer
 from leapdecode.drafters.cost_aware import AcceptanceEstimate, LengthEstimate, RequestEstimate, judged
+from leapdecode.drafters.draft_pricing import (
+    PROBE_EVERY,
+    DraftCost,
+    catch_up_charge,
+    depth_bucket,
+    model_rate,
+    pays,
+    prob_bucket,
+)
 from leapdecode.drafters.ngram import NGramModule
 from leapdecode.drafters.suffix import SuffixDrafter
 from leapdecode.engine.backend import Backend, CacheState, Scores, TorchBackend
@@ -78,34 +86,6 @@ from leapdecode.verifiers import Verdict, verify_greedy, verify_speculative
 
 logger = logging.getLogger("leapdecode")
 SINK_TOKENS = 4  # a windowed context keeps its first tokens too: attention sinks (StreamingLLM, 2309.17453)
-PROBE_EVERY = 8  # silent steps (no draft: the first token did not pay) before one token is drafted anyway
-MAX_DEPTH_BUCKET = 8
-
-
-@dataclass(frozen=True)
-class DraftCost:
-    """What drafting one more token costs: one draft-model pass (alone, over one token; in a
-    shared pass, one packed pass over a row per request), and one more row in the target's
-    verification pass."""
-
-    draft: PassCost  # seconds of a draft-model pass by the rows it scores
-    target: PassCost  # seconds of a target pass by the rows it scores
-    # seconds a draft-model prefill takes per prompt token: what each token the draft model's
-    # cache lacks beyond a round's one costs to feed (0: not priced)
-    catch_up: float = 0.0
-
-    @property
-    def draft_pass(self) -> float:
-        """Seconds of a draft-model pass over one token."""
-        return self.draft.of(1)
-
-
-def _depth_bucket(depth: int) -> Hashable:
-    return ("depth", min(depth, MAX_DEPTH_BUCKET))
-
-
-def _prob_bucket(depth: int, prob: float) -> Hashable:
-    return ("prob", min(depth, MAX_DEPTH_BUCKET), min(int(prob * 10), 9))
 
 
 class DraftModelDrafter(Drafter):
@@ -227,18 +207,10 @@ class DraftModelDrafter(Drafter):
 
     def _catch_up(self) -> float:
         """Seconds a step's first drafted token is charged for the tokens the draft model's cache
-        lacks beyond the one every round feeds (its window, before its first draft; the tokens of
-        silent or retrieved steps later): fed once, they let it draft for the rest of the request,
-        so their cost is spread over the steps it can count on: the tokens the decoder's finished
-        requests suggest are still to come (`LengthEstimate`), within the budget. Not charged where
-        the budget is unknown."""
+        lacks beyond the one every round feeds (`catch_up_charge`)."""
         assert self.cost is not None
         lag = len(self.stream) - self._covered()
-        if lag <= 1 or self.max_new_tokens is None:
-            return 0.0
-        ahead = self.lengths.ahead(self.emitted, max(1, self.max_new_tokens - self.emitted))
-        steps = max(1.0, ahead / (1.0 + self.rates.rate(_depth_bucket(1))))
-        return (lag - 1) * self.cost.catch_up / steps
+        return catch_up_charge(self.cost, lag, self.emitted, self.max_new_tokens, self.lengths, self.rates.rate)
 
     def _verify(self, lower: list[int], logits: torch.Tensor, position: int) -> Verdict:
         """The draft model judging the n-gram drafts (none: sampling its next token), with the
@@ -271,14 +243,10 @@ class DraftModelDrafter(Drafter):
         return self.stream[len(self.stream) - (count - len(drafted)) :] + drafted
 
     def _pays(self, drafted: int, reach: float, expected: float, batch: int, cost: PassCost | None = None) -> bool:
-        """Whether drafting one more token raises the step's expected tokens per second, with
-        `drafted` tokens drafted so far, the last one reached with probability `reach`, and
-        `expected` tokens expected from the step (the bonus token and each drafted one's reach).
-        With `batch` sequences in the target's pass, each taken to draft as this one does, a
-        drafted token costs `batch` target rows and a round of the draft model a packed pass of
-        `batch` rows (shared by them all), the target's rows priced by the shared passes' `cost`
-        (the scheduler's curve) where given, and each request's draft prefill (`_catch_up`) charged
-        as the batch's: where rows are dear, a batch drafts less than a request alone."""
+        """Whether drafting one more token raises the step's expected tokens per second (`pays`),
+        the last drafted one reached with probability `reach`; in a batch of `batch` sequences,
+        the target's rows priced by the shared passes' `cost` where given. Where nothing has paid
+        for `PROBE_EVERY` steps (times the batch), one token is drafted anyway."""
         assert self.cost is not None
         catch_up = self._catch_up() if drafted == 0 else 0.0
         # probe: the rates learn only from drafted tokens (never one that pays for a prefill); in a
@@ -287,28 +255,15 @@ class DraftModelDrafter(Drafter):
         if drafted == 0 and self.silent >= PROBE_EVERY * batch and (self.seq is not None or catch_up == 0.0):
             self.probing = True
             return True
-        guess = reach * self.rates.rate(_depth_bucket(drafted + 1))
+        guess = reach * self.rates.rate(depth_bucket(drafted + 1))
         target = cost if cost is not None else self.cost.target
-        rows, round_ = batch * (drafted + 1), self.cost.draft.of(batch)
-        now = drafted * round_ + target.of(rows)
-        # each of the batch catching up as this one does: a prefill of the draft model is paid by
-        # every request's wall time, not by this one's share of the pass
-        more = round_ + batch * catch_up + target.of(rows + batch) - target.of(rows)
-        return (expected + guess) / (now + more) > expected / now
+        return pays(self.cost, target, drafted, guess, expected, batch, catch_up)
 
     def _model_rate(self, budget: int) -> float:
-        """The draft model's best expected tokens per second this step, from its per-depth
-        acceptance so far: one draft pass per drafted token, one verification row each. Priced
-        as for a request alone, as the match's chain is: the two are compared, not the batch."""
+        """The draft model's best expected tokens per second this step (`model_rate`), priced as
+        for a request alone, as the match's chain is: the two are compared, not the batch."""
         assert self.cost is not None
-        best = 1.0 / self.cost.target.of(1)
-        reach, expected, catch_up = 1.0, 1.0, self._catch_up()
-        for depth in range(1, budget + 1):
-            reach *= self.rates.rate(_depth_bucket(depth))
-            expected += reach
-            spent = catch_up + depth * self.cost.draft_pass + self.cost.target.of(depth + 1)
-            best = max(best, expected / spent)
-        return best
+        return model_rate(self.cost, self.rates.rate, budget, self._catch_up())
 
     def _retrieve(self, max_tokens: int, budget: int) -> Draft | None:
         """The suffix match's chain or tree, cut to its best part (`cut_alone`: the most probable
@@ -394,7 +349,7 @@ class DraftModelDrafter(Drafter):
             drafted.extend(new)
             if self.cost is not None:  # the draft model's own probability of its token, calibrated
                 prob = float(self._probs(logits[-1:])[0, new[-1]])
-                self.buckets.append(_prob_bucket(len(drafted), prob))
+                self.buckets.append(prob_bucket(len(drafted), prob))
                 reach *= self.rates.rate(self.buckets[-1])
                 expected += reach
                 self.reach.append(reach)
@@ -442,7 +397,7 @@ class DraftModelDrafter(Drafter):
         if not self.retrieved:
             for j, bucket in enumerate(self.buckets[: num_accepted + 1]):
                 hit = j < num_accepted
-                self.rates.observe(_depth_bucket(j + 1), hit)
+                self.rates.observe(depth_bucket(j + 1), hit)
                 self.rates.observe(bucket, hit)
         # the step's suffix match, drafted or left to the draft model, judged whole (`judged`)
         match, parents, buckets = self.match

@@ -126,7 +126,8 @@ class DraftModel(Method):
         self, target: LoadedModel, draft_model: LoadedModel | None, log: Log, cost: ForwardCost | None
     ) -> DrafterFactory:
         from leapdecode.drafters.cost_aware import AcceptanceEstimate, LengthEstimate
-        from leapdecode.drafters.draft_model import DraftCost, DraftModelDrafter
+        from leapdecode.drafters.draft_model import DraftModelDrafter
+        from leapdecode.drafters.draft_pricing import DraftCost
         from leapdecode.drafters.suffix import SuffixDrafter
         from leapdecode.engine.cost import measure_batch_cost, measure_forward_cost, measure_prefill_cost
         from leapdecode.engine.prefix_cache import PrefixCache

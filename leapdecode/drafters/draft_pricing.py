@@ -1,0 +1,97 @@
+"""What one more token drafted by a draft model costs and earns: the rule `DraftModelDrafter`
+drafts by where it has the costs (see its module doc, `cost`).
+
+Pure functions of the measured pass costs and the acceptance rates learnt so far, so the rule
+can be read and tested without a model. A drafted token pays when the expected tokens per second
+of the step rise with it: its chance of acceptance against one more draft-model pass and one more
+verification row (for every sequence of a shared pass, each taken to draft as this one does), and
+the first token of a step also carries its share of the draft model's catch-up feed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+
+from leapdecode.drafters.cost_aware import LengthEstimate
+from leapdecode.engine.cost import PassCost
+
+PROBE_EVERY = 8  # silent steps (no draft: the first token did not pay) before one token is drafted anyway
+MAX_DEPTH_BUCKET = 8
+
+
+@dataclass(frozen=True)
+class DraftCost:
+    """What drafting one more token costs: one draft-model pass (alone, over one token; in a
+    shared pass, one packed pass over a row per request), and one more row in the target's
+    verification pass."""
+
+    draft: PassCost  # seconds of a draft-model pass by the rows it scores
+    target: PassCost  # seconds of a target pass by the rows it scores
+    # seconds a draft-model prefill takes per prompt token: what each token the draft model's
+    # cache lacks beyond a round's one costs to feed (0: not priced)
+    catch_up: float = 0.0
+
+    @property
+    def draft_pass(self) -> float:
+        """Seconds of a draft-model pass over one token."""
+        return self.draft.of(1)
+
+
+def depth_bucket(depth: int) -> Hashable:
+    """The acceptance-rate bucket of a drafted token at `depth` (1: the first of a step)."""
+    return ("depth", min(depth, MAX_DEPTH_BUCKET))
+
+
+def prob_bucket(depth: int, prob: float) -> Hashable:
+    """The bucket of a drafted token by its depth and the draft model's probability decile."""
+    return ("prob", min(depth, MAX_DEPTH_BUCKET), min(int(prob * 10), 9))
+
+
+def catch_up_charge(
+    cost: DraftCost,
+    lag: int,
+    emitted: int,
+    max_new_tokens: int | None,
+    lengths: LengthEstimate,
+    rate: Callable[[Hashable], float],
+) -> float:
+    """Seconds a step's first drafted token is charged for the `lag` tokens the draft model's
+    cache lacks (all but the one every round feeds): fed once, they serve the rest of the
+    request, so their cost is spread over the steps it can count on, the tokens the decoder's
+    finished requests suggest are still to come (`lengths`) within the budget, at the first
+    depth's acceptance `rate` so far. Nothing where the budget is unknown."""
+    if lag <= 1 or max_new_tokens is None:
+        return 0.0
+    ahead = lengths.ahead(emitted, max(1, max_new_tokens - emitted))
+    steps = max(1.0, ahead / (1.0 + rate(depth_bucket(1))))
+    return (lag - 1) * cost.catch_up / steps
+
+
+def pays(
+    cost: DraftCost, target: PassCost, drafted: int, guess: float, expected: float, batch: int, catch_up: float
+) -> bool:
+    """Whether one more drafted token, accepted with probability `guess`, raises the step's
+    expected tokens per second: `drafted` tokens drafted so far, `expected` tokens expected from
+    the step (the bonus token and each drafted one's reach). With `batch` sequences in the
+    target's pass (priced by `target`), a drafted token costs `batch` target rows and a round of
+    the draft model a packed pass of `batch` rows; a draft-model prefill (`catch_up`, the first
+    token's) holds up every request's pass, so it is charged as the batch's."""
+    rows, round_ = batch * (drafted + 1), cost.draft.of(batch)
+    now = drafted * round_ + target.of(rows)
+    more = round_ + batch * catch_up + target.of(rows + batch) - target.of(rows)
+    return (expected + guess) / (now + more) > expected / now
+
+
+def model_rate(cost: DraftCost, rate: Callable[[Hashable], float], budget: int, catch_up: float) -> float:
+    """The draft model's best expected tokens per second this step, drafting 0 to `budget`
+    tokens at each depth's acceptance `rate` so far: one draft pass per drafted token, one
+    verification row each, a request alone."""
+    best = 1.0 / cost.target.of(1)
+    reach, expected = 1.0, 1.0
+    for depth in range(1, budget + 1):
+        reach *= rate(depth_bucket(depth))
+        expected += reach
+        spent = catch_up + depth * cost.draft_pass + cost.target.of(depth + 1)
+        best = max(best, expected / spent)
+    return best
