@@ -15,7 +15,6 @@ import pytest
 from openai import OpenAI
 
 from leapdecode import wrap
-from leapdecode.server.batching import IDLE_S
 from leapdecode.server.loadtest import run_load
 
 MODEL = "smollm2-135m"
@@ -621,23 +620,26 @@ def test_half_sent_bodies_time_out_and_open_connections_are_bounded(server) -> N
     closed; the server serves on."""
     url = server[0]
     port = int(url.rsplit(":", 1)[1])
-    # from a settled server: once idle its worker gives freed memory back (about 0.1 s after a
-    # load, during which the event loop may wait on the allocator), and sixty connections that
-    # arrive within such a pause are all counted open before any is read, and all refused
     deadline = time.time() + 30
     while httpx.get(url + "/health").json()["admitted"]:
         assert time.time() < deadline, "the server was not idle"
         time.sleep(0.2)
-    time.sleep(3 * IDLE_S)
     head = (
         f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
         'Content-Length: 100\r\n\r\n{"model"'
     ).encode()
-    sockets = []
-    for _ in range(60):
+
+    def connect() -> socket.socket:
         s = socket.create_connection(("127.0.0.1", port), timeout=15)
         s.sendall(head)
-        sockets.append(s)
+        return s
+
+    # the limit is counted when a request's head is read, over the connections open then: forty
+    # opened first, and read (a request on a connection opened after them is answered), are
+    # within it whatever the event loop's timing; twenty more at once take it past 48
+    sockets = [connect() for _ in range(40)]
+    assert httpx.get(url + "/health").status_code == 200
+    sockets += [connect() for _ in range(20)]
     start = time.monotonic()
     statuses = []
     for s in sockets:
@@ -649,6 +651,6 @@ def test_half_sent_bodies_time_out_and_open_connections_are_bounded(server) -> N
             data += chunk
         statuses.append(data.split(b" ", 2)[1].decode() if data.startswith(b"HTTP/1.1 ") else "none")
         s.close()
-    assert set(statuses) == {"408", "503"}, statuses
-    assert statuses.count("408") <= 48 and time.monotonic() - start < 15
+    assert statuses[:40] == ["408"] * 40 and set(statuses[40:]) <= {"408", "503"}, statuses
+    assert 12 <= statuses.count("503") and statuses.count("408") <= 48 and time.monotonic() - start < 15
     still_serving(url)
