@@ -459,6 +459,38 @@ def test_an_abandoned_non_streaming_request_stops_decoding(server) -> None:
     still_serving(url)
 
 
+def test_a_prompt_abandoned_early_leaves_its_cache_for_the_same_prompt_sent_again(server, real_lm) -> None:
+    """A client that gives up on a long prompt soon after sending it (mid-prefill, or just after)
+    leaves what the server computed of it in the prefix cache: the same prompt sent again starts
+    from it and gets the library's own text; /health answers while the first is handled."""
+    url = server[0]
+    lines = [f"Entry {i}: the lighthouse keeper logged the wind as {i % 7} knots from the west." for i in range(30)]
+    prompt = "Quartermaster's ledger.\n" + "\n".join(lines) + "\nSummary:"
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": 8, "temperature": 0, "leapdecode": {"method": "ar"}}
+    abandoned: list[BaseException] = []
+
+    def abandon() -> None:
+        try:
+            httpx.post(url + "/v1/completions", json={**body, "max_tokens": 400}, timeout=0.4)
+        except httpx.TimeoutException as exc:
+            abandoned.append(exc)
+
+    client = threading.Thread(target=abandon)
+    client.start()
+    time.sleep(0.1)
+    assert httpx.get(url + "/health", timeout=2.0).status_code == 200  # while the request is handled
+    client.join()
+    assert abandoned, "the client should have given up before the answer"
+    deadline = time.time() + 20
+    while httpx.get(url + "/health").json()["admitted"]:
+        assert time.time() < deadline, "the abandoned request still holds its slot"
+        time.sleep(0.1)
+    resp = httpx.post(url + "/v1/completions", json=body, timeout=60).json()
+    expected = wrap(real_lm, "ar").generate(prompt, max_new_tokens=8)
+    assert resp["choices"][0]["text"] == expected.text
+    assert 100 <= resp["usage"]["prompt_tokens_details"]["cached_tokens"] < resp["usage"]["prompt_tokens"]
+
+
 def test_api_key_and_allowed_hosts(real_lm) -> None:
     from fastapi.testclient import TestClient
 

@@ -37,7 +37,7 @@ def run_solo(
 ) -> ConcurrentResult:
     """One request after another through `Decoder.stream`: no scheduler, no shared passes
     (`reference` None: this run is the reference, plain decoding's own)."""
-    result = ConcurrentResult(str(decoder.method), SOLO, len(prompts), 0, 0.0, prompt_tokens=sum(map(len, prompts)))
+    result = ConcurrentResult.over(str(decoder.method), SOLO, prompts)
     start = time.perf_counter()
     for prompt in prompts:
         began = time.perf_counter()
@@ -74,9 +74,7 @@ def run_concurrent(
     scheduler = BatchScheduler(
         decoder.backend, cost, max_batch=concurrency, max_rows=max_rows, prefix_cache=prefix_cache
     )
-    result = ConcurrentResult(
-        str(decoder.method), str(concurrency), len(prompts), 0, 0.0, prompt_tokens=sum(map(len, prompts))
-    )
+    result = ConcurrentResult.over(str(decoder.method), str(concurrency), prompts)
     outputs: dict[int, list[int]] = {}
     sent: dict[int, float] = {}
     queue = list(range(len(prompts)))

@@ -28,6 +28,13 @@ class ConcurrentResult:
     outputs: list[list[int]] = field(default_factory=list, repr=False)  # each request's tokens, in prompt order
     peer: bool = False  # another program's rows (llama-server): its numerics differ, so `identical` is only counted
 
+    @classmethod
+    def over(
+        cls, method: str, concurrency: str, prompts: Sequence[Sequence[int]], peer: bool = False
+    ) -> ConcurrentResult:
+        """An empty result for a run over `prompts` (their count and tokens), to be filled in."""
+        return cls(method, concurrency, len(prompts), 0, 0.0, prompt_tokens=sum(map(len, prompts)), peer=peer)
+
     @property
     def tokens_per_s(self) -> float:
         return self.new_tokens / self.wall_s if self.wall_s else 0.0

@@ -141,9 +141,7 @@ def run_llama_server(
     (`solo`: one slot, one request at a time, labelled as the engine's one-at-a-time row;
     `cache_prompt`: its slots reuse cached prompt prefixes, as the engine's prefix cache does)."""
     context = max(len(p) for p in prompts) + max_new_tokens + 16
-    result = ConcurrentResult(
-        LABEL, SOLO if solo else str(concurrency), len(prompts), 0, 0.0, prompt_tokens=sum(map(len, prompts)), peer=True
-    )
+    result = ConcurrentResult.over(LABEL, SOLO if solo else str(concurrency), prompts, peer=True)
     outputs: dict[int, list[int]] = {}
     failures: list[BaseException] = []
     lock = threading.Lock()

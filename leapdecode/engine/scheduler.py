@@ -397,9 +397,7 @@ class BatchScheduler:
         a prompt it leaves part-prefilled)."""
         if submission in self.running:
             self.running.remove(submission)
-        prefill = self.prefilling.get(submission)
-        orphan = prefill if prefill is not None and not prefill.followers else None  # else its heir goes on with it
-        self._leave_prefill(submission)
+        orphan = self._leave_prefill(submission)
         if self.reuse is not None:
             self.reuse.leave(submission, reason, orphan)
         submission.run.seq = None
@@ -408,15 +406,16 @@ class BatchScheduler:
         except Exception:  # noqa: BLE001 - one owner's failing callback must not stop the others' passes
             logger.exception("a request's end callback failed")
 
-    def _leave_prefill(self, submission: Submission) -> None:
+    def _leave_prefill(self, submission: Submission) -> Prefill | None:
         """`submission` no longer waits on a prefill: a follower leaves its list; a prefilling
-        request hands its prefill (cache so far) to its first follower, in its place."""
+        request hands its prefill (cache so far) to its first follower, in its place. Returns the
+        prefill no one goes on with (it had no follower), else None."""
         prefill = self.prefilling.get(submission)
         if prefill is None:
             for other in self.prefilling.values():
                 if submission in other.followers:
                     other.followers.remove(submission)
-            return
+            return None
         heir = prefill.followers.pop(0) if prefill.followers else None
         order = list(self.prefilling.items())
         self.prefilling = {}
@@ -425,6 +424,7 @@ class BatchScheduler:
                 self.prefilling[leader] = waiting
             elif heir is not None:  # in its place
                 self.prefilling[heir] = waiting
+        return prefill if heir is None else None
 
 
 def decode(
