@@ -939,6 +939,20 @@ def test_a_windowed_draft_model_reads_the_prompts_sinks_and_tail_and_never_chang
         scheduler.step()
     for prompt, got in zip(long_prompts, outputs):
         assert got == greedy_reference(target.model, prompt, 16)
+    # a second wave after the same long prompts, in shared passes: the windowed draft caches the
+    # first left (with their holes) start its draft model, and the output is still plain greedy's
+    kept = decoder.start([5], max_new_tokens=1).drafter.prefix_cache
+    assert kept is not None and all(entry.holes for entry in kept.entries) and kept.hits == 0
+    follow = [prompt + [(3 * s + 1) % TINY_VOCAB, 2] for s, prompt in enumerate(long_prompts)]
+    outputs = [[] for _ in follow]
+    for i, prompt in enumerate(follow):
+        run_ = decoder.start(prompt, max_new_tokens=16)
+        scheduler.submit(Submission(run_, lambda s, i=i: outputs[i].extend(s.tokens), lambda r: None))
+    while not scheduler.idle:
+        scheduler.step()
+    for prompt, got in zip(follow, outputs):
+        assert got == greedy_reference(target.model, prompt, 16)
+    assert kept.hits == len(follow)
 
 
 def test_a_chats_next_turn_starts_the_draft_model_from_its_kept_cache_and_never_changes_the_output(
@@ -947,7 +961,8 @@ def test_a_chats_next_turn_starts_the_draft_model_from_its_kept_cache_and_never_
     """The draft model's prefix cache: a request whose cache holds its stream in order leaves it;
     the next turn (its prompt that stream and more) starts the draft model from a copy, and its
     first draft pass feeds only the new tokens; right drafts or wrong, the output is plain
-    greedy's. A request whose window skipped part of its prompt leaves nothing."""
+    greedy's. A request whose window skipped part of its prompt leaves its cache with those holes,
+    and the next turn starts from it too."""
     from leapdecode.engine.prefix_cache import PrefixCache
 
     for draft in (tiny_model, random_draft):
@@ -973,18 +988,31 @@ def test_a_chats_next_turn_starts_the_draft_model_from_its_kept_cache_and_never_
             held = kept.tokens
             prompt = prompt + output + [7, 8, 9]
         assert kept.hits == 2
-    skipped = PrefixCache(4096)
-    long_prompt = [(3 * i + 5) % TINY_VOCAB for i in range(40)]
-    list(
-        decode(
-            TorchBackend(tiny_model),
-            long_prompt,
-            DraftModelDrafter(TorchBackend(tiny_model), k=4, window=16, prefix_cache=skipped),
-            StopCriteria(frozenset(), 8),
-            *GREEDY,
+    for draft in (tiny_model, random_draft):  # a window's holes: kept, and served to the next turns
+        backend = TorchBackend(draft)
+        fed = []
+        forward = backend.forward
+        backend.forward = lambda seq, tokens, fed=fed, forward=forward, **kw: (
+            fed.append(list(tokens)) or forward(seq, tokens, **kw)
         )
-    )
-    assert not skipped.entries
+        holed = PrefixCache(4096)
+        prompt = [(3 * i + 5) % TINY_VOCAB for i in range(40)]
+        for turn, new in enumerate(([], [7, 8, 9], [(5 * i + 1) % TINY_VOCAB for i in range(30)])):
+            prompt = prompt + new
+            fed.clear()
+            before = len(holed.entries[0].tokens) if holed.entries else 0  # the tokens the turn starts from
+            drafter = DraftModelDrafter(backend, k=4, window=16, prefix_cache=holed)
+            steps = list(decode(TorchBackend(tiny_model), prompt, drafter, StopCriteria(frozenset(), 8), *GREEDY))
+            output = [t for s in steps for t in s.tokens]
+            assert output == greedy_reference(tiny_model, prompt, 8), turn
+            (entry,) = holed.entries  # each turn's entry serves the last one's whole
+            assert entry.tokens == tuple(prompt + output)[: len(entry.tokens)] and entry.seq.length == entry.size
+            if turn == 1:  # the whole stream but the first turn's window hole: only the new tokens are fed
+                assert len(drafter.holes) == 1 and fed[0][: len(prompt) - before] == prompt[before:]
+            if turn == 2:  # 30 new tokens through a window of 16: a second hole, where the copy ended
+                assert len(drafter.holes) == 2 and drafter.holes[1] == (before, len(prompt) - before - 16)
+            prompt = prompt + output
+        assert holed.hits == 2
     target, draft = _row_exact(make_tiny_model("qwen2")), _row_exact(make_tiny_model("qwen2", seed=1))
     decoder = wrap(target, "draft:k=3,cost_aware=false", draft_model=draft)
     kept = decoder.start([5], max_new_tokens=1).drafter.prefix_cache  # one for the decoder's requests

@@ -15,7 +15,7 @@ from leapdecode import Decoder, wrap
 from leapdecode.engine import CacheState
 from leapdecode.engine.cache import snapshot_cache
 from leapdecode.engine.cost import ForwardCost
-from leapdecode.engine.prefix_cache import PrefixCache, RunningSource, plan_start, shared_prefix
+from leapdecode.engine.prefix_cache import PrefixCache, RunningSource, plan_start, shared_prefix, usable
 from leapdecode.engine.scheduler import BatchScheduler
 from leapdecode.engine.submission import Submission
 from leapdecode.engine.tree import compile_tree
@@ -76,8 +76,9 @@ def test_a_request_takes_a_copy_of_the_longest_shared_prefix_and_leaves_a_token_
     cache.keep([1, 2, 3, 4, 5, 6], fake_seq(5), fake_snapshot)  # the pending token is not in the cache
     cache.keep([1, 2, 9, 9], fake_seq(4), fake_snapshot)
     assert [e.tokens for e in cache.entries] == [(1, 2, 3, 4, 5), (1, 2, 9, 9)]
-    seq, length = cache.take([1, 2, 3, 4, 7], fake_fork)
-    assert length == seq.length == 4 and cache.entries[-1].tokens == (1, 2, 3, 4, 5)  # now the most recent
+    seq, length, holes = cache.take([1, 2, 3, 4, 7], fake_fork)
+    assert length == seq.length == 4 and holes == ()
+    assert cache.entries[-1].tokens == (1, 2, 3, 4, 5)  # now the most recent
     assert cache.take([1, 2, 3], fake_fork)[1] == 2  # the whole prompt held: its last token is prefilled
     assert cache.take([1], fake_fork) is None and cache.take([8, 1, 2], fake_fork) is None
     assert (cache.hits, cache.hit_tokens) == (2, 6)
@@ -101,6 +102,59 @@ def test_kept_sequences_are_refreshed_merged_and_evicted_least_recent_first_with
     assert cache.tokens == 10
     with pytest.raises(InputError, match="at least one token"):
         PrefixCache(0)
+
+
+@st.composite
+def holed(draw) -> tuple[list[int], tuple[tuple[int, int], ...]]:
+    """A kept stream and the holes its cache skips: disjoint, in order, none at its start."""
+    tokens = draw(st.lists(st.integers(0, 3), min_size=2, max_size=40))
+    cuts = sorted(draw(st.sets(st.integers(1, len(tokens) - 1), max_size=6)))
+    holes = tuple((cuts[i], cuts[i + 1] - cuts[i]) for i in range(0, len(cuts) - 1, 2))
+    return tokens, holes
+
+
+@settings(max_examples=300, deadline=None)
+@given(holed(), st.integers(0, 45), st.lists(st.integers(4, 6), max_size=5))
+def test_a_cache_with_holes_serves_a_prompt_up_to_where_a_hole_cuts_it(kept, shared, tail) -> None:
+    """Brute force: the cache's positions hold the stream's tokens outside the holes, in order; a
+    prompt sharing `shared` tokens is served the longest prefix that no hole straddles, as a copy
+    of exactly the positions those tokens fill, with the holes among them."""
+    tokens, holes = kept
+    cache = PrefixCache(1000)
+    outside = [i for i in range(len(tokens)) if not any(s <= i < s + n for s, n in holes)]
+    cache.keep(tokens, fake_seq(len(outside)), fake_snapshot, holes)
+    (entry,) = cache.entries
+    assert entry.tokens == tuple(tokens) and entry.holes == holes and entry.seq.length == entry.size == len(outside)
+    prompt = tokens[: min(shared, len(tokens))] + tail  # tokens 4-6 never match the stream's 0-3
+    wanted = min(shared, len(tokens), len(prompt) - 1)
+    best = max(
+        (n for n in range(wanted + 1) if not any(s < n < s + c for s, c in holes)),
+        default=0,
+    )
+    positions = sum(1 for i in outside if i < best)
+    taken = cache.take(prompt, fake_fork)
+    if positions == 0:
+        assert taken is None
+        return
+    assert taken is not None and taken.length == best and taken.seq.length == positions
+    assert taken.holes == tuple((s, c) for s, c in holes if s + c <= best)
+    assert usable(holes, best) == (best, taken.holes)
+
+
+def test_a_kept_cache_with_holes_is_cut_to_the_budget_in_positions_and_replaces_what_it_serves() -> None:
+    cache = PrefixCache(12)
+    tokens = list(range(20))
+    cache.keep(tokens[:6], fake_seq(6), fake_snapshot)
+    cache.keep(tokens[:12], fake_seq(6), fake_snapshot, ((2, 6),))  # holds 0, 1 and 8-11
+    # the first entry's tokens 2-5 are not in the second: it is not served whole, both stay
+    assert [(len(e.tokens), e.holes) for e in cache.entries] == [(6, ()), (12, ((2, 6),))] and cache.tokens == 12
+    cache.keep(tokens, fake_seq(14), fake_snapshot, ((2, 6),))  # 14 positions past a budget of 12: cut to 12
+    (entry,) = cache.entries  # it serves the holed entry whole; the budget drops the first
+    assert (len(entry.tokens), entry.holes, entry.seq.length, cache.tokens) == (18, ((2, 6),), 12, 12)
+    cache.keep(tokens[:10], fake_seq(4), fake_snapshot, ((2, 6),))  # served already: only refreshed
+    assert cache.entries == [entry]
+    cache.keep(tokens[:5], fake_seq(5), fake_snapshot, ((5, 3),))  # a hole past its positions is dropped
+    assert (len(cache.entries[-1].tokens), cache.entries[-1].holes) == (5, ())
 
 
 def converse(lm, methods, turns, prefix_cache, alone=False, **options):

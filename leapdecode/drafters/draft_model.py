@@ -51,7 +51,9 @@ Options:
   pass (the prompt, and what was emitted before it started), its first `SINK_TOKENS` and its last
   (StreamingLLM's attention sinks; TriForce drafts over such a partial cache): a long prompt's
   draft prefill stays short, a draft model that starts late feeds no more, and the target, which
-  reads everything, still decides every token.
+  reads everything, still decides every token. With `prefix_cache`, a finished request's draft
+  cache is kept with the tokens it skipped (`holes`), so the next turn of a chat, or the next
+  request after the same long system prompt, starts from it and feeds only its own new tokens.
 """
 
 from __future__ import annotations
@@ -80,7 +82,7 @@ from leapdecode.engine.batch import drive_rounds
 from leapdecode.engine.cache import snapshot_cache
 from leapdecode.engine.cost import PassCost, cut_alone
 from leapdecode.engine.noise import PositionNoise, Stream
-from leapdecode.engine.prefix_cache import PrefixCache
+from leapdecode.engine.prefix_cache import Hole, PrefixCache
 from leapdecode.engine.sampling import SamplingParams, logits_to_probs
 from leapdecode.verifiers import Verdict, verify_greedy, verify_speculative
 
@@ -128,13 +130,13 @@ class DraftModelDrafter(Drafter):
         self.noise = noise if coupled else noise.derived(Stream.DRAFT)
         self.prompt_len = 0
         # the draft model reads at most `window` tokens of the stream before its first pass (0:
-        # all): the first SINK_TOKENS and the last ones; `skip` tokens between them are never fed
-        # (its cache position c holds stream token c, or c + skip past the sinks)
+        # all): the first SINK_TOKENS and the last ones; the `holes` between them are never fed
+        # (its cache position c holds stream token c plus the holes before it), `skip` in all
         self.window = window
-        self.skip = 0
+        self.holes: tuple[Hole, ...] = ()
         # finished requests' draft caches (a decoder's requests share it): a request whose prompt
-        # begins with kept tokens starts from a copy of them and feeds only the rest; a request
-        # whose cache holds its whole stream in order (no window skipped) leaves it at its end
+        # begins with kept tokens starts from a copy of them (with their holes) and feeds only
+        # the rest, through its window; every request leaves its cache at its end
         self.prefix_cache = prefix_cache
         self.max_new_tokens: int | None = None  # the request's budget (`horizon`); None: unknown
         self.schedule = schedule
@@ -165,7 +167,7 @@ class DraftModelDrafter(Drafter):
     def reset(self, prompt_ids: Sequence[int]) -> None:
         self.stream = list(prompt_ids)
         self.prompt_len = len(self.stream)
-        self.skip = max(0, self.prompt_len - self.window) if self.window else 0
+        self.holes = self._window(SINK_TOKENS, self.window - SINK_TOKENS)
         self.max_new_tokens = None
         self.seq = self._kept_prefix()
         self.last_draft = []
@@ -180,6 +182,17 @@ class DraftModelDrafter(Drafter):
         if self.ngram is not None:
             self.ngram.initialise(prompt_ids)
 
+    @property
+    def skip(self) -> int:
+        """The stream tokens the draft model's cache skips (its holes')."""
+        return sum(count for _, count in self.holes)
+
+    def _window(self, start: int, reads: int, holes: tuple[Hole, ...] = ()) -> tuple[Hole, ...]:
+        """`holes`, and the hole left where the draft model reads only the last `reads` of the
+        stream's tokens from `start` on (none without a window)."""
+        count = max(0, len(self.stream) - start - reads)
+        return (*holes, (start, count)) if self.window and count else holes
+
     def _kept_prefix(self) -> CacheState | None:
         """A copy of the longest kept draft cache the prompt begins with, or None (then the first
         pass reads the prompt's window). Past the copy the window applies to the rest: the draft
@@ -193,9 +206,8 @@ class DraftModelDrafter(Drafter):
             return None
         if taken is None:
             return None
-        seq, length = taken
-        self.skip = max(0, self.prompt_len - length - self.window) if self.window else 0
-        return seq
+        self.holes = self._window(taken.length, self.window, taken.holes)
+        return taken.seq
 
     def horizon(self, max_new_tokens: int) -> None:
         self.max_new_tokens = max_new_tokens
@@ -378,11 +390,11 @@ class DraftModelDrafter(Drafter):
         # emitted a stop token may have scored a few past it)
         if self.max_new_tokens is not None:
             self.lengths.observe(self.emitted, self.emitted >= self.max_new_tokens)
-        # its cache position c holds stream token c up to the stream's end (past it: this pass's
-        # drafts) where no window was skipped: kept for a later prompt that begins the same way
-        if self.prefix_cache is not None and self.seq is not None and self.skip == 0:
+        # its cache holds the stream but its holes, in order, up to the stream's end (past it: this
+        # pass's drafts): kept for a later prompt that begins the same way
+        if self.prefix_cache is not None and self.seq is not None:
             try:
-                self.prefix_cache.keep(self.stream, self.seq, snapshot_cache)
+                self.prefix_cache.keep(self.stream, self.seq, snapshot_cache, self.holes)
             except Exception:  # noqa: BLE001 - e.g. out of memory: the request ended well, its draft cache is not kept
                 logger.exception("keeping a draft-model cache failed")
 
@@ -413,7 +425,7 @@ class DraftModelDrafter(Drafter):
             full = num_accepted == len(self.last_draft)
             self.k_now = min(self.k_now + 2, self.k_max) if full else max(1, self.k_now - 1)
         self.stream.extend(tokens)
-        if self.seq is None and self.window:  # not started yet: it will read the window of all so far
-            self.skip = max(0, len(self.stream) - self.window)
+        if self.seq is None:  # not started yet: it will read the window of all so far
+            self.holes = self._window(SINK_TOKENS, self.window - SINK_TOKENS)
         if self.ngram is not None:
             self.ngram.extend(tokens)

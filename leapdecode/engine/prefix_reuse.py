@@ -72,8 +72,8 @@ class PrefixReuse:
             return None
         if taken is None:
             return None
-        seq, submission.cached_tokens = taken
-        return seq
+        submission.cached_tokens = taken.length  # the target's entries skip nothing
+        return taken.seq
 
     def ready(self, prefilling: Mapping[Submission, Prefill]) -> list[Submission]:
         """The waiting requests whose prefill has passed the tokens they share, or has left (they
