@@ -26,10 +26,11 @@ from leapdecode.engine import (
     Verifier,
     truncate_at_stop,
 )
+from leapdecode.engine.alone import decode_run
 from leapdecode.engine.loop import SequenceRun
 from leapdecode.engine.noise import PositionNoise
 from leapdecode.engine.prefix_cache import PrefixCache
-from leapdecode.engine.scheduler import BatchScheduler, decode_run
+from leapdecode.engine.scheduler import BatchScheduler
 from leapdecode.errors import InputError
 from leapdecode.methods import Method, parse_method
 from leapdecode.methods.defaults import default_method

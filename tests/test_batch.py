@@ -381,7 +381,7 @@ def test_requests_that_cannot_share_run_in_passes_of_their_own_beside_the_shared
 
 
 def test_a_batch_of_one_is_the_decode_loop_and_raises_what_failed(exact_tiny) -> None:
-    from leapdecode.engine.scheduler import decode_run
+    from leapdecode.engine.alone import decode_run
 
     decoder = wrap(exact_tiny, "anpd")
     scheduler = BatchScheduler.alone(decoder.backend)

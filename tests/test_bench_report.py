@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from leapdecode.bench import report
+from leapdecode.bench import readme_table, report
 from leapdecode.bench.datasets import HUMANEVAL_TEMPLATE, load_dataset
 from leapdecode.bench.entries import parse_methods
 from leapdecode.bench.harness import parse_grid
@@ -250,14 +250,14 @@ def test_parse_grid() -> None:
 def test_readme_table_is_written_between_markers(tmp_path, samples) -> None:
     readme = tmp_path / "README.md"
     readme.write_text("intro\n<!-- results-table -->\nold\n<!-- results-table -->\nafter\n")
-    table = report.readme_table(
+    table = readme_table.readme_table(
         samples, {"model": "m", "prompts": 3, "dataset": "d", "limit": 1, "max_new_tokens": 8, "machine": "x"}
     )
-    report.update_readme(readme, table)
+    readme_table.update_readme(readme, table)
     text = readme.read_text()
     assert "old" not in text and text.startswith("intro\n") and text.endswith("after\n")
     assert "**1.80x**" in text and "**1 of 3 samples differ**" in text
-    report.update_readme(readme, "new table")  # idempotent: replaces again between the markers
+    readme_table.update_readme(readme, "new table")  # idempotent: replaces again between the markers
     assert readme.read_text().count("<!-- results-table -->") == 2 and "**1.80x**" not in readme.read_text()
 
 

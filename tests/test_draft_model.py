@@ -594,8 +594,8 @@ def test_a_decoder_whose_answers_run_short_stops_paying_for_draft_prefills(tiny_
     counted on for little more and its draft model never runs; one that has already run far past
     them drafts again. The output is plain decoding's throughout."""
     from leapdecode.drafters.cost_aware import LengthEstimate
-    from leapdecode.drafters.draft_model import SINK_TOKENS
     from leapdecode.drafters.draft_pricing import DraftCost
+    from leapdecode.drafters.draft_window import SINK_TOKENS
 
     estimate, lengths = learnt(True), LengthEstimate()
     cost = DraftCost(ForwardCost((0.010,)), ForwardCost((0.030,) * 8), catch_up=0.010)
@@ -637,7 +637,7 @@ def test_a_decoder_whose_answers_run_short_stops_paying_for_draft_prefills(tiny_
     first = next(i for i, s in enumerate(steps) if s.drafted)
     before = prompt + [t for s in steps[:first] for t in s.tokens]  # the stream at its first pass
     assert first > 8 and d.draft_passes > 0 and fed[0] == before[:SINK_TOKENS] + before[-(32 - SINK_TOKENS) :]
-    assert d.seq is not None and d.seq.length + d.skip <= len(d.stream)
+    assert d.seq is not None and d.seq.length + d.view.skip <= len(d.stream)
 
 
 def test_in_a_batch_the_draft_models_prefill_is_charged_to_the_whole_pass(tiny_model) -> None:
@@ -893,7 +893,7 @@ def test_a_windowed_draft_model_reads_the_prompts_sinks_and_tail_and_never_chang
     last tokens (the prompt, and the token the target's prefill emitted), `window` in all, and its
     cache stays that far behind the stream: rollbacks and catch-ups land on the right tokens,
     alone and in shared passes, right drafts or wrong."""
-    from leapdecode.drafters.draft_model import SINK_TOKENS
+    from leapdecode.drafters.draft_window import SINK_TOKENS
 
     prompt = [(7 * i + 3) % TINY_VOCAB for i in range(40)]
     for draft in (tiny_model, random_draft):
@@ -906,7 +906,7 @@ def test_a_windowed_draft_model_reads_the_prompts_sinks_and_tail_and_never_chang
         assert [t for s in steps for t in s.tokens] == greedy_reference(tiny_model, prompt, 30)
         first, stream = fed[0], prompt + list(steps[0].tokens)  # the prefill's token comes first
         assert first[:16] == stream[:SINK_TOKENS] + stream[-(16 - SINK_TOKENS) :]
-        assert drafter.seq is not None and drafter.seq.length <= len(drafter.stream) - drafter.skip
+        assert drafter.seq is not None and drafter.seq.length <= len(drafter.stream) - drafter.view.skip
     accepted = 0  # the target as its own draft: some of its windowed drafts still hold
     for shift in range(4):
         other = [(7 * i + 3 + 11 * shift) % TINY_VOCAB for i in range(40)]
@@ -953,6 +953,36 @@ def test_a_windowed_draft_model_reads_the_prompts_sinks_and_tail_and_never_chang
     for prompt, got in zip(follow, outputs):
         assert got == greedy_reference(target.model, prompt, 16)
     assert kept.hits == len(follow)
+
+
+def test_a_draft_window_follows_the_stream_until_its_first_read() -> None:
+    """Before its first read a draft model's window covers the stream as it is then (a draft model
+    that starts late reads no more), from the sinks or from a kept copy with its holes; after it,
+    the holes are fixed and it reads what came since."""
+    from leapdecode.drafters.draft_window import DraftWindow
+    from leapdecode.engine import CacheState
+    from leapdecode.engine.prefix_cache import Taken
+
+    stream = list(range(100))
+    view = DraftWindow(16)
+    view.unstarted(40)
+    assert view.holes == ((4, 24),) and view.unread(stream[:40], None, [99]) == [0, 1, 2, 3, *range(28, 40), 99]
+    view.grown(45)
+    assert view.holes == ((4, 29),) and len(view.unread(stream[:45], None, [])) == 16
+    view.copied(Taken(CacheState(cache=None, length=20), 30, ((4, 10),)), 60)  # 20 positions for 30 tokens
+    assert view.holes == ((4, 10), (30, 14)) and view.unread(stream[:60], 20, []) == stream[44:60]
+    view.grown(70)
+    assert view.holes == ((4, 10), (30, 24)) and view.covered(20) == 54
+    view.read()
+    view.grown(80)
+    assert view.holes == ((4, 10), (30, 24)) and view.unread(stream[:80], 36, [7]) == [*stream[70:80], 7]
+    view.copied(Taken(CacheState(cache=None, length=20), 30, ((4, 10),)), 40)  # the rest within the window
+    assert view.holes == ((4, 10),) and view.skip == 10
+    unwindowed = DraftWindow(0)
+    unwindowed.unstarted(100)
+    assert unwindowed.holes == () and unwindowed.unread(stream, None, []) == stream
+    with pytest.raises(ValueError, match="window"):
+        DraftWindow(8)
 
 
 def test_a_chats_next_turn_starts_the_draft_model_from_its_kept_cache_and_never_changes_the_output(
@@ -1008,9 +1038,9 @@ def test_a_chats_next_turn_starts_the_draft_model_from_its_kept_cache_and_never_
             (entry,) = holed.entries  # each turn's entry serves the last one's whole
             assert entry.tokens == tuple(prompt + output)[: len(entry.tokens)] and entry.seq.length == entry.size
             if turn == 1:  # the whole stream but the first turn's window hole: only the new tokens are fed
-                assert len(drafter.holes) == 1 and fed[0][: len(prompt) - before] == prompt[before:]
-            if turn == 2:  # 30 new tokens through a window of 16: a second hole, where the copy ended
-                assert len(drafter.holes) == 2 and drafter.holes[1] == (before, len(prompt) - before - 16)
+                assert len(drafter.view.holes) == 1 and fed[0][: len(prompt) - before] == prompt[before:]
+            if turn == 2:  # the new tokens and the first one emitted, through a window of 16: a second hole
+                assert len(drafter.view.holes) == 2 and drafter.view.holes[1] == (before, len(prompt) + 1 - before - 16)
             prompt = prompt + output
         assert holed.hits == 2
     target, draft = _row_exact(make_tiny_model("qwen2")), _row_exact(make_tiny_model("qwen2", seed=1))

@@ -106,11 +106,15 @@ def test_kept_sequences_are_refreshed_merged_and_evicted_least_recent_first_with
 
 @st.composite
 def holed(draw) -> tuple[list[int], tuple[tuple[int, int], ...]]:
-    """A kept stream and the holes its cache skips: disjoint, in order, none at its start."""
+    """A kept stream and the holes its cache skips: disjoint, in order, none at its start, touching
+    or not."""
     tokens = draw(st.lists(st.integers(0, 3), min_size=2, max_size=40))
-    cuts = sorted(draw(st.sets(st.integers(1, len(tokens) - 1), max_size=6)))
-    holes = tuple((cuts[i], cuts[i + 1] - cuts[i]) for i in range(0, len(cuts) - 1, 2))
-    return tokens, holes
+    holes, at = [], 1
+    for gap, count in draw(st.lists(st.tuples(st.integers(0, 4), st.integers(1, 8)), max_size=4)):
+        if at + gap + count < len(tokens):  # a token past every hole; holes may touch (gap 0)
+            holes.append((at + gap, count))
+            at += gap + count
+    return tokens, tuple(holes)
 
 
 @settings(max_examples=300, deadline=None)

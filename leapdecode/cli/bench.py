@@ -302,7 +302,7 @@ def report_command(
 ) -> None:
     """Re-render a bench run's results.md, summary.json and plots from its samples.jsonl with the
     current labels and checks (no re-run). Meta the run did not record stays missing unless given."""
-    from leapdecode.bench import plots, report
+    from leapdecode.bench import plots, readme_table, report
     from leapdecode.bench.labels import method_of
 
     samples_path, summary_path = run / "samples.jsonl", run / "summary.json"
@@ -319,7 +319,7 @@ def report_command(
     paths["speedup_plot"] = plots.speedup_by_category(samples, target / "speedup_by_category.png", title)
     paths["hist_plot"] = plots.accepted_length_histogram(samples, target / "accepted_lengths.png", title)
     if readme is not None:
-        report.update_readme(readme, report.readme_table(samples, meta))
+        readme_table.update_readme(readme, readme_table.readme_table(samples, meta))
         console.print(f"updated {readme}")
     console.print(Markdown(paths["table"].read_text(encoding="utf-8")))
     console.print("wrote " + ", ".join(str(p) for p in paths.values()))

@@ -21,24 +21,17 @@ Options:
 - `cascade` drafts the draft model's own tokens with ANPD's n-gram module and verifies them with
   the draft model in one pass (the same verifier as the target, so the draft keeps exactly the
   draft model's distribution): the cheapest drafter sits at the bottom of the cascade.
-- `cost` (`DraftCost`: the draft model's and the target's pass costs by rows) drafts each
-  next token only while it pays: before each draft pass, the chance that the next token is
-  accepted (its depth's rate so far) must raise the expected tokens per second of the step by
-  more than the draft pass and the extra verification row cost; after it, the draft model's own
-  probability of its token, calibrated online per depth and probability decile (`estimate`),
-  sets that token's chance. Zero tokens when even the first does not pay (one probe every
-  `PROBE_EVERY` silent steps keeps the rates learning; in a batch of B, every B x `PROBE_EVERY`,
-  so the shared passes carry no more probes than a request's own). The tokens the draft model's cache
-  lacks (its window of the context, before its first draft) are fed once and serve the rest of the
-  request: the first token of a step is charged their feed spread over the steps the request
-  can be counted on for (within its budget, `horizon`, as long as the decoder's finished
-  answers ran past its length so far, `LengthEstimate`), so a request whose prefill would not pay
-  back, such as a short answer or one among many in a batch where rows are dear, never runs the
-  draft model at all (and never probes into it). In a
-  batch the feed is charged against the whole pass, as if every request fed as much: a draft
-  model's prefill holds up every request's pass, not only the one it serves. The
-  draft is then cut by those chances as a shared pass cuts every request's
-  (`engine.cost.allocate`), alone too. Not with the cascade.
+- `cost` (`DraftCost`: the draft model's and the target's pass costs by rows) drafts each next
+  token only while it pays (`drafters.draft_pricing`): its chance, the draft model's own
+  probability calibrated online per depth and probability decile (`estimate`), must raise the
+  step's expected tokens per second by more than a draft pass and a verification row cost. The
+  tokens the draft model's cache lacks before its first draft are charged to the first drafted
+  token, spread over the steps the request can be counted on for (`horizon`, `LengthEstimate`),
+  so a request whose draft prefill would not pay back never runs the draft model; in a batch,
+  as if every request fed as much (a draft prefill holds up every request's pass). Zero tokens
+  when even the first does not pay, but one probe every `PROBE_EVERY` silent steps (B times as
+  seldom in a batch of B) keeps the rates learning. The draft is then cut as a shared pass cuts
+  every request's (`engine.cost.allocate`), alone too. Not with the cascade.
 - `retrieval` (a `SuffixDrafter`, with `cost`): where the text repeats (code edits, quoted
   text, later turns), a suffix match drafts at no draft-model cost. Each step takes whichever plan
   promises more tokens per second: the match's chain or tree (each token's chance the acceptance
@@ -48,12 +41,11 @@ Options:
   next pass, never in a pass of their own. Only where no draft-model q is needed (greedy or
   coupled sampling).
 - `window` > 0: the draft model reads at most `window` tokens of the context before its first
-  pass (the prompt, and what was emitted before it started), its first `SINK_TOKENS` and its last
-  (StreamingLLM's attention sinks; TriForce drafts over such a partial cache): a long prompt's
-  draft prefill stays short, a draft model that starts late feeds no more, and the target, which
-  reads everything, still decides every token. With `prefix_cache`, a finished request's draft
-  cache is kept with the tokens it skipped (`holes`), so the next turn of a chat, or the next
-  request after the same long system prompt, starts from it and feeds only its own new tokens.
+  pass, its first and its last (`drafters.draft_window`): a long prompt's draft prefill stays
+  short, and the target, which reads everything, still decides every token. With `prefix_cache`,
+  a finished request's draft cache is kept with the tokens it skipped (its holes), so the next
+  turn of a chat, or the next request after the same long system prompt, starts from it and
+  feeds only its own new tokens.
 """
 
 from __future__ import annotations
@@ -71,10 +63,13 @@ from leapdecode.drafters.draft_pricing import (
     DraftCost,
     catch_up_charge,
     depth_bucket,
+    match_buckets,
+    match_cut,
     model_rate,
     pays,
     prob_bucket,
 )
+from leapdecode.drafters.draft_window import DraftWindow
 from leapdecode.drafters.ngram import NGramModule
 from leapdecode.drafters.suffix import SuffixDrafter
 from leapdecode.engine.backend import Backend, CacheState, Scores, TorchBackend
@@ -82,12 +77,11 @@ from leapdecode.engine.batch import drive_rounds
 from leapdecode.engine.cache import snapshot_cache
 from leapdecode.engine.cost import PassCost, cut_alone
 from leapdecode.engine.noise import PositionNoise, Stream
-from leapdecode.engine.prefix_cache import Hole, PrefixCache
+from leapdecode.engine.prefix_cache import PrefixCache
 from leapdecode.engine.sampling import SamplingParams, logits_to_probs
 from leapdecode.verifiers import Verdict, verify_greedy, verify_speculative
 
 logger = logging.getLogger("leapdecode")
-SINK_TOKENS = 4  # a windowed context keeps its first tokens too: attention sinks (StreamingLLM, 2309.17453)
 
 
 class DraftModelDrafter(Drafter):
@@ -113,8 +107,6 @@ class DraftModelDrafter(Drafter):
     ) -> None:
         if k < 1:
             raise ValueError(f"k must be >= 1, got {k}")
-        if window and window <= 2 * SINK_TOKENS:
-            raise ValueError(f"window must be 0 (the whole context) or more than {2 * SINK_TOKENS}, got {window}")
         if schedule not in DRAFT_SCHEDULES:
             raise ValueError(f"schedule must be one of {DRAFT_SCHEDULES}, got {schedule!r}")
         self.backend = backend
@@ -130,10 +122,8 @@ class DraftModelDrafter(Drafter):
         self.noise = noise if coupled else noise.derived(Stream.DRAFT)
         self.prompt_len = 0
         # the draft model reads at most `window` tokens of the stream before its first pass (0:
-        # all): the first SINK_TOKENS and the last ones; the `holes` between them are never fed
-        # (its cache position c holds stream token c plus the holes before it), `skip` in all
-        self.window = window
-        self.holes: tuple[Hole, ...] = ()
+        # all); the holes its cache skips
+        self.view = DraftWindow(window)
         # finished requests' draft caches (a decoder's requests share it): a request whose prompt
         # begins with kept tokens starts from a copy of them (with their holes) and feeds only
         # the rest, through its window; every request leaves its cache at its end
@@ -167,7 +157,7 @@ class DraftModelDrafter(Drafter):
     def reset(self, prompt_ids: Sequence[int]) -> None:
         self.stream = list(prompt_ids)
         self.prompt_len = len(self.stream)
-        self.holes = self._window(SINK_TOKENS, self.window - SINK_TOKENS)
+        self.view.unstarted(self.prompt_len)
         self.max_new_tokens = None
         self.seq = self._kept_prefix()
         self.last_draft = []
@@ -182,17 +172,6 @@ class DraftModelDrafter(Drafter):
         if self.ngram is not None:
             self.ngram.initialise(prompt_ids)
 
-    @property
-    def skip(self) -> int:
-        """The stream tokens the draft model's cache skips (its holes')."""
-        return sum(count for _, count in self.holes)
-
-    def _window(self, start: int, reads: int, holes: tuple[Hole, ...] = ()) -> tuple[Hole, ...]:
-        """`holes`, and the hole left where the draft model reads only the last `reads` of the
-        stream's tokens from `start` on (none without a window)."""
-        count = max(0, len(self.stream) - start - reads)
-        return (*holes, (start, count)) if self.window and count else holes
-
     def _kept_prefix(self) -> CacheState | None:
         """A copy of the longest kept draft cache the prompt begins with, or None (then the first
         pass reads the prompt's window). Past the copy the window applies to the rest: the draft
@@ -206,7 +185,7 @@ class DraftModelDrafter(Drafter):
             return None
         if taken is None:
             return None
-        self.holes = self._window(taken.length, self.window, taken.holes)
+        self.view.copied(taken, self.prompt_len)
         return taken.seq
 
     def horizon(self, max_new_tokens: int) -> None:
@@ -236,17 +215,13 @@ class DraftModelDrafter(Drafter):
         return logits.float().softmax(-1) if self.sampling.greedy else logits_to_probs(logits, self.sampling)
 
     def _covered(self) -> int:
-        """The stream tokens the draft model's cache accounts for: those it holds, and the tokens
-        its window skips."""
-        return (self.seq.length if self.seq is not None else 0) + self.skip
+        """The stream tokens the draft model's cache accounts for: those it holds, and its holes."""
+        return self.view.covered(self.seq.length if self.seq is not None else 0)
 
     def _unfed(self, drafted: list[int]) -> list[int]:
-        """What the draft model's cache lacks of stream + drafted, without copying the stream
-        (work proportional to the tail); before its first pass, its window of the stream."""
-        if self.seq is None and self.skip:
-            return self.stream[:SINK_TOKENS] + self.stream[SINK_TOKENS + self.skip :] + drafted
-        start, n = self._covered(), len(self.stream)
-        return drafted[start - n :] if start >= n else self.stream[start:] + drafted
+        """What the draft model's cache lacks of stream + drafted; before its first pass, its
+        window of the stream."""
+        return self.view.unread(self.stream, self.seq.length if self.seq is not None else None, drafted)
 
     def _last(self, count: int, drafted: list[int]) -> list[int]:
         """The last `count` tokens of stream + drafted."""
@@ -287,18 +262,11 @@ class DraftModelDrafter(Drafter):
         match = self.retrieval.propose(max_tokens)
         if not match.tokens:
             return None
-        evidence = match.evidence or (0,) * len(match)
-        parents = match.parents if match.parents is not None else tuple(range(-1, len(match) - 1))
-        buckets: list[Hashable] = [("suffix", e) for e in evidence]
-        self.match = (match.tokens, parents, buckets)
-        reach: list[float] = []
-        for bucket, parent in zip(buckets, parents):
-            reach.append(self.rates.rate(bucket) * (reach[parent] if parent >= 0 else 1.0))
-        kept = cut_alone(Offer(match, tuple(reach)), self.cost.target)
-        best = (1.0 + sum(reach[i] for i in kept)) / self.cost.target.of(len(kept) + 1)
+        self.match = (match.tokens, *match_buckets(match))
+        kept, chances, best = match_cut(match, self.rates.rate, self.cost.target)
         if not kept or best <= self._model_rate(budget):
             return None
-        self.reach = [reach[i] for i in kept]
+        self.reach = chances
         return match.subset(kept)
 
     def propose(self, max_tokens: int) -> Draft:
@@ -352,6 +320,7 @@ class DraftModelDrafter(Drafter):
                 lower = self.ngram.predict_chain(self._last(self.ngram.n - 1, drafted), budget - len(drafted) - 1)
             # 2. One draft-model pass; rows predict each lower draft and the token after them.
             self.seq, scores = yield DraftFeed(self.seq, tail + lower)
+            self.view.read()
             self.draft_passes += 1
             logits = scores.logits[-(len(lower) + 1) :]  # [len(lower)+1, vocab]
             # 3. Keep the lower drafts the draft model agrees with, plus its own next token.
@@ -378,7 +347,7 @@ class DraftModelDrafter(Drafter):
                     cut = len(drafted) - len(new) + int(doubtful[0]) + 1
                     q_rows[-1] = probs[: cut - (len(drafted) - len(new))]
                     drafted = drafted[:cut]
-                    self.backend.rollback(self.seq, min(self.seq.length, len(self.stream) + cut - self.skip))
+                    self.backend.rollback(self.seq, min(self.seq.length, len(self.stream) + cut - self.view.skip))
                     break
         self.last_draft = drafted
         self.silent = 0 if drafted else self.silent + 1
@@ -394,7 +363,7 @@ class DraftModelDrafter(Drafter):
         # pass's drafts): kept for a later prompt that begins the same way
         if self.prefix_cache is not None and self.seq is not None:
             try:
-                self.prefix_cache.keep(self.stream, self.seq, snapshot_cache, self.holes)
+                self.prefix_cache.keep(self.stream, self.seq, snapshot_cache, self.view.holes)
             except Exception:  # noqa: BLE001 - e.g. out of memory: the request ended well, its draft cache is not kept
                 logger.exception("keeping a draft-model cache failed")
 
@@ -420,12 +389,11 @@ class DraftModelDrafter(Drafter):
             self.retrieval.update(tokens, num_accepted)
         if self.seq is not None:
             # The cache stays valid over the stream and the accepted drafts; drop the rest.
-            self.backend.rollback(self.seq, min(self.seq.length, len(self.stream) + num_accepted - self.skip))
+            self.backend.rollback(self.seq, min(self.seq.length, len(self.stream) + num_accepted - self.view.skip))
         if self.last_draft and self.schedule == "heuristic" and not self.retrieved:
             full = num_accepted == len(self.last_draft)
             self.k_now = min(self.k_now + 2, self.k_max) if full else max(1, self.k_now - 1)
         self.stream.extend(tokens)
-        if self.seq is None:  # not started yet: it will read the window of all so far
-            self.holes = self._window(SINK_TOKENS, self.window - SINK_TOKENS)
+        self.view.grown(len(self.stream))  # not read yet: it will read the window of all so far
         if self.ngram is not None:
             self.ngram.extend(tokens)

@@ -13,8 +13,9 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
+from leapdecode.drafters.base import Draft, Offer
 from leapdecode.drafters.cost_aware import LengthEstimate
-from leapdecode.engine.cost import PassCost
+from leapdecode.engine.cost import PassCost, cut_alone
 
 PROBE_EVERY = 8  # silent steps (no draft: the first token did not pay) before one token is drafted anyway
 MAX_DEPTH_BUCKET = 8
@@ -95,3 +96,26 @@ def model_rate(cost: DraftCost, rate: Callable[[Hashable], float], budget: int, 
         spent = catch_up + depth * cost.draft_pass + cost.target.of(depth + 1)
         best = max(best, expected / spent)
     return best
+
+
+def match_buckets(match: Draft) -> tuple[tuple[int, ...], list[Hashable]]:
+    """A suffix match's parents (a chain's where it has none) and each token's rate bucket: its
+    match evidence."""
+    evidence = match.evidence or (0,) * len(match)
+    parents = match.parents if match.parents is not None else tuple(range(-1, len(match) - 1))
+    return parents, [("suffix", e) for e in evidence]
+
+
+def match_cut(
+    match: Draft, rate: Callable[[Hashable], float], target: PassCost
+) -> tuple[list[int], list[float], float]:
+    """A suffix match cut to its best part alone (`cut_alone`: the most probable tokens, each
+    token's chance its bucket's rate times its parent's): the kept indices, their chances, and
+    the expected tokens per second of the step that verifies them."""
+    parents, buckets = match_buckets(match)
+    reach: list[float] = []
+    for bucket, parent in zip(buckets, parents):
+        reach.append(rate(bucket) * (reach[parent] if parent >= 0 else 1.0))
+    kept = cut_alone(Offer(match, tuple(reach)), target)
+    chances = [reach[i] for i in kept]
+    return kept, chances, (1.0 + sum(chances)) / target.of(len(kept) + 1)

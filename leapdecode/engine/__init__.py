@@ -1,9 +1,9 @@
 """The engine: the backend interface, the one decode loop, stop criteria and statistics."""
 
+from leapdecode.engine.alone import decode
 from leapdecode.engine.backend import Backend, CacheState, Scores, TorchBackend, keep_cache_entries, rollback_cache
 from leapdecode.engine.loop import Step, TreeVerifier, Verifier
 from leapdecode.engine.sampling import SamplingParams, logits_to_probs
-from leapdecode.engine.scheduler import decode
 from leapdecode.engine.stats import GenerationStats
 from leapdecode.engine.stopping import StopCriteria, truncate_at_stop
 from leapdecode.engine.tree import TreeLayout, TreeMaskBuffer, chain_parents, compile_tree

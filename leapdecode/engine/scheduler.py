@@ -27,7 +27,7 @@ likelier than about (8 x the cost of one more row / the cost of the pass) to ear
 speculation falls back to plain decoding rows when they are dear and drafts again as the batch
 thins. One pass is `step()`; the server's worker thread and the benchmark call it in a loop.
 
-It is the only driver: a request alone is a batch of one (`decode_run`), and a request that cannot
+It is the only driver: a request alone is a batch of one (`engine.alone`), and a request that cannot
 share passes (a backend that cannot pack sequences: llama.cpp, a method that runs the target's
 layers its own way) runs in passes of its own, taking turns with the shared pass. Such a pass is
 the decode loop's step for one request (`_alone_pass`): the whole prompt, or the request's own
@@ -42,16 +42,17 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeVar
 
 import torch
 
 from leapdecode.engine.backend import TorchBackend
 from leapdecode.engine.batch import BatchItem, forward_batch
-from leapdecode.engine.cost import PassCost, efficient_rows, share_rows
-from leapdecode.engine.loop import SequenceRun, Step
+from leapdecode.engine.cost import PassCost, efficient_rows
+from leapdecode.engine.loop import Step
 from leapdecode.engine.pass_plan import cut_drafts, features_for, plan_offers
+from leapdecode.engine.prefills import hand_over, leader_of, prompt_chunks
 from leapdecode.engine.prefix_cache import PrefixCache
 from leapdecode.engine.prefix_reuse import PrefixReuse
 from leapdecode.engine.submission import PassReport, Prefill, Submission
@@ -63,10 +64,7 @@ T = TypeVar("T")
 WAIT_TOKENS = 16  # a joining request waits for a prompt being prefilled that will give it this many more tokens
 
 if TYPE_CHECKING:
-    from leapdecode.drafters.base import Drafter
     from leapdecode.engine.backend import Backend, CacheState, Scores
-    from leapdecode.engine.loop import TreeVerifier, Verifier
-    from leapdecode.engine.stopping import StopCriteria
 
 
 class BatchScheduler:
@@ -183,7 +181,7 @@ class BatchScheduler:
             rows = self.max_rows - len(decoding)  # for prompt chunks
             if decoding:  # a pass no bigger than pays per row: the decoding requests wait less per token
                 rows = min(rows, max(1, self.busy_rows - len(decoding)))
-            report = self._pass(decoding, self._chunks(rows))
+            report = self._pass(decoding, prompt_chunks(self.prefilling, rows))
         return dataclasses.replace(report, seconds=self.clock() - start) if report is not None else None
 
     def _alone_pass(self, submission: Submission) -> PassReport:
@@ -241,20 +239,6 @@ class BatchScheduler:
         for submission in [*self.running, *waiting]:
             submission.error = error
             self._end(submission, "error")
-
-    def _chunks(self, rows: int) -> list[tuple[Submission, BatchItem]]:
-        """The next chunk of each prompt being prefilled within `rows` (at least one: a
-        prefilling request holds a batch slot, so fewer than `max_rows` requests decode), the
-        rows shared fairly (`share_rows`): a short prompt behind a long one is in after a pass
-        or two, not after the long one's whole prefill."""
-        prefills = list(self.prefilling.items())
-        left = [len(s.run.prompt_ids) - p.done for s, p in prefills]
-        chunks = []
-        for (submission, prefill), size in zip(prefills, share_rows(left, rows)):
-            if size > 0:
-                tokens = submission.run.prompt_ids[prefill.done : prefill.done + size]
-                chunks.append((submission, BatchItem(prefill.seq, tokens, None, last_only=True)))
-        return chunks
 
     def _pass(self, decoding: list[Submission], chunks: list[tuple[Submission, BatchItem]]) -> PassReport | None:
         """Plan, score and settle one shared pass; a request whose drafting, verifying or
@@ -377,9 +361,7 @@ class BatchScheduler:
         running request's cache holds, after waiting for a prompt being prefilled to hold more
         (`engine.prefix_reuse`), or from an empty cache."""
         run = submission.run
-        leader = next(
-            (s for s in self.prefilling if s.run.prompt_ids == run.prompt_ids and s.run.features == run.features), None
-        )
+        leader = leader_of(self.prefilling, run)
         if leader is not None:
             self.prefilling[leader].followers.append(submission)
             submission.cached_tokens = leader.cached_tokens
@@ -397,7 +379,7 @@ class BatchScheduler:
         a prompt it leaves part-prefilled)."""
         if submission in self.running:
             self.running.remove(submission)
-        orphan = self._leave_prefill(submission)
+        self.prefilling, orphan = hand_over(self.prefilling, submission)
         if self.reuse is not None:
             self.reuse.leave(submission, reason, orphan)
         submission.run.seq = None
@@ -405,51 +387,3 @@ class BatchScheduler:
             submission.on_end(reason)
         except Exception:  # noqa: BLE001 - one owner's failing callback must not stop the others' passes
             logger.exception("a request's end callback failed")
-
-    def _leave_prefill(self, submission: Submission) -> Prefill | None:
-        """`submission` no longer waits on a prefill: a follower leaves its list; a prefilling
-        request hands its prefill (cache so far) to its first follower, in its place. Returns the
-        prefill no one goes on with (it had no follower), else None."""
-        prefill = self.prefilling.get(submission)
-        if prefill is None:
-            for other in self.prefilling.values():
-                if submission in other.followers:
-                    other.followers.remove(submission)
-            return None
-        heir = prefill.followers.pop(0) if prefill.followers else None
-        order = list(self.prefilling.items())
-        self.prefilling = {}
-        for leader, waiting in order:
-            if leader is not submission:
-                self.prefilling[leader] = waiting
-            elif heir is not None:  # in its place
-                self.prefilling[heir] = waiting
-        return prefill if heir is None else None
-
-
-def decode(
-    backend: Backend,
-    prompt_ids: Sequence[int],
-    drafter: Drafter,
-    stop: StopCriteria,
-    verifier: Verifier,
-    tree_verifier: TreeVerifier,
-) -> Iterator[Step]:
-    """Generate after `prompt_ids`, yielding one `Step` per target forward pass."""
-    return decode_run(backend, SequenceRun(prompt_ids, drafter, stop, verifier, tree_verifier))
-
-
-def decode_run(backend: Backend, run: SequenceRun, prefix_cache: PrefixCache | None = None) -> Iterator[Step]:
-    """Drive one `SequenceRun` alone: the scheduler with a batch of one, a step per pass, each
-    step yielded as its pass ends; an error in the request is raised here. `prefix_cache`: where
-    it starts from a kept prefix of its prompt and leaves its cache (see `BatchScheduler`)."""
-    scheduler = BatchScheduler.alone(backend, prefix_cache)
-    steps: list[Step] = []
-    ended: list[str] = []
-    submission = scheduler.submit(Submission(run, steps.append, ended.append))
-    while not ended:
-        scheduler.step()
-        yield from steps
-        steps.clear()
-    if submission.error is not None:
-        raise submission.error

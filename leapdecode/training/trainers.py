@@ -81,8 +81,8 @@ class Trainer(ABC):
     def evaluate(self, held: list[Conversation], settings: TrainSettings) -> dict[str, float]:
         """Greedy decoding of each held-out conversation's first user turn with the head drafting:
         tau, tokens per target pass (the first token, from the prefill, not counted)."""
+        from leapdecode.engine.alone import decode
         from leapdecode.engine.backend import TorchBackend
-        from leapdecode.engine.scheduler import decode
         from leapdecode.engine.stopping import StopCriteria
         from leapdecode.verifiers import verify_greedy, verify_tree_greedy
 
