@@ -931,27 +931,25 @@ def test_a_windowed_draft_model_reads_the_prompts_sinks_and_tail_and_never_chang
     decoder = wrap(target, "draft:k=3,cost_aware=false,window=16", draft_model=draft)
     scheduler = BatchScheduler(wrap(target, "ar").backend, ForwardCost((0.01,) * 64), max_batch=4, max_rows=32)
     long_prompts = [[(5 * i + s) % TINY_VOCAB for i in range(24 + 5 * s)] for s in range(3)]
-    outputs: list[list[int]] = [[] for _ in long_prompts]
-    for i, prompt in enumerate(long_prompts):
-        run_ = decoder.start(prompt, max_new_tokens=16)
-        scheduler.submit(Submission(run_, lambda s, i=i: outputs[i].extend(s.tokens), lambda r: None))
-    while not scheduler.idle:
-        scheduler.step()
-    for prompt, got in zip(long_prompts, outputs):
-        assert got == greedy_reference(target.model, prompt, 16)
+
+    def wave(prompts: list[list[int]]) -> None:
+        """The prompts in shared passes, each output plain greedy's."""
+        outputs: list[list[int]] = [[] for _ in prompts]
+        for i, prompt in enumerate(prompts):
+            run_ = decoder.start(prompt, max_new_tokens=16)
+            scheduler.submit(Submission(run_, lambda s, i=i: outputs[i].extend(s.tokens), lambda r: None))
+        while not scheduler.idle:
+            scheduler.step()
+        for prompt, got in zip(prompts, outputs):
+            assert got == greedy_reference(target.model, prompt, 16)
+
+    wave(long_prompts)
     # a second wave after the same long prompts, in shared passes: the windowed draft caches the
     # first left (with their holes) start its draft model, and the output is still plain greedy's
     kept = decoder.start([5], max_new_tokens=1).drafter.prefix_cache
     assert kept is not None and all(entry.holes for entry in kept.entries) and kept.hits == 0
     follow = [prompt + [(3 * s + 1) % TINY_VOCAB, 2] for s, prompt in enumerate(long_prompts)]
-    outputs = [[] for _ in follow]
-    for i, prompt in enumerate(follow):
-        run_ = decoder.start(prompt, max_new_tokens=16)
-        scheduler.submit(Submission(run_, lambda s, i=i: outputs[i].extend(s.tokens), lambda r: None))
-    while not scheduler.idle:
-        scheduler.step()
-    for prompt, got in zip(follow, outputs):
-        assert got == greedy_reference(target.model, prompt, 16)
+    wave(follow)
     assert kept.hits == len(follow)
 
 

@@ -3,11 +3,11 @@
 A draft model's numerics never change the output (the target decides every token), so its cache
 may leave tokens out. With a window, the draft model reads at most `window` tokens of the context
 before its first pass: the first `SINK_TOKENS` (attention sinks, StreamingLLM 2309.17453; TriForce
-drafts over such a partial cache) and the last ones. A long prompt's draft prefill stays short, and
-a draft model that starts late feeds no more. The tokens between are a hole: its cache position c
-holds stream token c plus the holes before c. A request that starts from a kept cache's copy
-(`engine.prefix_cache`) takes its holes too, and reads at most `window` of the rest. Until the
-cache's first read, its window follows the stream: a draft model that starts late reads no more.
+drafts over such a partial cache) and the last ones, so a long prompt's draft prefill stays short.
+The tokens between are a hole: its cache position c holds stream token c plus the holes before
+c. A request that starts from a kept cache's copy (`engine.prefix_cache`) takes its holes too,
+and reads at most `window` of the rest. Until the cache's first read, its window follows the
+stream: a draft model that starts late reads no more.
 """
 
 from __future__ import annotations
