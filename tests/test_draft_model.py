@@ -192,7 +192,7 @@ def test_a_draft_model_with_another_vocabulary_is_refused(tiny_model) -> None:
 def test_draft_method_parameters_are_validated() -> None:
     assert str(parse_method("draft:model=qwen2.5-coder-0.5b,k=5,cascade=true")) == (
         "draft:model=qwen2.5-coder-0.5b,k=5,schedule=constant,threshold=0.0,cascade=True,coupled=True,precision=int4,vocab=32768,lean=True,"
-        "cost_aware=True,suffix=True,suffix_k=16,suffix_min=1,suffix_tree=True,window=128,prefix_cache=8192"
+        "cost_aware=True,live_cost=True,suffix=True,suffix_k=16,suffix_min=1,suffix_tree=True,window=128,prefix_cache=8192"
     )
     for bad in (
         "draft:k=0",
@@ -544,7 +544,7 @@ def test_the_draft_models_prefill_is_priced_against_the_steps_left(tiny_model) -
 
     estimate = learnt(True)  # every draft accepted so far
     # a 40-token prompt's feed: 39 x 10 ms against a 30 ms target pass and a 10 ms draft pass
-    cost = DraftCost(ForwardCost((0.010,)), ForwardCost((0.030,) * 8), catch_up=0.010)
+    cost = DraftCost(ForwardCost((0.010,)), ForwardCost((0.030,) * 8), prefill=0.010)
     prompt = [(7 * i + 3) % 90 + 4 for i in range(40)]
 
     def first_draft(horizon: int | None, silent: int = 0) -> tuple[int, int]:
@@ -598,7 +598,7 @@ def test_a_decoder_whose_answers_run_short_stops_paying_for_draft_prefills(tiny_
     from leapdecode.drafters.draft_window import SINK_TOKENS
 
     estimate, lengths = learnt(True), LengthEstimate()
-    cost = DraftCost(ForwardCost((0.010,)), ForwardCost((0.030,) * 8), catch_up=0.010)
+    cost = DraftCost(ForwardCost((0.010,)), ForwardCost((0.030,) * 8), prefill=0.010)
     prompt = [(7 * i + 3) % 90 + 4 for i in range(40)]
 
     def drafter() -> DraftModelDrafter:  # a 32-token window: a late start feeds no more than an early one
@@ -649,7 +649,7 @@ def test_in_a_batch_the_draft_models_prefill_is_charged_to_the_whole_pass(tiny_m
 
     estimate = learnt(True)
     # a 40-token prompt's feed (39 x 10 ms) over ~50 steps: 7.8 ms a step, against a 30 ms pass
-    cost = DraftCost(ForwardCost((0.010,) * 64), ForwardCost((0.030,) * 64), catch_up=0.010)
+    cost = DraftCost(ForwardCost((0.010,) * 64), ForwardCost((0.030,) * 64), prefill=0.010)
     prompt = [(7 * i + 3) % 90 + 4 for i in range(40)]
 
     def offered(batch: int, fed: bool) -> int:
@@ -769,7 +769,7 @@ def test_requests_in_a_batch_draft_in_shared_passes_and_each_equals_plain_decodi
 
         for run in runs:
             assert isinstance(run.drafter, DraftModelDrafter) and run.drafter.cost is not None
-            run.drafter.cost = DraftCost(ForwardCost((1e-4,)), ForwardCost((0.01,) * 64), catch_up=1e-4)
+            run.drafter.cost = DraftCost(ForwardCost((1e-4,)), ForwardCost((0.01,) * 64), prefill=1e-4)
     packed: list[int] = []  # sequences per packed draft pass
     score_packed = backend.score_packed
 
@@ -1059,7 +1059,7 @@ def test_a_drafted_token_pays_exactly_when_the_steps_rate_rises() -> None:
     from leapdecode.drafters.draft_pricing import DraftCost, catch_up_charge, model_rate, pays
 
     target = ForwardCost((0.030, 0.031, 0.034, 0.038, 0.044, 0.052, 0.060, 0.070, 0.080))
-    cost = DraftCost(ForwardCost((0.008, 0.010)), target, catch_up=0.004)
+    cost = DraftCost(ForwardCost((0.008, 0.010)), target, prefill=0.004)
     for drafted in range(3):
         for batch in (1, 2):
             for guess in (0.05, 0.3, 0.6, 0.95):

@@ -1,57 +1,40 @@
-"""Draft-model speculative decoding: a smaller model with the same tokenizer drafts the chain.
+"""Draft-model speculative decoding: a smaller model with the same tokenizer drafts the chain
+(Leviathan et al. 2211.17192, Chen et al. 2302.01318; the cascade: 2312.11462).
 
-Papers: Leviathan et al. 2211.17192, Chen et al. 2302.01318; the vertical cascade follows
-Cascade Speculative Drafting 2312.11462.
+The draft model keeps its own KV cache, always a prefix of (stream + last draft), the stream
+being the prompt and every token the target emitted; after each verdict it is rolled back to
+what the stream still agrees with, and the next proposal feeds only what it lacks (usually the
+bonus token): one small pass per drafted token, never a re-read of the context. Greedy runs
+draft the argmax (q None: one-hot); sampled runs draw from q, shaped as p is, and return q's rows.
 
-The draft model keeps its own KV cache, always a prefix of (stream + last draft), where the
-stream is the prompt and every token the target emitted. After the target's verdict the cache
-is rolled back to the part the stream still agrees with; the next proposal feeds only the
-tokens the cache lacks (usually the target's bonus token), so drafting costs one small pass
-per drafted token and never re-reads the context.
-
-Greedy runs draft the draft model's argmax (q is left as None: one-hot). Sampled runs draw each
-drafted token from q, the draft model's distribution shaped by the same temperature / top-k /
-top-p as p, and return q's rows so that speculative sampling keeps the target distribution.
-
-Options:
-- `schedule="heuristic"` adapts the draft length K from the last verdict, as Hugging Face's
-  assisted generation does: +2 after a fully accepted draft, -1 otherwise (1 <= K <= 4 * k).
-- `threshold` > 0 stops drafting after a token whose draft probability is below it (the draft
-  model is unsure, so later tokens are unlikely to be accepted).
-- `cascade` drafts the draft model's own tokens with ANPD's n-gram module and verifies them with
-  the draft model in one pass (the same verifier as the target, so the draft keeps exactly the
-  draft model's distribution): the cheapest drafter sits at the bottom of the cascade.
-- `cost` (`DraftCost`: the draft model's and the target's pass costs by rows) drafts each next
-  token only while it pays (`drafters.draft_pricing`): its chance, the draft model's own
-  probability calibrated online per depth and probability decile (`estimate`), must raise the
-  step's expected tokens per second by more than a draft pass and a verification row cost. The
-  tokens the draft model's cache lacks before its first draft are charged to the first drafted
-  token, spread over the steps the request can be counted on for (`horizon`, `LengthEstimate`),
-  so a request whose draft prefill would not pay back never runs the draft model; in a batch,
-  as if every request fed as much (a draft prefill holds up every request's pass). Zero tokens
-  when even the first does not pay, but one probe every `PROBE_EVERY` silent steps (B times as
-  seldom in a batch of B) keeps the rates learning. The draft is then cut as a shared pass cuts
-  every request's (`engine.cost.allocate`), alone too. Not with the cascade.
-- `retrieval` (a `SuffixDrafter`, with `cost`): where the text repeats (code edits, quoted
-  text, later turns), a suffix match drafts at no draft-model cost. Each step takes whichever plan
-  promises more tokens per second: the match's chain or tree (each token's chance the acceptance
-  of its match evidence so far, times its parent's) cut to its most probable tokens against the
-  target's pass cost, or the draft model's (its per-depth acceptance, one draft pass per token).
-  The draft model skips the steps the match drafts; the tokens it has not seen are fed in its
-  next pass, never in a pass of their own. Only where no draft-model q is needed (greedy or
-  coupled sampling).
+Options (what each does for a user: `docs/methods.md`, Draft model):
+- `schedule="heuristic"`: K from the last verdict, as Hugging Face's assisted generation does;
+  `threshold` > 0: stop after a token the draft model itself doubts; `cascade`: ANPD drafts for
+  the draft model, which checks them in one pass (the cheapest drafter at the bottom).
+- `cost` (`DraftCost`, `drafters.draft_pricing`): each next token only while it pays for a draft
+  pass and a verification row, by the draft's own probability calibrated online per depth and
+  probability decile (`estimate`). The tokens the cache lacks before its first draft are charged
+  to the first drafted token over the steps the request can be counted on for (`horizon`,
+  `LengthEstimate`), so a draft prefill that would not pay back never runs; zero tokens when even
+  the first does not pay, but one probe every `PROBE_EVERY` silent steps (B times as seldom in a
+  batch of B) keeps the rates learning. Cut as a shared pass cuts every request's
+  (`engine.cost.allocate`), alone too. A request alone times its own passes (`clock`) for live
+  costs (`engine.cost.LiveCost`). Not with the cascade.
+- `retrieval` (a `SuffixDrafter`, with `cost`): where the text repeats, a suffix match drafts at
+  no draft-model cost; each step takes the plan that promises more tokens per second, and the
+  draft model feeds the tokens it skipped in its next pass, never in a pass of their own. Only
+  where no q is needed (greedy or coupled sampling).
 - `window` > 0: the draft model reads at most `window` tokens of the context before its first
-  pass, its first and its last (`drafters.draft_window`): a long prompt's draft prefill stays
-  short, and the target, which reads everything, still decides every token. With `prefix_cache`,
-  a finished request's draft cache is kept with the tokens it skipped (its holes), so the next
-  turn of a chat, or the next request after the same long system prompt, starts from it and
-  feeds only its own new tokens.
+  pass, its first and its last (`drafters.draft_window`); with `prefix_cache`, a finished
+  request's draft cache is kept with the tokens it skipped (its holes), so a chat's next turn, or
+  the next request after the same long system prompt, feeds only its own new tokens.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Generator, Hashable, Sequence
+import time
+from collections.abc import Callable, Generator, Hashable, Sequence
 
 import torch
 
@@ -104,6 +87,7 @@ class DraftModelDrafter(Drafter):
         retrieval: SuffixDrafter | None = None,
         window: int = 0,
         prefix_cache: PrefixCache | None = None,
+        clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         if k < 1:
             raise ValueError(f"k must be >= 1, got {k}")
@@ -121,12 +105,9 @@ class DraftModelDrafter(Drafter):
         noise = noise if noise is not None else PositionNoise(0)
         self.noise = noise if coupled else noise.derived(Stream.DRAFT)
         self.prompt_len = 0
-        # the draft model reads at most `window` tokens of the stream before its first pass (0:
-        # all); the holes its cache skips
-        self.view = DraftWindow(window)
-        # finished requests' draft caches (a decoder's requests share it): a request whose prompt
-        # begins with kept tokens starts from a copy of them (with their holes) and feeds only
-        # the rest, through its window; every request leaves its cache at its end
+        self.view = DraftWindow(window)  # at most `window` stream tokens read before its first pass; its holes
+        # finished requests' draft caches (shared by a decoder's requests): a prompt that begins
+        # with kept tokens starts from a copy (holes and all); every request leaves its cache
         self.prefix_cache = prefix_cache
         self.max_new_tokens: int | None = None  # the request's budget (`horizon`); None: unknown
         self.schedule = schedule
@@ -149,10 +130,12 @@ class DraftModelDrafter(Drafter):
         needs_q = not (sampling.greedy or coupled) or threshold > 0.0
         self.retrieval = retrieval if self.cost is not None and not needs_q else None
         self.retrieved = False  # the last draft came from the suffix match
-        # the step's whole suffix match (tokens, parents, buckets), drafted or left to the draft
-        # model: judged against what the target emits either way
+        # the step's whole suffix match (tokens, parents, buckets): judged, drafted or not
         self.match: tuple[list[int], tuple[int, ...], list[Hashable]] = ([], (), [])
         self.retrieved_steps = 0  # for statistics and tests
+        # a request alone times its passes for live costs (`DraftCost.drafted`, `verified`)
+        self.alone, self.clock = False, clock
+        self.verifying: tuple[int, float] | None = None  # the rows and start of the target pass now verifying
 
     def reset(self, prompt_ids: Sequence[int]) -> None:
         self.stream = list(prompt_ids)
@@ -167,6 +150,7 @@ class DraftModelDrafter(Drafter):
         self.buckets = []
         self.silent = 0
         self.retrieved, self.retrieved_steps, self.match = False, 0, ([], (), [])
+        self.verifying = None
         if self.retrieval is not None:
             self.retrieval.reset(prompt_ids)
         if self.ngram is not None:
@@ -274,19 +258,27 @@ class DraftModelDrafter(Drafter):
         # pending token's row there anyway): a token drafted while its depth's rate promised
         # enough, whose calibrated chance then fell short, costs a verification row and no draft
         # pass, so it is dropped here as a shared pass would drop it
-        (offer,) = drive_rounds(self.backend, [self.offer_rounds(max_tokens)])
+        self.alone = True
+        try:
+            (offer,) = drive_rounds(self.backend, [self.offer_rounds(max_tokens)])
+        finally:
+            self.alone = False
         if isinstance(offer, Exception):
             raise offer
-        if self.cost is None or offer.reach is None:
-            return offer.draft
-        return self.take(offer, cut_alone(offer, self.cost.target))
+        draft = offer.draft
+        if self.cost is not None and offer.reach is not None:
+            draft = self.take(offer, cut_alone(offer, self.cost.target))
+        # the target's pass over the pending token and this draft starts now; it ends where the
+        # verdict is heard (`update`): a chain's pass is what the target's curve prices
+        chain = self.cost is not None and draft.parents is None
+        self.verifying = (1 + len(draft), self.clock()) if chain else None
+        return draft
 
     def offer_rounds(
         self, max_tokens: int, batch: int = 1, cost: PassCost | None = None
     ) -> Generator[DraftFeed, tuple[CacheState, Scores], Offer]:
-        # a scheduler runs these rounds beside other requests' (`engine.batch.drive_rounds`); with
-        # the costs, each token's reach (its calibrated chance, times its parents') lets the shared
-        # pass cut every request's draft by one rule (`engine.cost.allocate`)
+        # run beside other requests' rounds (`drive_rounds`); each token's reach (its calibrated
+        # chance, times its parents') lets the shared pass cut every draft by one rule (`allocate`)
         draft = yield from self._rounds(max_tokens, batch, cost)
         # a probe offers no reach: kept whole (`allocate`), its tokens are judged and the rates learn
         priced = self.cost is not None and not self.probing
@@ -319,7 +311,10 @@ class DraftModelDrafter(Drafter):
             if self.ngram is not None and self.seq is not None:
                 lower = self.ngram.predict_chain(self._last(self.ngram.n - 1, drafted), budget - len(drafted) - 1)
             # 2. One draft-model pass; rows predict each lower draft and the token after them.
+            start = self.clock()
             self.seq, scores = yield DraftFeed(self.seq, tail + lower)
+            if self.alone and self.cost is not None:
+                self.cost.drafted(len(tail) + len(lower), self.clock() - start)
             self.view.read()
             self.draft_passes += 1
             logits = scores.logits[-(len(lower) + 1) :]  # [len(lower)+1, vocab]
@@ -372,8 +367,14 @@ class DraftModelDrafter(Drafter):
         # match is judged whole in `update`)
         self.last_draft = [self.last_draft[i] for i in kept]
         self.buckets = self.buckets[: len(kept)]
+        if self.verifying is not None:
+            self.verifying = (1 + len(kept), self.verifying[1])
 
     def update(self, tokens: Sequence[int], num_accepted: int) -> None:
+        if self.verifying is not None and self.cost is not None:
+            rows, start = self.verifying
+            self.cost.verified(rows, self.clock() - start)
+        self.verifying = None
         # each scored token up to the first rejected one: accepted or not, given its parent was
         if not self.retrieved:
             for j, bucket in enumerate(self.buckets[: num_accepted + 1]):

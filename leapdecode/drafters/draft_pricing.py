@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from leapdecode.drafters.base import Draft, Offer
 from leapdecode.drafters.cost_aware import LengthEstimate
-from leapdecode.engine.cost import PassCost, cut_alone
+from leapdecode.engine.cost import LiveCost, PassCost, cut_alone, scale_of
 
 PROBE_EVERY = 8  # silent steps (no draft: the first token did not pay) before one token is drafted anyway
 MAX_DEPTH_BUCKET = 8
@@ -29,14 +29,36 @@ class DraftCost:
 
     draft: PassCost  # seconds of a draft-model pass by the rows it scores
     target: PassCost  # seconds of a target pass by the rows it scores
-    # seconds a draft-model prefill takes per prompt token: what each token the draft model's
-    # cache lacks beyond a round's one costs to feed (0: not priced)
-    catch_up: float = 0.0
+    # seconds a draft-model prefill took per prompt token when measured: what each token the
+    # draft model's cache lacks beyond a round's one costs to feed (0: not priced)
+    prefill: float = 0.0
 
     @property
     def draft_pass(self) -> float:
         """Seconds of a draft-model pass over one token."""
         return self.draft.of(1)
+
+    @property
+    def catch_up(self) -> float:
+        """Seconds a draft-model prefill takes per token now: as measured, times the draft
+        model's live scale (its passes and its prefills slow down together)."""
+        return self.prefill * scale_of(self.draft)
+
+    def drafted(self, tokens: int, seconds: float) -> None:
+        """A draft-model feed of `tokens` tokens, a request alone, took `seconds` (a live curve
+        learns from it): one token is a draft pass; more (a catch-up, a window) are priced as the
+        pricing charges them, a draft pass and a prefill's rate for the rest."""
+        if not isinstance(self.draft, LiveCost):
+            return
+        if tokens > 1 and self.prefill > 0.0:
+            self.draft.pull(seconds, self.draft.base.of(1) + (tokens - 1) * self.prefill)
+        else:
+            self.draft.observe(tokens, seconds)
+
+    def verified(self, tokens: int, seconds: float) -> None:
+        """A target pass over `tokens` tokens, a request alone, took `seconds`."""
+        if isinstance(self.target, LiveCost):
+            self.target.observe(tokens, seconds)
 
 
 def depth_bucket(depth: int) -> Hashable:

@@ -13,6 +13,7 @@ decode one plain token.
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections.abc import Sequence
@@ -62,6 +63,63 @@ class ForwardCost:
     def best_length(self, accept: Sequence[float]) -> int:
         """The draft length in 0..len(accept) with the most expected tokens per second."""
         return max(range(len(accept) + 1), key=lambda length: (self.expected_rate(accept, length), -length))
+
+
+LIVE_WEIGHT = 0.1  # each observed pass moves a live curve's scale a tenth of the way: ~10 recent passes carry it
+LIVE_STEP = math.log(2.0)  # one pass moves it by at most this log-factor: a stall is not the machine's speed
+
+
+class LiveCost:
+    """A measured cost curve rescaled online by what passes take now. The measurement at load
+    takes a few seconds of a machine whose speed drifts (other load, its clock, the context
+    growing), and whether a draft model pays can hinge on the ratio of two such measurements
+    taken seconds apart; the passes a decoder runs anyway measure both again, every step. The
+    curve keeps its measured shape (how a pass grows with its rows) and one factor follows the
+    machine: a recency-weighted mean of log(observed / measured), each pass's pull clipped.
+
+    With a `leader` (the target's curve, timed every step), this curve's factor is the leader's
+    times its own, and its own passes learn only the latter: a draft model that has not run for
+    a while is taken to have slowed down or sped up with the machine, not to cost what it did."""
+
+    def __init__(self, base: ForwardCost, weight: float = LIVE_WEIGHT, leader: LiveCost | None = None) -> None:
+        if not 0.0 < weight <= 1.0:
+            raise ValueError(f"a live curve's weight must be in (0, 1], got {weight}")
+        self.base = base
+        self.weight = weight
+        self.leader = leader
+        self.offset = 0.0  # the log of this curve's own factor (over its leader's)
+        self.observed = 0  # passes that moved it
+
+    @property
+    def log_scale(self) -> float:
+        return self.offset + (self.leader.log_scale if self.leader is not None else 0.0)
+
+    @property
+    def scale(self) -> float:
+        """What passes take now over what was measured."""
+        return math.exp(self.log_scale)
+
+    def of(self, tokens: int) -> float:
+        return self.base.of(tokens) * self.scale
+
+    def observe(self, tokens: int, seconds: float) -> None:
+        """A pass over `tokens` tokens took `seconds`. Passes past the measured sizes (a prefill,
+        a long catch-up feed) are not the curve's to judge, and leave it as it is."""
+        if 1 <= tokens <= len(self.base.seconds):
+            self.pull(seconds, self.base.of(tokens))
+
+    def pull(self, seconds: float, measured: float) -> None:
+        """Some work the measurement at load priced at `measured` seconds took `seconds` now."""
+        if seconds <= 0.0 or measured <= 0.0:
+            return
+        error = math.log(seconds / measured) - self.log_scale
+        self.offset += self.weight * max(-LIVE_STEP, min(LIVE_STEP, error))
+        self.observed += 1
+
+
+def scale_of(cost: PassCost) -> float:
+    """A curve's live scale (1 for a fixed one)."""
+    return cost.scale if isinstance(cost, LiveCost) else 1.0
 
 
 def allocate(

@@ -55,6 +55,10 @@ class DraftModel(Method):
     # draft each next token only while it pays for its draft pass and its verification row, by
     # the draft's own probability calibrated online (`DraftModelDrafter`'s `cost`); not with the cascade
     cost_aware: bool = True
+    # the measured costs follow what the request's own passes take (`engine.cost.LiveCost`), so
+    # a machine that drifts, or a measurement at load caught in a burst of other load, does not
+    # decide whether the draft model runs (false: the costs measured at load, as they are)
+    live_cost: bool = True
     # retrieval first: where a suffix match (of at least `suffix_min` tokens) promises more than
     # the draft model, draft up to `suffix_k` tokens from it, a tree of what followed the match
     # (`suffix_tree`; false: its most probable path), and skip the draft model (with cost_aware)
@@ -129,7 +133,7 @@ class DraftModel(Method):
         from leapdecode.drafters.draft_model import DraftModelDrafter
         from leapdecode.drafters.draft_pricing import DraftCost
         from leapdecode.drafters.suffix import SuffixDrafter
-        from leapdecode.engine.cost import measure_batch_cost, measure_forward_cost, measure_prefill_cost
+        from leapdecode.engine.cost import LiveCost, measure_batch_cost, measure_forward_cost, measure_prefill_cost
         from leapdecode.engine.prefix_cache import PrefixCache
 
         if target.backend != "torch":
@@ -153,7 +157,12 @@ class DraftModel(Method):
                 else measure_forward_cost(backend, 1)
             )
             # its own prompt prefill, fed before its first draft, is priced against the steps it serves
-            draft_cost = DraftCost(draft_curve, cost, measure_prefill_cost(backend))
+            prefill = measure_prefill_cost(backend)
+            if self.live_cost:  # the draft model's factor over the target's, which every step times
+                target_now = LiveCost(cost)
+                draft_cost = DraftCost(LiveCost(draft_curve, leader=target_now), target_now, prefill)
+            else:
+                draft_cost = DraftCost(draft_curve, cost, prefill)
             log(
                 f"draft pass {1000 * draft_cost.draft_pass:.1f} ms ({DRAFT_COST_ROWS} rows "
                 f"{1000 * draft_cost.draft.of(DRAFT_COST_ROWS):.1f} ms, prefill "
