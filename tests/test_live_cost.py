@@ -73,10 +73,10 @@ def test_a_live_scale_is_the_clipped_recency_weighted_mean_of_log_ratios(passes,
     clipped update written out."""
     live = LiveCost(CURVE, weight=weight)
     log_scale = 0.0
-    for tokens, seconds in passes:
+    for seen, (tokens, seconds) in enumerate(passes):
         live.observe(tokens, seconds)
         error = math.log(seconds / CURVE.of(tokens)) - log_scale
-        log_scale += weight * max(-LIVE_STEP, min(LIVE_STEP, error))
+        log_scale += max(weight, 1 / (seen + 2)) * max(-LIVE_STEP, min(LIVE_STEP, error))
     assert math.log(live.scale) == pytest.approx(log_scale, abs=1e-9)
     ratios = [math.log(s / CURVE.of(t)) for t, s in passes]
     assert min(0.0, *ratios) - 1e-9 <= math.log(live.scale) <= max(0.0, *ratios) + 1e-9
@@ -124,18 +124,22 @@ class TimedBackend(TorchBackend):
         return super().prefill(*args, **kwargs)
 
 
-def priced_run(model: torch.nn.Module, prompt: list[int], live: bool) -> tuple[list[int], DraftModelDrafter]:
-    """The target as its own draft (every draft right), a draft pass (any feed of it) that takes
-    3 ms and a target pass 30 ms, while the costs measured at load said 50 ms a draft pass: too
-    dear to draft, had the machine been as slow as that measurement."""
-    clock = Clock()
+def priced(live: bool, prefill: float = 0.0) -> DraftCost:
+    """Costs measured at load as 50 ms a draft pass and 30 ms a target pass: too dear to draft."""
     draft_curve, target_curve = ForwardCost((0.050,) * 64), ForwardCost((0.030,) * 8)
-    if live:
-        target_now = LiveCost(target_curve, weight=0.5)
-        cost = DraftCost(LiveCost(draft_curve, weight=0.5, leader=target_now), target_now)
-    else:
-        cost = DraftCost(draft_curve, target_curve)
-    drafter = DraftModelDrafter(TimedBackend(model, clock, 0.003), k=4, cost=cost, clock=clock)
+    if not live:
+        return DraftCost(draft_curve, target_curve, prefill)
+    target_now = LiveCost(target_curve, weight=0.5)
+    return DraftCost(LiveCost(draft_curve, weight=0.5, leader=target_now), target_now, prefill)
+
+
+def priced_run(
+    model: torch.nn.Module, prompt: list[int], cost: DraftCost, draft_pass: float = 0.003
+) -> tuple[list[int], DraftModelDrafter]:
+    """The target as its own draft (every draft right), a draft pass (any feed of it) that takes
+    `draft_pass` seconds and a target pass 30 ms, priced by `cost`."""
+    clock = Clock()
+    drafter = DraftModelDrafter(TimedBackend(model, clock, draft_pass), k=4, cost=cost, clock=clock)
     steps = list(decode(TimedBackend(model, clock, 0.030), prompt, drafter, StopCriteria(frozenset(), 64), *GREEDY))
     return [t for s in steps for t in s.tokens], drafter
 
@@ -145,13 +149,33 @@ def test_live_costs_start_drafting_where_the_load_measurement_was_wrong(tiny_mod
     probes' own passes show the draft is cheap and it drafts; the output never changes."""
     for prompt in prompts(2, seed=31):
         expected = greedy_reference(tiny_model, prompt, 64)
-        fixed, silent = priced_run(tiny_model, prompt, live=False)
-        moving, drafting = priced_run(tiny_model, prompt, live=True)
+        fixed, silent = priced_run(tiny_model, prompt, priced(live=False))
+        moving, drafting = priced_run(tiny_model, prompt, priced(live=True))
         assert fixed == moving == expected
         assert isinstance(drafting.cost, DraftCost) and isinstance(drafting.cost.draft, LiveCost)
         assert drafting.cost.draft.observed > 0 and scale_of(drafting.cost.draft) < 0.6
         assert scale_of(drafting.cost.target) == pytest.approx(1.0)  # its passes take what was measured
         assert drafting.draft_passes > 2 * silent.draft_passes
+
+
+def test_an_unchecked_price_is_checked_once_by_a_probe_that_pays_the_draft_prefill(tiny_model) -> None:
+    """With the draft model's prefill priced (10 ms a token) a request never starts it where its
+    first token does not pay: fixed, never; live, its first probe pays the prefill while the
+    decoder has never timed the draft model, and then it drafts at its real price. Once timed,
+    a draft model that is as dear as measured is never started by a probe."""
+    prompt = prompts(1, seed=33)[0]
+    expected = greedy_reference(tiny_model, prompt, 64)
+    fixed, never = priced_run(tiny_model, prompt, priced(live=False, prefill=0.010))
+    assert fixed == expected and never.draft_passes == 0
+    cost = priced(live=True, prefill=0.010)
+    assert cost.unseen
+    moving, started = priced_run(tiny_model, prompt, cost)
+    assert moving == expected and not cost.unseen and started.draft_passes > 8
+    assert scale_of(cost.draft) < 0.6
+    dear = priced(live=True, prefill=0.010)
+    dear.drafted(1, 0.050)  # timed once: as dear as measured
+    again, quiet = priced_run(tiny_model, prompt, dear, draft_pass=0.050)
+    assert again == expected and quiet.draft_passes == 0
 
 
 def test_the_draft_method_prices_with_live_costs_unless_told_not_to(tiny_model) -> None:

@@ -220,10 +220,11 @@ class DraftModelDrafter(Drafter):
         for `PROBE_EVERY` steps (times the batch), one token is drafted anyway."""
         assert self.cost is not None
         catch_up = self._catch_up() if drafted == 0 else 0.0
-        # probe: the rates learn only from drafted tokens (never one that pays for a prefill); in a
-        # batch each request probes `batch` times as seldom, so the passes carry about one probe
-        # every PROBE_EVERY, as a request alone does (a probe is kept whatever it costs)
-        if drafted == 0 and self.silent >= PROBE_EVERY * batch and (self.seq is not None or catch_up == 0.0):
+        # probe: the rates learn only from drafted tokens; in a batch each request probes `batch`
+        # times as seldom (a probe is kept whatever it costs). It pays no draft prefill, but while
+        # live costs have never timed the draft model (alone): then its price is unchecked
+        fed = self.seq is not None or catch_up == 0.0 or (self.alone and self.cost.unseen)
+        if drafted == 0 and self.silent >= PROBE_EVERY * batch and fed:
             self.probing = True
             return True
         guess = reach * self.rates.rate(depth_bucket(drafted + 1))
@@ -268,8 +269,7 @@ class DraftModelDrafter(Drafter):
         draft = offer.draft
         if self.cost is not None and offer.reach is not None:
             draft = self.take(offer, cut_alone(offer, self.cost.target))
-        # the target's pass over the pending token and this draft starts now; it ends where the
-        # verdict is heard (`update`): a chain's pass is what the target's curve prices
+        # the target's pass over this chain starts now; it ends where `update` hears the verdict
         chain = self.cost is not None and draft.parents is None
         self.verifying = (1 + len(draft), self.clock()) if chain else None
         return draft

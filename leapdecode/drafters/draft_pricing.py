@@ -44,6 +44,12 @@ class DraftCost:
         model's live scale (its passes and its prefills slow down together)."""
         return self.prefill * scale_of(self.draft)
 
+    @property
+    def unseen(self) -> bool:
+        """Live costs whose draft model has not run yet: its price is still the measurement at
+        load, which nothing has checked."""
+        return isinstance(self.draft, LiveCost) and self.draft.observed == 0
+
     def drafted(self, tokens: int, seconds: float) -> None:
         """A draft-model feed of `tokens` tokens, a request alone, took `seconds` (a live curve
         learns from it): one token is a draft pass; more (a catch-up, a window) are priced as the

@@ -113,7 +113,10 @@ class LiveCost:
         if seconds <= 0.0 or measured <= 0.0:
             return
         error = math.log(seconds / measured) - self.log_scale
-        self.offset += self.weight * max(-LIVE_STEP, min(LIVE_STEP, error))
+        # the first passes weigh as a mean of all so far (the measurement at load counting as
+        # one), then each `weight`: a few passes correct a wrong measurement, later ones follow
+        weight = max(self.weight, 1.0 / (self.observed + 2))
+        self.offset += weight * max(-LIVE_STEP, min(LIVE_STEP, error))
         self.observed += 1
 
 
