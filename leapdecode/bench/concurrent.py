@@ -2,7 +2,10 @@
 engine's batch scheduler, in process.
 
 For each method and each concurrency C, C clients each keep one request in flight: when one
-ends, that client sends the next prompt, until every prompt has been answered once. Reported:
+ends, that client sends the next prompt, until every prompt has been answered once. At each
+concurrency the methods take turns (the order rotating), and with several rounds each cell is
+every round's requests together, so that methods compared at one concurrency ran in the same
+minutes of a machine whose speed drifts. Reported:
 aggregate new tokens per second (all requests' tokens over the wall time), per-request latency
 (p50, p95) and time to first token (p50), passes and rows per pass, and the lossless check per
 request: its tokens against the same prompt decoded alone with plain decoding. `solo` is the
@@ -13,6 +16,7 @@ reference for one client's latency.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -27,7 +31,7 @@ from leapdecode.engine.cost import ForwardCost, measure_batch_cost
 from leapdecode.engine.prefix_cache import PrefixCache
 from leapdecode.engine.scheduler import BatchScheduler
 from leapdecode.engine.submission import Submission
-from leapdecode.errors import MethodError
+from leapdecode.errors import InputError, MethodError
 from leapdecode.methods import LlamaCppServer, backend_for, parse_method
 from leapdecode.models import LoadedModel
 
@@ -118,6 +122,9 @@ def run_concurrent(
     return result
 
 
+Cell = Callable[[str], ConcurrentResult]  # a method's run at one concurrency label ("1", ..., or SOLO)
+
+
 def run_concurrency_bench(
     lm: LoadedModel,
     methods: Sequence[str],
@@ -128,81 +135,95 @@ def run_concurrency_bench(
     max_rows: int = 128,
     gguf: Path | None = None,
     prefix_cache_tokens: int = 0,
+    rounds: int = 1,
     log: Callable[[str], None],
 ) -> list[ConcurrentResult]:
-    """Every method solo and at every concurrency; plain decoding alone (`ar` solo, first) gives
-    the reference outputs. `llama-server` (a peer) runs on `gguf`, the same threads, the same load.
+    """Every method solo and at every concurrency, interleaved: at each concurrency every method
+    runs in turn (the order rotating), `rounds` times over, so that the methods compared at one
+    concurrency ran in the same minutes of a machine whose speed drifts; a method's rounds at a
+    concurrency are merged. Plain decoding alone first gives the reference outputs (and warms the
+    kernels). `llama-server` (a peer) runs on `gguf`, the same threads, the same load.
     `prefix_cache_tokens`: the shared passes keep finished requests' caches for prompts that begin
     the same way (`llama-server` then caches prompts too); 0: every prompt prefilled whole."""
+    if rounds < 1:
+        raise InputError(f"rounds must be >= 1, got {rounds}")
+    parsed = {method: parse_method(method) for method in methods}
+    if gguf is None and any(isinstance(p, LlamaCppServer) for p in parsed.values()):
+        from leapdecode.bench.llamacpp_server import LABEL
+
+        raise MethodError(f"{LABEL} needs the model's GGUF file (a preset or a .gguf path)")
     plain = Decoder(lm, "ar")
     plain.generate(prompts[0], max_new_tokens=8)  # warm the kernels
     log(f"ar: one at a time (the reference), {len(prompts)} prompts")
-    reference = run_solo(plain, prompts, max_new_tokens, None)
+    reference = run_solo(plain, prompts, max_new_tokens, None).outputs
     log(f"measuring the cost of shared passes (1..{max_rows} tokens over up to {max(concurrencies)} requests)")
     cost = measure_batch_cost(backend_for(lm), max_rows, max(concurrencies))
-    results: list[ConcurrentResult] = []
-    for method in methods:
-        parsed = parse_method(method)
-        if isinstance(parsed, LlamaCppServer):
-            results.extend(
-                _server_rows(
-                    gguf, prompts, max_new_tokens, concurrencies, reference.outputs, log, prefix_cache_tokens > 0
-                )
-            )
+    cells: dict[str, Cell] = {}
+    for method, method_parsed in parsed.items():
+        if isinstance(method_parsed, LlamaCppServer):
+            assert gguf is not None
+            cells[method] = _server_cell(gguf, prompts, max_new_tokens, reference, prefix_cache_tokens > 0)
             continue
-        decoder = plain if str(parsed) == str(plain.method) else Decoder(lm, parsed)
-        if decoder is plain:
-            results.append(reference)
-        else:
-            decoder.generate(prompts[0], max_new_tokens=8)  # warm: the method's own cost curve
-            log(f"{method}: one at a time")
-            results.append(run_solo(decoder, prompts, max_new_tokens, reference.outputs))
-        for concurrency in concurrencies:
-            log(f"{method}: {concurrency} at once")
-            results.append(
-                run_concurrent(
-                    decoder,
-                    cost,
-                    prompts,
-                    max_new_tokens,
-                    concurrency,
-                    reference.outputs,
-                    max_rows,
-                    prefix_cache_tokens,
-                )
-            )
-    return results
+        decoder = plain if str(method_parsed) == str(plain.method) else Decoder(lm, method_parsed)
+        decoder.generate(prompts[0], max_new_tokens=8)  # warm: the method's own cost curve
+        cells[method] = functools.partial(
+            _engine_cell, decoder, cost, prompts, max_new_tokens, reference, max_rows, prefix_cache_tokens
+        )
+    labels = [SOLO, *(str(c) for c in concurrencies)]
+    runs: dict[tuple[str, str], list[ConcurrentResult]] = {}
+    for round_ in range(rounds):
+        for j, label in enumerate(labels):
+            shift = (round_ + j) % len(methods)
+            for method in [*methods[shift:], *methods[:shift]]:
+                at = "one at a time" if label == SOLO else f"{label} at once"
+                log(f"round {round_ + 1}/{rounds}, {at}: {method}")
+                runs.setdefault((method, label), []).append(cells[method](label))
+    return [ConcurrentResult.merged(runs[(method, label)]) for method in methods for label in labels]
 
 
-def _server_rows(
-    gguf: Path | None,
+def _engine_cell(
+    decoder: Decoder,
+    cost: ForwardCost,
     prompts: Sequence[list[int]],
     max_new_tokens: int,
-    concurrencies: Sequence[int],
     reference: Sequence[list[int]],
-    log: Callable[[str], None],
-    cache_prompt: bool = False,
-) -> list[ConcurrentResult]:
-    """`llama-server` one request at a time (one slot), then with a slot per client at each
-    concurrency (`cache_prompt`: these rows reuse cached prompt prefixes, as the engine's shared
-    passes do with a prefix cache; the one-at-a-time row never does, as the engine's never does)."""
-    from leapdecode.bench.llamacpp_server import LABEL, run_llama_server
+    max_rows: int,
+    prefix_cache_tokens: int,
+    label: str,
+) -> ConcurrentResult:
+    """An engine method one at a time (`run_solo`) or with `label` clients at once."""
+    if label == SOLO:
+        return run_solo(decoder, prompts, max_new_tokens, reference)
+    return run_concurrent(decoder, cost, prompts, max_new_tokens, int(label), reference, max_rows, prefix_cache_tokens)
 
-    if gguf is None:
-        raise MethodError(f"{LABEL} needs the model's GGUF file (a preset or a .gguf path)")
+
+def _server_cell(
+    gguf: Path,
+    prompts: Sequence[list[int]],
+    max_new_tokens: int,
+    reference: Sequence[list[int]],
+    cache_prompt: bool = False,
+) -> Cell:
+    """`llama-server` one request at a time (one slot), or with a slot per client (`cache_prompt`:
+    those runs reuse cached prompt prefixes, as the engine's shared passes do with a prefix
+    cache; one at a time never does, as the engine's never does). Without the cache, one client
+    on one slot is one request at a time: the round's solo run stands for it."""
+    from leapdecode.bench.llamacpp_server import run_llama_server
+
     threads = torch.get_num_threads()
-    log(f"{LABEL}: one at a time")
-    solo = run_llama_server(gguf, prompts, max_new_tokens, 1, reference, threads, solo=True)  # as the engine's solo
-    rows = [solo]
-    for concurrency in concurrencies:
-        if concurrency == 1 and not cache_prompt:  # one client on one slot is one request at a time: the same run
-            rows.append(dataclasses.replace(solo, concurrency="1"))
-            continue
-        log(f"{LABEL}: {concurrency} at once")
-        rows.append(
-            run_llama_server(gguf, prompts, max_new_tokens, concurrency, reference, threads, cache_prompt=cache_prompt)
+    solo: list[ConcurrentResult] = []
+
+    def run(label: str) -> ConcurrentResult:
+        if label == SOLO:
+            solo[:] = [run_llama_server(gguf, prompts, max_new_tokens, 1, reference, threads, solo=True)]
+            return solo[0]
+        if label == "1" and not cache_prompt and solo:
+            return dataclasses.replace(solo[0], concurrency="1")
+        return run_llama_server(
+            gguf, prompts, max_new_tokens, int(label), reference, threads, cache_prompt=cache_prompt
         )
-    return rows
+
+    return run
 
 
 def concurrency_table(results: Sequence[ConcurrentResult]) -> str:

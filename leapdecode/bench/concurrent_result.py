@@ -35,6 +35,31 @@ class ConcurrentResult:
         """An empty result for a run over `prompts` (their count and tokens), to be filled in."""
         return cls(method, concurrency, len(prompts), 0, 0.0, prompt_tokens=sum(map(len, prompts)), peer=peer)
 
+    @classmethod
+    def merged(cls, rounds: Sequence[ConcurrentResult]) -> ConcurrentResult:
+        """One method at one concurrency over several rounds: every round's requests, tokens and
+        seconds together (the aggregate rate is all tokens over all wall time; the percentiles
+        over every request); the outputs are the first round's."""
+        first = rounds[0]
+        if any((r.method, r.concurrency) != (first.method, first.concurrency) for r in rounds):
+            raise ValueError("only rounds of one method at one concurrency merge")
+        return cls(
+            first.method,
+            first.concurrency,
+            sum(r.requests for r in rounds),
+            sum(r.new_tokens for r in rounds),
+            sum(r.wall_s for r in rounds),
+            [s for r in rounds for s in r.latencies_s],
+            [s for r in rounds for s in r.first_token_s],
+            sum(r.identical for r in rounds),
+            sum(r.passes for r in rounds),
+            sum(r.rows for r in rounds),
+            sum(r.prompt_tokens for r in rounds),
+            sum(r.cached_tokens for r in rounds),
+            first.outputs,
+            first.peer,
+        )
+
     @property
     def tokens_per_s(self) -> float:
         return self.new_tokens / self.wall_s if self.wall_s else 0.0

@@ -54,7 +54,9 @@ def bench(
     repeats: Annotated[
         int,
         typer.Option(
-            "--repeats", help="Timed runs per method and prompt (median; the overall speed-up shows the spread)."
+            "--repeats",
+            help="Timed runs per method and prompt (median; the overall speed-up shows the spread). With "
+            "--concurrency: rounds of every method at every concurrency, interleaved, merged per cell.",
         ),
     ] = 1,
     dtype: DtypeOpt = "auto",
@@ -168,6 +170,7 @@ def bench(
             out,
             gguf,
             prefix_cache_tokens,
+            repeats,
             {
                 **run_meta(
                     loaded[own].name, dataset, limit, max_new_tokens, n_threads, len(prompts), loaded[own].describe
@@ -246,9 +249,11 @@ def bench_concurrency(
     out: Path,
     gguf: Path | None,
     prefix_cache_tokens: int,
+    rounds: int,
     meta: dict[str, object],
 ) -> None:
-    """`bench --concurrency`: every method one at a time and with each number of clients at once."""
+    """`bench --concurrency`: every method one at a time and with each number of clients at once,
+    `rounds` times over, interleaved."""
     from leapdecode.api import Decoder
     from leapdecode.bench.concurrent import concurrency_table, run_concurrency_bench
     from leapdecode.bench.runner import encode_turns
@@ -266,9 +271,10 @@ def bench_concurrency(
         max_rows=max_pass_rows,
         gguf=gguf,
         prefix_cache_tokens=prefix_cache_tokens,
+        rounds=rounds,
         log=err_console.log,
     )
-    meta = {**meta, "prefix cache tokens": prefix_cache_tokens}
+    meta = {**meta, "prefix cache tokens": prefix_cache_tokens, "rounds": rounds}
     out.mkdir(parents=True, exist_ok=True)
     table = concurrency_table(results)
     lines = [f"- {key}: {value}" for key, value in meta.items()]
