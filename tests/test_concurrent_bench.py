@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from leapdecode.bench.concurrent import run_concurrency_bench
+from leapdecode.bench.concurrent import concurrency_table, run_concurrency_bench
 from leapdecode.bench.concurrent_result import SOLO, ConcurrentResult
 from leapdecode.errors import InputError
 from leapdecode.models.row_exact import use_row_exact
@@ -29,6 +29,8 @@ def test_rounds_merge_their_requests_tokens_and_seconds() -> None:
     assert (both.passes, both.rows, both.prompt_tokens, both.cached_tokens) == (22, 50, 180, 45)
     assert both.tokens_per_s == 11.0 and both.latencies_s == [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
     assert both.outputs == first.outputs and both.summary()["latency_p50_s"] == 3.0
+    assert both.round_rates == [15.0, 9.0] and both.summary()["round_rates"] == [15.0, 9.0]
+    assert "| ar | 4 | 11.0 (15.0, 9.0) |" in concurrency_table([both])
     with pytest.raises(ValueError, match="one method at one concurrency"):
         ConcurrentResult.merged([first, ConcurrentResult("ar", "2", 3, 30, 2.0)])
 

@@ -228,7 +228,8 @@ def _server_cell(
 
 def concurrency_table(results: Sequence[ConcurrentResult]) -> str:
     """A Markdown table: one row per method and concurrency, with the aggregate against the
-    method's own one-at-a-time rate (each method by its short label; the JSON keeps it whole)."""
+    method's own one-at-a-time rate, and each round's rate where there were several (each method
+    by its short label; the JSON keeps it whole)."""
     solo = {r.method: r.tokens_per_s for r in results if r.concurrency == SOLO}
     lines = [
         "| method | clients | tok/s (all) | vs solo | p50 latency s | p95 latency s | first token p50 s | rows/pass | "
@@ -238,8 +239,9 @@ def concurrency_table(results: Sequence[ConcurrentResult]) -> str:
     for r in results:
         s = r.summary()
         ratio = r.tokens_per_s / solo[r.method] if solo.get(r.method) else 0.0
+        rounds = f" ({', '.join(f'{rate:.1f}' for rate in r.round_rates)})" if len(r.round_rates) > 1 else ""
         lines.append(
-            f"| {short_label(r.method)} | {r.concurrency} | {r.tokens_per_s:.1f} | {ratio:.2f}x | "
+            f"| {short_label(r.method)} | {r.concurrency} | {r.tokens_per_s:.1f}{rounds} | {ratio:.2f}x | "
             f"{s['latency_p50_s']:.2f} | {s['latency_p95_s']:.2f} | {s['first_token_p50_s']:.3f} | "
             f"{s['rows_per_pass']:.1f} | "
             f"{r.cached_tokens}/{r.prompt_tokens} | {r.identical}/{r.requests} |"

@@ -27,6 +27,7 @@ class ConcurrentResult:
     cached_tokens: int = 0  # of those, how many came from a kept or running request's cache, not a prefill
     outputs: list[list[int]] = field(default_factory=list, repr=False)  # each request's tokens, in prompt order
     peer: bool = False  # another program's rows (llama-server): its numerics differ, so `identical` is only counted
+    round_rates: list[float] = field(default_factory=list)  # merged rounds: each round's tok/s, the spread
 
     @classmethod
     def over(
@@ -58,6 +59,7 @@ class ConcurrentResult:
             sum(r.cached_tokens for r in rounds),
             first.outputs,
             first.peer,
+            [r.tokens_per_s for r in rounds],
         )
 
     @property
