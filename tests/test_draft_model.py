@@ -497,6 +497,31 @@ def test_a_probe_is_verified_whole_alone_and_in_a_shared_pass(tiny_model) -> Non
     assert allocate([offer], [1], 4, 4, cost.target, 8) == [[0]]  # a shared pass keeps it too
 
 
+def test_a_probe_never_feeds_a_long_catch_up(tiny_model) -> None:
+    """A probe feeds at most a round of silent steps' tokens: a draft model whose cache lags
+    further (silent in a batch for `PROBE_EVERY` x B steps, or started from a kept prefix) would
+    hold up every request of a shared pass with a prefill no price paid for. It stays silent,
+    alone and in a batch, until the lag is fed by a draft that pays."""
+    from leapdecode.drafters.draft_pricing import PROBE_EVERY, PROBE_LAG, DraftCost
+    from leapdecode.engine.batch import drive_rounds
+
+    cost = DraftCost(ForwardCost((0.01,)), ForwardCost((0.030, 0.040, 0.050)), prefill=0.005)
+    drafter = DraftModelDrafter(TorchBackend(tiny_model), k=4, cost=cost, estimate=learnt(False))
+    drafter.reset(prompts(1, seed=2)[0])
+    with torch.inference_mode():
+        drafter.silent = PROBE_EVERY
+        probe = drafter.propose(10)  # started: a probe, the draft model's prefill unpriced here (no budget)
+        drafter.update([*probe.tokens, 3], 1)
+        drafter.horizon(64)
+        passes = drafter.draft_passes
+        for token in range(4, 4 + PROBE_LAG):  # silent steps: the cache lags behind
+            drafter.update([token], 0)
+        drafter.silent = 4 * PROBE_EVERY
+        (offer,) = drive_rounds(drafter.backend, [drafter.offer_rounds(10, 4)])
+        alone = drafter.propose(10)
+    assert len(offer.draft) == 0 and len(alone) == 0 and drafter.draft_passes == passes
+
+
 def test_in_a_batch_a_drafted_token_costs_a_row_per_sequence(tiny_model) -> None:
     """Rows free up to 16, then each as dear as a pass: alone the draft model drafts its whole
     budget; with 8 sequences in the target's pass (each drafting as it does), a token costs 8

@@ -8,18 +8,14 @@ bonus token): one small pass per drafted token, never a re-read of the context. 
 draft the argmax (q None: one-hot); sampled runs draw from q, shaped as p is, and return q's rows.
 
 Options (what each does for a user: `docs/methods.md`, Draft model):
-- `schedule="heuristic"`: K from the last verdict, as Hugging Face's assisted generation does;
-  `threshold` > 0: stop after a token the draft model itself doubts; `cascade`: ANPD drafts for
-  the draft model, which checks them in one pass (the cheapest drafter at the bottom).
+- `schedule="heuristic"`: K from the last verdict (as Hugging Face's assisted generation); `threshold`:
+  stop after a token the draft model doubts; `cascade`: ANPD drafts, the draft model checks them.
 - `cost` (`DraftCost`, `drafters.draft_pricing`): each next token only while it pays for a draft
-  pass and a verification row, by the draft's own probability calibrated online per depth and
-  probability decile (`estimate`). The tokens the cache lacks before its first draft are charged
-  to the first drafted token over the steps the request can be counted on for (`horizon`,
-  `LengthEstimate`), so a draft prefill that would not pay back never runs; zero tokens when even
-  the first does not pay, but one probe every `PROBE_EVERY` silent steps (B times as seldom in a
-  batch of B) keeps the rates learning. Cut as a shared pass cuts every request's
-  (`engine.cost.allocate`), alone too. A request alone times its own passes (`clock`) for live
-  costs (`engine.cost.LiveCost`). Not with the cascade.
+  pass and a verification row, by the draft's own probability calibrated online (`estimate`); the
+  tokens the cache lacks are charged to the first, over the steps the request can be counted on
+  for (`horizon`, `LengthEstimate`); a probe every `PROBE_EVERY` silent steps (B times as seldom
+  in a batch of B) keeps the rates learning. Cut as a shared pass cuts every request's
+  (`allocate`), alone too; alone, its passes are timed (`clock`) for live costs. Not with the cascade.
 - `retrieval` (a `SuffixDrafter`, with `cost`): where the text repeats, a suffix match drafts at
   no draft-model cost; each step takes the plan that promises more tokens per second, and the
   draft model feeds the tokens it skipped in its next pass, never in a pass of their own. Only
@@ -43,6 +39,7 @@ from leapdecode.drafters.base import Draft, Drafter, DraftFeed, Offer
 from leapdecode.drafters.cost_aware import AcceptanceEstimate, LengthEstimate, RequestEstimate, judged
 from leapdecode.drafters.draft_pricing import (
     PROBE_EVERY,
+    PROBE_LAG,
     DraftCost,
     catch_up_charge,
     depth_bucket,
@@ -116,16 +113,14 @@ class DraftModelDrafter(Drafter):
         self.stream: list[int] = []
         self.seq: CacheState | None = None
         self.last_draft: list[int] = []
-        self.k_now = k
-        self.draft_passes = 0  # draft-model forward passes, for statistics and tests
+        self.k_now, self.draft_passes = k, 0  # draft-model forward passes: for statistics and tests
         self.cost = cost if cascade_n == 0 else None
         self.shared = estimate if estimate is not None else AcceptanceEstimate()  # a decoder's greedy requests share it
         self.rates = RequestEstimate(self.shared)
         self.lengths = lengths if lengths is not None else LengthEstimate()  # a decoder's requests share it
         self.buckets: list[Hashable] = []  # per token of the last draft: its probability's bucket
         self.reach: list[float] = []  # per token of the last draft (with the costs): its chance to be accepted
-        self.silent = 0  # steps in a row without a draft
-        self.probing = False  # the last draft is a probe: verified whole, so the rates learn from it
+        self.silent, self.probing = 0, False  # steps in a row without a draft; the last draft a probe (kept whole)
         # a suffix match drafts instead of the draft model where that pays (needs the costs, and no q)
         needs_q = not (sampling.greedy or coupled) or threshold > 0.0
         self.retrieval = retrieval if self.cost is not None and not needs_q else None
@@ -184,8 +179,11 @@ class DraftModelDrafter(Drafter):
         """Seconds a step's first drafted token is charged for the tokens the draft model's cache
         lacks beyond the one every round feeds (`catch_up_charge`)."""
         assert self.cost is not None
-        lag = len(self.stream) - self._covered()
-        return catch_up_charge(self.cost, lag, self.emitted, self.max_new_tokens, self.lengths, self.rates.rate)
+        return catch_up_charge(self.cost, self._lag(), self.emitted, self.max_new_tokens, self.lengths, self.rates.rate)
+
+    def _lag(self) -> int:
+        """The stream tokens the draft model's cache lacks (its holes aside)."""
+        return len(self.stream) - self._covered()
 
     def _verify(self, lower: list[int], logits: torch.Tensor, position: int) -> Verdict:
         """The draft model judging the n-gram drafts (none: sampling its next token), with the
@@ -221,9 +219,11 @@ class DraftModelDrafter(Drafter):
         assert self.cost is not None
         catch_up = self._catch_up() if drafted == 0 else 0.0
         # probe: the rates learn only from drafted tokens; in a batch each request probes `batch`
-        # times as seldom (a probe is kept whatever it costs). It pays no draft prefill, but while
-        # live costs have never timed the draft model (alone): then its price is unchecked
-        fed = self.seq is not None or catch_up == 0.0 or (self.alone and self.cost.unseen)
+        # times as seldom (a probe is kept whatever it costs). It feeds no more than a round's
+        # silent steps (a long catch-up holds up every request of a shared pass), but while live
+        # costs have never timed the draft model (alone): then its price is unchecked
+        short = self.seq is not None and self._lag() <= PROBE_LAG
+        fed = short or catch_up == 0.0 or (self.alone and self.cost.unseen)
         if drafted == 0 and self.silent >= PROBE_EVERY * batch and fed:
             self.probing = True
             return True

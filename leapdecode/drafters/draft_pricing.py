@@ -18,6 +18,7 @@ from leapdecode.drafters.cost_aware import LengthEstimate
 from leapdecode.engine.cost import LiveCost, PassCost, cut_alone, scale_of
 
 PROBE_EVERY = 8  # silent steps (no draft: the first token did not pay) before one token is drafted anyway
+PROBE_LAG = PROBE_EVERY + 2  # the most tokens a probe feeds: a request alone's since its last probe's verdict
 MAX_DEPTH_BUCKET = 8
 
 
