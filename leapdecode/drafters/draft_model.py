@@ -222,11 +222,11 @@ class DraftModelDrafter(Drafter):
         # times as seldom (a probe is kept whatever it costs). It feeds no more than a round's
         # silent steps (a long catch-up holds up every request of a shared pass), but while live
         # costs have never timed the draft model (alone): then its price is unchecked
-        short = self.seq is not None and self._lag() <= PROBE_LAG
-        fed = short or catch_up == 0.0 or (self.alone and self.cost.unseen)
-        if drafted == 0 and self.silent >= PROBE_EVERY * batch and fed:
-            self.probing = True
-            return True
+        if drafted == 0 and self.silent >= PROBE_EVERY * batch:
+            short = self.seq is not None and self._lag() <= PROBE_LAG
+            if short or catch_up == 0.0 or (self.alone and self.cost.unseen):
+                self.probing = True
+                return True
         guess = reach * self.rates.rate(depth_bucket(drafted + 1))
         target = cost if cost is not None else self.cost.target
         return pays(self.cost, target, drafted, guess, expected, batch, catch_up)
