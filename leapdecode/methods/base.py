@@ -152,14 +152,30 @@ def backend_for(target: LoadedModel) -> Backend:
 
 def cached_cost(target: LoadedModel, backend: Backend, max_tokens: int, log: Log, *, tree: bool = False) -> ForwardCost:
     """The cost curve of `backend` over `target` (passes of chains, or of trees), measured once per
-    model, backend kind, thread count and shape (a longer curve measured before serves a shorter need)."""
+    model, backend kind, thread count and shape (a longer curve measured before serves a shorter
+    need), on this machine: kept on disk for later processes (`engine.cost_store`)."""
     import torch
+
+    from leapdecode.engine.cost import ForwardCost
+    from leapdecode.engine.cost_store import CurveKey, default_store
 
     key = (type(backend).__name__, torch.get_num_threads(), tree)
     known = target.costs.get(key)
     if known is None or len(known.seconds) < max_tokens:
-        known = target.costs[key] = measure_cost(backend, max_tokens, log, tree=tree)
+        stored = CurveKey(model_key(target, backend), "trees" if tree else "chains", key[1])
+        seconds, kept = default_store().curve(
+            stored, lambda: measure_cost(backend, max_tokens, log, tree=tree).seconds, max_tokens
+        )
+        if kept:
+            log(f"forward cost of 1..{len(seconds)} tokens ({stored.kind}): as measured before on this machine")
+        known = target.costs[key] = ForwardCost(seconds)
     return known
+
+
+def model_key(lm: LoadedModel, backend: Backend) -> str:
+    """What a stored cost curve of `backend` over `lm` is kept under: the weights' fingerprint,
+    how they run and the backend's kind."""
+    return f"{lm.fingerprint} {lm.describe} {type(backend).__name__}"
 
 
 def measure_cost(backend: Backend, max_tokens: int, log: Log, *, tree: bool = False) -> ForwardCost:

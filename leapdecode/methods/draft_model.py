@@ -7,7 +7,16 @@ from typing import TYPE_CHECKING, ClassVar
 
 from leapdecode.choices import DRAFT_SCHEDULES
 from leapdecode.errors import MethodError, ModelLoadError
-from leapdecode.methods.base import Capabilities, DrafterFactory, DraftShape, Log, Method, cached_cost, logger
+from leapdecode.methods.base import (
+    Capabilities,
+    DrafterFactory,
+    DraftShape,
+    Log,
+    Method,
+    cached_cost,
+    logger,
+    model_key,
+)
 
 if TYPE_CHECKING:
     from leapdecode.drafters.base import Drafter
@@ -129,11 +138,20 @@ class DraftModel(Method):
     def build_factory(
         self, target: LoadedModel, draft_model: LoadedModel | None, log: Log, cost: ForwardCost | None
     ) -> DrafterFactory:
+        import torch
+
         from leapdecode.drafters.cost_aware import AcceptanceEstimate, LengthEstimate
         from leapdecode.drafters.draft_model import DraftModelDrafter
         from leapdecode.drafters.draft_pricing import DraftCost
         from leapdecode.drafters.suffix import SuffixDrafter
-        from leapdecode.engine.cost import LiveCost, measure_batch_cost, measure_forward_cost, measure_prefill_cost
+        from leapdecode.engine.cost import (
+            ForwardCost,
+            LiveCost,
+            measure_batch_cost,
+            measure_forward_cost,
+            measure_prefill_cost,
+        )
+        from leapdecode.engine.cost_store import CurveKey, default_store
         from leapdecode.engine.prefix_cache import PrefixCache
 
         if target.backend != "torch":
@@ -151,13 +169,23 @@ class DraftModel(Method):
             # (larger batches extrapolate its last slope); a draft model that cannot pack
             # sequences scores each request's feed in a pass of its own: one pass each
             packs = backend.batchable is None
-            draft_curve = (
-                measure_batch_cost(backend, DRAFT_COST_ROWS, DRAFT_COST_ROWS)
-                if packs
-                else measure_forward_cost(backend, 1)
+            store, threads = default_store(), torch.get_num_threads()
+            what = f"{model_key(draft_model, backend)} vocab={self.vocab} lean={self.lean}"
+            draft_curve = ForwardCost(
+                store.curve(
+                    CurveKey(what, f"draft batch {DRAFT_COST_ROWS}" if packs else "draft pass", threads),
+                    lambda: (
+                        (
+                            measure_batch_cost(backend, DRAFT_COST_ROWS, DRAFT_COST_ROWS)
+                            if packs
+                            else measure_forward_cost(backend, 1)
+                        ).seconds
+                    ),
+                )[0]
             )
             # its own prompt prefill, fed before its first draft, is priced against the steps it serves
-            prefill = measure_prefill_cost(backend)
+            prefill_key = CurveKey(what, "prefill a token", threads)
+            prefill = store.curve(prefill_key, lambda: (measure_prefill_cost(backend),))[0][0]
             if self.live_cost:  # the draft model's factor over the target's, which every step times
                 target_now = LiveCost(cost)
                 draft_cost = DraftCost(LiveCost(draft_curve, leader=target_now), target_now, prefill)
@@ -202,16 +230,27 @@ class DraftModel(Method):
         `precision=own` (then as the target's precision gives it)."""
         import dataclasses
 
-        from leapdecode.models.loading import load_model
-        from leapdecode.models.quantize import quantize_model
+        from leapdecode.models.loading import QUANTIZED_FORMAT, default_cache_dir, load_model
+        from leapdecode.models.quantize import load_quantized, quantize_model, save_quantized
 
         if self.precision == "own" or target.device.type != "cpu":
             return load_model(
                 self.model, device=target.device, dtype=target.model.dtype, quantize=target.quantize, log=log
             )
         draft = load_model(self.model, device=target.device, dtype="float32", quantize="none", log=log)
-        log(f"draft model {draft.name}: rounding its linear layers, output layer too, to int4 for drafting")
-        quantize_model(draft.model, "int4", head_bits=4)
+        # rounded once per model (seconds), then read back from the cache, as a GGUF's blocks are
+        saved = default_cache_dir() / "quantized" / f"{draft.fingerprint}-draft-int4-v{QUANTIZED_FORMAT}.safetensors"
+        loaded = saved.is_file() and load_quantized(draft.model, saved) > 0
+        if loaded:
+            log(f"draft model {draft.name}: int4 for drafting, as rounded before ({saved.name})")
+        else:
+            log(f"draft model {draft.name}: rounding its linear layers, output layer too, to int4 for drafting")
+        quantize_model(draft.model, "int4", head_bits=4)  # every layer the saved file did not hold
+        if not loaded:
+            try:
+                save_quantized(draft.model, saved)
+            except OSError as exc:
+                log(f"draft model {draft.name}: could not keep its int4 layers in {saved} ({exc})")
         return dataclasses.replace(draft, quantize="int4", precision="int4, rounded for drafting")
 
     def draft_backend(self, target: LoadedModel, draft: LoadedModel, log: Log) -> TorchBackend:

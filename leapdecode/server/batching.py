@@ -16,14 +16,18 @@ import threading
 from collections.abc import Callable
 from typing import Protocol
 
+import torch
+
 from leapdecode.engine.backend import Backend, TorchBackend
 from leapdecode.engine.cost import ForwardCost, measure_batch_cost
+from leapdecode.engine.cost_store import CurveKey, default_store
 from leapdecode.engine.loop import Step
 from leapdecode.engine.prefix_cache import PrefixCache
 from leapdecode.engine.scheduler import BatchScheduler
 from leapdecode.engine.submission import PassReport, Submission
 from leapdecode.errors import InputError
 from leapdecode.methods import backend_for
+from leapdecode.methods.base import model_key
 from leapdecode.models import LoadedModel
 from leapdecode.server.config import ServerConfig
 from leapdecode.server.jobs import Job
@@ -130,10 +134,7 @@ def start_batching(lm: LoadedModel, config: ServerConfig, metrics: Metrics) -> B
             raise InputError(f"--max-batch {config.max_batch}: {reason}")
         return one_at_a_time(backend, metrics, str(reason), prefix_cache)
     sequences = config.max_batch or 8  # the curve is by rows; eight sequences share them as a busy batch would
-    logger.info(
-        "measuring the cost of shared passes (1..%d tokens over up to %d requests)", config.max_pass_rows, sequences
-    )
-    cost = measure_batch_cost(backend, config.max_pass_rows, sequences)
+    cost = shared_pass_cost(lm, backend, config.max_pass_rows, sequences)
     max_batch = config.max_batch or min(default_max_batch(cost), config.max_pass_rows)
     if max_batch == 1:
         return one_at_a_time(
@@ -152,6 +153,21 @@ def start_batching(lm: LoadedModel, config: ServerConfig, metrics: Metrics) -> B
         else "no prefix cache",
     )
     return BatchWorker(scheduler, metrics)
+
+
+def shared_pass_cost(lm: LoadedModel, backend: TorchBackend, rows: int, sequences: int) -> ForwardCost:
+    """The cost of shared passes by their rows (1..`rows` over up to `sequences` requests):
+    measured once per model on this machine, then read back (`engine.cost_store`)."""
+    key = CurveKey(model_key(lm, backend), f"shared passes of {sequences} requests", torch.get_num_threads())
+    seconds, kept = default_store().curve(key, lambda: measure_shared_pass_cost(backend, rows, sequences).seconds, rows)
+    if kept:
+        logger.info("the cost of shared passes (1..%d tokens): as measured before on this machine", rows)
+    return ForwardCost(seconds[:rows])
+
+
+def measure_shared_pass_cost(backend: TorchBackend, rows: int, sequences: int) -> ForwardCost:
+    logger.info("measuring the cost of shared passes (1..%d tokens over up to %d requests)", rows, sequences)
+    return measure_batch_cost(backend, rows, sequences)
 
 
 def default_prefix_cache_tokens(backend: TorchBackend) -> int:

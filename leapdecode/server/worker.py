@@ -19,9 +19,10 @@ from starlette.requests import Request
 
 from leapdecode.api import Decoder
 from leapdecode.engine import Step
-from leapdecode.engine.cost import ForwardCost, measure_forward_cost
+from leapdecode.engine.cost import ForwardCost
 from leapdecode.errors import MethodError
 from leapdecode.methods import Method, backend_for, parse_method
+from leapdecode.methods.base import cached_cost
 from leapdecode.models import LoadedModel
 from leapdecode.server.batching import BatchWorker, Sink, start_batching
 from leapdecode.server.config import ServerConfig
@@ -58,11 +59,12 @@ class ServerState:
     def start(
         cls, lm: LoadedModel, config: ServerConfig, metrics: Metrics, served: Method, allowed: tuple[str, ...]
     ) -> ServerState:
-        """Measure the forward cost once per model, here (no request measures it, on the event loop
-        or while another request decodes), and build the served method's decoder (a draft model,
-        if any, loads once, at start)."""
-        logger.info("measuring the forward cost of 1..%d tokens (chains and trees)", COST_TOKENS)
-        costs = {tree: measure_forward_cost(backend_for(lm), COST_TOKENS, tree=tree) for tree in (False, True)}
+        """Measure the forward cost once per model (or read it as measured before on this
+        machine), here (no request measures it, on the event loop or while another request
+        decodes), and build the served method's decoder (a draft model, if any, loads once, at
+        start)."""
+        backend = backend_for(lm)
+        costs = {tree: cached_cost(lm, backend, COST_TOKENS, logger.info, tree=tree) for tree in (False, True)}
         default_decoder = Decoder(lm, served, cost=costs[served.drafts == "tree"])
         batch = start_batching(lm, config, metrics)
         state = cls(lm, config, metrics, served, allowed, costs, default_decoder, batch)
