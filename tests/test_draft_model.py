@@ -297,6 +297,30 @@ def test_a_draft_vocabulary_scores_its_rows_as_the_whole_head_does_and_nothing_e
         assert torch.isneginf(got[:, outside]).all()
 
 
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("form", ["super-blocks", "per group"])
+def test_a_quantized_heads_draft_vocabulary_keeps_its_rows_records_bitwise(bits, form) -> None:
+    """The cut head holds the kept rows' own records (no second rounding): each of its outputs is
+    bitwise that row of the whole head's."""
+    from types import SimpleNamespace
+
+    from leapdecode.engine.draft_head import trimmed_head
+    from leapdecode.models.quantize import QuantizedLinear
+    from leapdecode.models.rounding import quantize_weight
+
+    g = torch.Generator().manual_seed(bits)
+    weight, bias = torch.randn(TINY_VOCAB, 64, generator=g), torch.randn(TINY_VOCAB, generator=g)
+    if form == "super-blocks":
+        head = QuantizedLinear.from_weight(weight, bits, bias)
+    else:
+        head = QuantizedLinear.from_groups(*quantize_weight(weight, bits), bits, bias)
+    ids = torch.tensor(sorted(set(HALF)))
+    cut = trimmed_head(SimpleNamespace(get_output_embeddings=lambda: head), ids)
+    assert isinstance(cut, QuantizedLinear) and cut.super_blocks == head.super_blocks and cut.bits == bits
+    x = torch.randn(3, 64, generator=g)
+    assert torch.equal(cut(x), head(x)[:, ids])
+
+
 @pytest.mark.parametrize(
     "make_draft",
     [lambda m: m, lambda m: make_tiny_model("llama", seed=1), int4_copy],

@@ -27,13 +27,12 @@ from leapdecode.models.quantize import QuantizedLinear
 
 
 def trimmed_head(model: Any, ids: torch.Tensor) -> nn.Module:
-    """`model`'s output layer restricted to the rows `ids` [V'], in the layer's own form (a
-    quantized head stays quantized at its bits; a float one stays float)."""
+    """`model`'s output layer restricted to the rows `ids` [V'], in the layer's own form: a
+    quantized head keeps those rows' own records (the same integers and factors, so each row
+    scores bitwise as in the whole layer), a float one its rows."""
     head = model.get_output_embeddings()
     if isinstance(head, QuantizedLinear):
-        rows = head.weight_float()[ids]  # [V', hidden]
-        bias = None if head.bias is None else head.bias[ids]
-        return QuantizedLinear.from_weight(rows, head.bits, bias)
+        return head.rows(ids)
     if isinstance(head, nn.Linear):
         layer = nn.Linear(
             head.in_features, len(ids), bias=head.bias is not None, dtype=head.weight.dtype, device=head.weight.device

@@ -136,6 +136,17 @@ class QuantizedLinear(nn.Module):
         qweight, factors = unpack_super(self.packed, self.bits, self.out_features, self.in_features // GROUP)
         return qweight, factors.scales(), factors.mins()
 
+    def rows(self, ids: torch.Tensor) -> QuantizedLinear:
+        """The layer restricted to the outputs `ids` [V']: their own records (the same integers
+        and factors), so each output is bitwise this layer's."""
+        bias = None if self.bias is None else self.bias[ids]
+        if self.super_blocks:
+            qweight, factors = unpack_super(self.packed, self.bits, self.out_features, self.in_features // GROUP)
+            return QuantizedLinear.from_groups(qweight[ids], factors.rows(ids), None, self.bits, bias)
+        qweight, scales, mins = self.groups()
+        kept_mins = None if mins is None else mins[ids]
+        return QuantizedLinear.from_groups(qweight[ids], scales[ids], kept_mins, self.bits, bias)
+
     def weight_float(self) -> torch.Tensor:
         """The de-quantized weight [out, in] (for reference checks and the no-compiler path)."""
         return dequantize(*self.groups(), self.bits)
