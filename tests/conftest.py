@@ -67,16 +67,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items.sort(key=lambda item: rank.get(item.path.name, len(SLOW_FIRST)))  # stable: the rest keep their order
 
 
-@pytest.fixture(scope="session", autouse=True)
-def session_cost_store(tmp_path_factory):
-    """Measured pass costs kept on disk (`engine.cost_store`) go to a folder of this test session,
-    shared by its tests: never a user's, never a curve another run measured."""
+@pytest.fixture(autouse=True)
+def own_cost_store(tmp_path_factory, monkeypatch):
+    """Measured pass costs kept on disk (`engine.cost_store`) go to a folder of each test's own in
+    this process: no test reads a curve another test or run measured (the processes a test starts,
+    servers and commands, keep theirs where a user's go)."""
     from leapdecode.engine import cost_store
 
     folder = tmp_path_factory.mktemp("costs")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(cost_store, "default_cost_folder", lambda: folder)
-        yield folder
+    monkeypatch.setattr(cost_store, "default_cost_folder", lambda: folder)
+    return folder
 
 
 @pytest.fixture(scope="session", params=["llama", "qwen2"])

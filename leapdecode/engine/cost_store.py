@@ -7,7 +7,7 @@ draft model's curves), and a one-shot `leapdecode generate` paid it at every sta
 property of the weights, what runs them and the machine, so it is kept under a key naming all
 three: the weights' fingerprint and how they run (`what`), the curve's kind, the threads, and in
 the file's name the machine (its CPU, its cores, the torch and leapdecode versions, the kernels'
-sources). What a kept curve cannot know is the machine's load now; `engine.cost.LiveCost`
+and the measuring code's sources). What a kept curve cannot know is the machine's load now; `engine.cost.LiveCost`
 rescales it by the passes a decoder runs, as it does a fresh measurement taken in a burst.
 
 A file that cannot be read or parsed is ignored (measured again, then rewritten); writes replace
@@ -23,6 +23,7 @@ import json
 import logging
 import os
 import platform
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -50,8 +51,8 @@ class CurveKey:
 
 def machine_id() -> str:
     """A short hash of what a pass's speed depends on besides the model: the CPU (its name and
-    feature flags), the cores this process may use, the torch and leapdecode versions and the
-    C++ kernels' sources."""
+    feature flags), the cores this process may use, the torch and leapdecode versions, the C++
+    kernels' sources and the measuring code's (`engine/cost.py`)."""
     from leapdecode.models import hardware
     from leapdecode.models.hardware import cpu_flags
 
@@ -72,6 +73,7 @@ def machine_id() -> str:
     kernels = Path(hardware.__file__).parent  # a changed kernel runs at its own speed
     for source in sorted([*kernels.glob("*.cpp"), *kernels.glob("*.h")]):
         digest.update(source.read_bytes())
+    digest.update(Path(__file__).with_name("cost.py").read_bytes())  # how a curve is measured
     return digest.hexdigest()[:16]
 
 
@@ -106,9 +108,14 @@ class CostStore:
         entries[str(key)] = {"seconds": list(seconds), "measured": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
-            partial = self.path.with_suffix(f".{os.getpid()}.partial")
-            partial.write_text(json.dumps(entries, indent=1, sort_keys=True), encoding="utf-8")
-            partial.replace(self.path)
+            handle, name = tempfile.mkstemp(prefix=self.path.name, suffix=".partial", dir=self.folder)
+            partial = Path(name)
+            try:
+                with os.fdopen(handle, "w", encoding="utf-8") as fh:
+                    json.dump(entries, fh, indent=1, sort_keys=True)
+                partial.replace(self.path)  # whole: a reader sees the old file or the new one
+            finally:
+                partial.unlink(missing_ok=True)
         except OSError as exc:
             logger.warning("could not keep the measured costs in %s (%s)", self.path, exc)
 

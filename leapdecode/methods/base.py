@@ -174,8 +174,18 @@ def cached_cost(target: LoadedModel, backend: Backend, max_tokens: int, log: Log
 
 def model_key(lm: LoadedModel, backend: Backend) -> str:
     """What a stored cost curve of `backend` over `lm` is kept under: the weights' fingerprint,
-    how they run and the backend's kind."""
-    return f"{lm.fingerprint} {lm.describe} {type(backend).__name__}"
+    how they run (the precision, the device, the paths that actually run: the quantized kernel
+    or its fallback, the lean forward or the model's own) and the backend's kind."""
+    from leapdecode.engine.backend import TorchBackend
+    from leapdecode.models.quantize import kernel
+
+    paths = []
+    if lm.quantize != "none":
+        paths.append("kernel" if kernel() is not None else "no kernel")
+    if isinstance(backend, TorchBackend):
+        lean = backend.lean
+        paths.append("own forward" if lean is None else "lean native" if lean.native is not None else "lean python")
+    return f"{lm.fingerprint} {lm.describe} {lm.device} {' '.join(paths)} {type(backend).__name__}"
 
 
 def measure_cost(backend: Backend, max_tokens: int, log: Log, *, tree: bool = False) -> ForwardCost:

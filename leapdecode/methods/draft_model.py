@@ -66,7 +66,8 @@ class DraftModel(Method):
     cost_aware: bool = True
     # the measured costs follow what the request's own passes take (`engine.cost.LiveCost`), so
     # a machine that drifts, or a measurement at load caught in a burst of other load, does not
-    # decide whether the draft model runs (false: the costs measured at load, as they are)
+    # decide whether the draft model runs (false: the costs as measured at load, or kept from an
+    # earlier measurement on this machine: `engine.cost_store`)
     live_cost: bool = True
     # retrieval first: where a suffix match (of at least `suffix_min` tokens) promises more than
     # the draft model, draft up to `suffix_k` tokens from it, a tree of what followed the match
@@ -170,7 +171,7 @@ class DraftModel(Method):
             # sequences scores each request's feed in a pass of its own: one pass each
             packs = backend.batchable is None
             store, threads = default_store(), torch.get_num_threads()
-            what = f"{model_key(draft_model, backend)} vocab={self.vocab} lean={self.lean}"
+            what = f"{model_key(draft_model, backend)} vocab={self.vocab}"
             draft_curve = ForwardCost(
                 store.curve(
                     CurveKey(what, f"draft batch {DRAFT_COST_ROWS}" if packs else "draft pass", threads),
@@ -181,6 +182,7 @@ class DraftModel(Method):
                             else measure_forward_cost(backend, 1)
                         ).seconds
                     ),
+                    DRAFT_COST_ROWS if packs else 1,
                 )[0]
             )
             # its own prompt prefill, fed before its first draft, is priced against the steps it serves
@@ -230,27 +232,36 @@ class DraftModel(Method):
         `precision=own` (then as the target's precision gives it)."""
         import dataclasses
 
+        from safetensors import SafetensorError
+
         from leapdecode.models.loading import QUANTIZED_FORMAT, default_cache_dir, load_model
         from leapdecode.models.quantize import load_quantized, quantize_model, save_quantized
+        from leapdecode.models.rounding import rounding_version
 
         if self.precision == "own" or target.device.type != "cpu":
             return load_model(
                 self.model, device=target.device, dtype=target.model.dtype, quantize=target.quantize, log=log
             )
         draft = load_model(self.model, device=target.device, dtype="float32", quantize="none", log=log)
-        # rounded once per model (seconds), then read back from the cache, as a GGUF's blocks are
-        saved = default_cache_dir() / "quantized" / f"{draft.fingerprint}-draft-int4-v{QUANTIZED_FORMAT}.safetensors"
+        # rounded once per model (seconds), then read back from the cache, as a GGUF's blocks are;
+        # the name holds the rounding's own version, so a changed rounding is never read back
+        name = f"{draft.fingerprint}-draft-int4-r{rounding_version()}-v{QUANTIZED_FORMAT}.safetensors"
+        saved = default_cache_dir() / "quantized" / name
         loaded = saved.is_file() and load_quantized(draft.model, saved) > 0
-        if loaded:
+        # every layer the saved file did not hold (all of them, without one)
+        rounded = quantize_model(draft.model, "int4", head_bits=4)
+        if loaded and not rounded:
             log(f"draft model {draft.name}: int4 for drafting, as rounded before ({saved.name})")
+            return dataclasses.replace(draft, quantize="int4", precision="int4, rounded for drafting")
+        log(f"draft model {draft.name}: rounded its linear layers, output layer too, to int4 for drafting")
+        try:
+            save_quantized(draft.model, saved)
+        except (OSError, SafetensorError) as exc:
+            log(f"draft model {draft.name}: could not keep its int4 layers in {saved} ({exc})")
         else:
-            log(f"draft model {draft.name}: rounding its linear layers, output layer too, to int4 for drafting")
-        quantize_model(draft.model, "int4", head_bits=4)  # every layer the saved file did not hold
-        if not loaded:
-            try:
-                save_quantized(draft.model, saved)
-            except OSError as exc:
-                log(f"draft model {draft.name}: could not keep its int4 layers in {saved} ({exc})")
+            for stale in saved.parent.glob(f"{draft.fingerprint}-draft-int4-*.safetensors"):  # earlier roundings
+                if stale != saved:
+                    stale.unlink(missing_ok=True)
         return dataclasses.replace(draft, quantize="int4", precision="int4, rounded for drafting")
 
     def draft_backend(self, target: LoadedModel, draft: LoadedModel, log: Log) -> TorchBackend:

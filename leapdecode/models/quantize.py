@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -250,9 +252,16 @@ def save_quantized(model: nn.Module, path: Path) -> None:
                 [layer.bits, layer.out_features, layer.in_features, layer.super_blocks], dtype=torch.int64
             )
     path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_suffix(".partial")
-    save_file(tensors, str(partial))
-    partial.replace(path)  # whole or absent: a crash mid-write leaves no half file under the real name
+    # a name of its own (two processes may write the same file) replaced whole: a crash mid-write
+    # leaves no half file under the real name
+    handle, name = tempfile.mkstemp(prefix=path.name, suffix=".partial", dir=path.parent)
+    os.close(handle)
+    partial = Path(name)
+    try:
+        save_file(tensors, name)
+        partial.replace(path)
+    finally:
+        partial.unlink(missing_ok=True)
 
 
 def load_quantized(model: nn.Module, path: Path) -> int:

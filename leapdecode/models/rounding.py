@@ -6,7 +6,9 @@ Q4_K). The float32 reference every packed layout and kernel path is checked agai
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -156,3 +158,9 @@ def dequantize(qweight: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor |
     assert mins is not None
     q = unpack_int4(qweight).float()  # [out, groups, 32]
     return (q * scales.unsqueeze(-1) + mins.unsqueeze(-1)).reshape(qweight.shape[0], -1)
+
+
+def rounding_version() -> str:
+    """A short hash of this module's source: what names a cached rounding (a draft model's int4
+    layers), so that a changed rounding is computed afresh, never read back."""
+    return hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:8]
