@@ -4,7 +4,6 @@ run, run metadata (what ran, where, when, from which commit), and sweep grids.""
 from __future__ import annotations
 
 import os
-import platform
 import re
 import subprocess
 from collections import defaultdict
@@ -25,15 +24,11 @@ from leapdecode.engine.sampling import SamplingParams
 from leapdecode.errors import InputError
 from leapdecode.methods import Method
 from leapdecode.models import LoadedModel
+from leapdecode.models.hardware import cpu_name
 
 
 def machine_description(threads: int) -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as fh:
-            cpu = next((line.split(":", 1)[1].strip() for line in fh if line.startswith("model name")), cpu)
-    except OSError:
-        pass
+    cpu = cpu_name()
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
     return f"{cpu}, {os.cpu_count()} cores, {device}, torch {torch.__version__}, {threads} threads"
 

@@ -17,12 +17,12 @@ drop the other's new entry, which is then measured once more.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.metadata
 import json
 import logging
 import os
-import platform
 import tempfile
 import time
 from collections.abc import Callable
@@ -49,26 +49,21 @@ class CurveKey:
         return f"{self.what}|{self.kind}|{self.threads}"
 
 
+@functools.cache
 def machine_id() -> str:
     """A short hash of what a pass's speed depends on besides the model: the CPU (its name and
     feature flags), the cores this process may use, the torch and leapdecode versions, the C++
-    kernels' sources and the measuring code's (`engine/cost.py`)."""
+    kernels' sources and the measuring code's (`engine/cost.py`). Computed once a process."""
     from leapdecode.models import hardware
-    from leapdecode.models.hardware import cpu_flags
+    from leapdecode.models.hardware import cpu_flags, cpu_name
 
     try:
         version = importlib.metadata.version("leapdecode")
     except importlib.metadata.PackageNotFoundError:  # run from a source tree, not installed
         version = "source"
 
-    name = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as fh:
-            name = next((line.split(":", 1)[1].strip() for line in fh if line.startswith("model name")), name)
-    except OSError:
-        pass
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    parts = [name, " ".join(sorted(cpu_flags())), str(cores), torch.__version__, version, str(STORE_FORMAT)]
+    parts = [cpu_name(), " ".join(sorted(cpu_flags())), str(cores), torch.__version__, version, str(STORE_FORMAT)]
     digest = hashlib.sha256("\n".join(parts).encode())
     kernels = Path(hardware.__file__).parent  # a changed kernel runs at its own speed
     for source in sorted([*kernels.glob("*.cpp"), *kernels.glob("*.h")]):

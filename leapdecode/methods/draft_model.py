@@ -172,19 +172,14 @@ class DraftModel(Method):
             packs = backend.batchable is None
             store, threads = default_store(), torch.get_num_threads()
             what = f"{model_key(draft_model, backend)} vocab={self.vocab}"
-            draft_curve = ForwardCost(
-                store.curve(
-                    CurveKey(what, f"draft batch {DRAFT_COST_ROWS}" if packs else "draft pass", threads),
-                    lambda: (
-                        (
-                            measure_batch_cost(backend, DRAFT_COST_ROWS, DRAFT_COST_ROWS)
-                            if packs
-                            else measure_forward_cost(backend, 1)
-                        ).seconds
-                    ),
-                    DRAFT_COST_ROWS if packs else 1,
-                )[0]
-            )
+
+            def measure_draft() -> tuple[float, ...]:
+                if packs:
+                    return measure_batch_cost(backend, DRAFT_COST_ROWS, DRAFT_COST_ROWS).seconds
+                return measure_forward_cost(backend, 1).seconds
+
+            kind, rows = (f"draft batch {DRAFT_COST_ROWS}", DRAFT_COST_ROWS) if packs else ("draft pass", 1)
+            draft_curve = ForwardCost(store.curve(CurveKey(what, kind, threads), measure_draft, rows)[0])
             # its own prompt prefill, fed before its first draft, is priced against the steps it serves
             prefill_key = CurveKey(what, "prefill a token", threads)
             prefill = store.curve(prefill_key, lambda: (measure_prefill_cost(backend),))[0][0]

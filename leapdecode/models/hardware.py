@@ -3,6 +3,8 @@ decide the dtype a model runs in (`precision.resolve_precision`) and the kernels
 
 from __future__ import annotations
 
+import platform
+
 import torch
 
 from leapdecode.models.precision import Hardware
@@ -10,6 +12,16 @@ from leapdecode.models.precision import Hardware
 
 def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def cpu_name() -> str:
+    """The CPU's model name as Linux reports it (elsewhere what `platform` says)."""
+    name = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            return next((line.split(":", 1)[1].strip() for line in fh if line.startswith("model name")), name)
+    except OSError:
+        return name
 
 
 def cpu_flags() -> frozenset[str]:
