@@ -32,6 +32,7 @@ from leapdecode.engine.noise import PositionNoise
 from leapdecode.engine.prefix_cache import PrefixCache
 from leapdecode.engine.scheduler import BatchScheduler
 from leapdecode.errors import InputError
+from leapdecode.gc_pause import gc_paused
 from leapdecode.methods import Method, parse_method
 from leapdecode.methods.defaults import default_method
 from leapdecode.models import LoadedModel
@@ -140,6 +141,7 @@ def check_request(lm: LoadedModel, prompt_ids: list[int], max_new_tokens: int) -
 class Decoder:
     """A loaded model wrapped with one method; reusable across prompts."""
 
+    @gc_paused()
     def __init__(
         self,
         lm: LoadedModel,

@@ -23,6 +23,7 @@ LAYERS = {
     "textstream": 0,
     "data": 0,
     "choices": 0,
+    "gc_pause": 0,
     "models": 1,
     "engine": 2,
     "early_exit": 3,

@@ -6,6 +6,7 @@ Imports no torch: `leapdecode --help` and `leapdecode methods` must stay fast.
 from __future__ import annotations
 
 import functools
+import gc
 import logging
 import sys
 from collections.abc import Callable, Iterable
@@ -155,9 +156,10 @@ def load_with_progress(
     row_exact: bool | None = None,
     quantize: str = "auto",
 ) -> LoadedModel:
-    from leapdecode.models import load_model
+    from leapdecode.gc_pause import gc_paused
 
-    with err_console.status(f"loading {spec} ...", spinner="dots") as status:
+    with gc_paused(), err_console.status(f"loading {spec} ...", spinner="dots") as status:
+        from leapdecode.models import load_model  # imported in the pause: torch's import builds many objects too
 
         def log(msg: str) -> None:
             status.update(msg)
@@ -165,7 +167,10 @@ def load_with_progress(
 
         lm = load_model(spec, log=log, backend=backend, dtype=dtype, row_exact=row_exact, quantize=quantize)
         err_console.log(f"{lm.name} runs on {lm.describe}")
-        return lm
+    # a command loads its models once: what they hold lives as long as the process, so no later
+    # collection (nor the one at exit) needs to walk it again
+    gc.freeze()
+    return lm
 
 
 def read_prompt(prompt: str | None) -> str:

@@ -19,6 +19,7 @@ from typing import Any, NamedTuple
 import torch
 
 from leapdecode.errors import ModelLoadError
+from leapdecode.gc_pause import gc_paused
 from leapdecode.models import presets
 from leapdecode.models.gguf_folder import dequantized_folder, first_line, quiet_progress
 from leapdecode.models.hardware import default_device, hardware_of
@@ -143,6 +144,7 @@ _CONFIG_NOISE = frozenset(
 logger = logging.getLogger("leapdecode")
 
 
+@gc_paused()
 def load_model(
     spec: str | os.PathLike[str],
     *,
