@@ -21,7 +21,7 @@ from tests.test_server import MODEL, start_server
 
 METHODS = ["ar", "anpd", "pld", "suffix", "recycle", "hybrid", "jacobi", "lookahead", "anpd-tree", "trie"]
 LONG = "Here is a long document about rivers. " + " ".join(
-    f"River {i} flows into the sea past town {i}." for i in range(150)
+    f"River {i} flows into the sea past town {i}." for i in range(60)
 )
 PROMPTS = [
     "Name three colours.",
