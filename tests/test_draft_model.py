@@ -30,6 +30,7 @@ from tests.helpers import (
     make_tiny_model,
     prompts,
     sampled_tokens,
+    tiny_lm,
 )
 
 VARIANTS = [
@@ -1129,3 +1130,22 @@ def test_a_drafted_token_pays_exactly_when_the_steps_rate_rises() -> None:
     assert model_rate(cost, lambda b: 0.0, 4, 0.0) == pytest.approx(1 / 0.030)
     cheap = DraftCost(ForwardCost((1e-9,)), target)
     assert model_rate(cheap, lambda b: 1.0, 4, 0.0) == pytest.approx(5 / (4e-9 + target.of(5)))
+
+
+def test_a_draft_model_is_loaded_offering_the_targets_tokenizer(monkeypatch, tmp_path) -> None:
+    """The draft model's load may take the target's tokenizer (`load_model` shares it only where
+    both were read from the same files): both precision paths offer it."""
+    from leapdecode.models import loading
+
+    asked: list[dict] = []
+
+    def load(*args, **kwargs):
+        asked.append(kwargs)
+        return tiny_lm(make_tiny_model("qwen2", seed=5))
+
+    monkeypatch.setattr(loading, "default_cache_dir", lambda: tmp_path)
+    monkeypatch.setattr(loading, "load_model", load)
+    target = tiny_lm(make_tiny_model("qwen2"))
+    for method in ("draft:model=tiny", "draft:model=tiny,precision=own"):
+        parse_method(method).load_draft(target, lambda _: None)
+    assert [kwargs["share_tokenizer"] for kwargs in asked] == [target, target]

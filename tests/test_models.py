@@ -215,3 +215,21 @@ def test_dtype_names_auto_and_bad_values(tmp_path, real_lm, monkeypatch) -> None
     # near-tie apart (seen at the 24th token on a CPU with native bf16), so only a prefix must agree
     reference = greedy_reference(lm.model, plain.prompt_ids, 24, sorted(lm.eos_token_ids))
     assert plain.token_ids[:16] == reference[:16]
+
+
+def test_a_model_takes_a_tokenizer_read_from_the_same_files_instead_of_reading_it_again(tmp_path, real_lm) -> None:
+    from leapdecode.models.loading import same_tokenizer_files
+
+    first = load_model(save_tiny_folder(tmp_path / "a", real_lm), **QUIET)
+    same = save_tiny_folder(tmp_path / "b", real_lm)
+    other = save_tiny_folder(tmp_path / "c", real_lm)
+    config = json.loads((other / "tokenizer_config.json").read_text())
+    (other / "tokenizer_config.json").write_text(json.dumps({**config, "model_max_length": 77}))
+    assert same_tokenizer_files(first.tokenizer.name_or_path, same)
+    assert not same_tokenizer_files(first.tokenizer.name_or_path, other)
+    assert not same_tokenizer_files("HuggingFaceTB/SmolLM2-135M", same)  # a hub id: not compared
+    shared = load_model(same, share_tokenizer=first, **QUIET)
+    assert shared.tokenizer is first.tokenizer
+    own = load_model(other, share_tokenizer=first, **QUIET)
+    assert own.tokenizer is not first.tokenizer and own.tokenizer.model_max_length == 77
+    assert load_model(same, **QUIET).tokenizer is not first.tokenizer  # nothing offered: its own

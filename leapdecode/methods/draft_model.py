@@ -235,9 +235,16 @@ class DraftModel(Method):
 
         if self.precision == "own" or target.device.type != "cpu":
             return load_model(
-                self.model, device=target.device, dtype=target.model.dtype, quantize=target.quantize, log=log
+                self.model,
+                device=target.device,
+                dtype=target.model.dtype,
+                quantize=target.quantize,
+                log=log,
+                share_tokenizer=target,
             )
-        draft = load_model(self.model, device=target.device, dtype="float32", quantize="none", log=log)
+        draft = load_model(
+            self.model, device=target.device, dtype="float32", quantize="none", log=log, share_tokenizer=target
+        )
         # rounded once per model (seconds), then read back from the cache, as a GGUF's blocks are;
         # the name holds the rounding's own version, so a changed rounding is never read back
         name = f"{draft.fingerprint}-draft-int4-r{rounding_version()}-v{QUANTIZED_FORMAT}.safetensors"

