@@ -218,7 +218,7 @@ def test_dtype_names_auto_and_bad_values(tmp_path, real_lm, monkeypatch) -> None
 
 
 def test_a_model_takes_a_tokenizer_read_from_the_same_files_instead_of_reading_it_again(tmp_path, real_lm) -> None:
-    from leapdecode.models.loading import same_tokenizer_files
+    from leapdecode.models.model_info import same_tokenizer_files
 
     first = load_model(save_tiny_folder(tmp_path / "a", real_lm), **QUIET)
     same = save_tiny_folder(tmp_path / "b", real_lm)

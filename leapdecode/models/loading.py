@@ -24,7 +24,7 @@ from leapdecode.models import presets
 from leapdecode.models.gguf_folder import dequantized_folder, first_line, quiet_progress
 from leapdecode.models.hardware import default_device, hardware_of
 from leapdecode.models.linear import use_small_batch_linear
-from leapdecode.models.model_info import context_length, end_of_turn_ids
+from leapdecode.models.model_info import context_length, end_of_turn_ids, same_tokenizer_files
 from leapdecode.models.precision import (
     Source,
     check_choices,
@@ -364,33 +364,6 @@ def _load_config(source: str) -> Any:
         return AutoConfig.from_pretrained(source)
     except (OSError, ValueError) as exc:
         raise ModelLoadError(f"could not load model {source!r}: {first_line(exc)}") from exc
-
-
-# What a transformers tokenizer is read from (those a folder holds; `same_tokenizer_files`)
-TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "added_tokens.json",
-    "vocab.json",
-    "merges.txt",
-    "tokenizer.model",
-    "chat_template.jinja",
-    "chat_template.json",
-)
-
-
-def same_tokenizer_files(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> bool:
-    """Whether local folders `a` and `b` hold the same tokenizer files, byte for byte (a hub id or
-    a folder without them: False)."""
-    first, second = Path(a), Path(b)
-    if not (str(a) and str(b) and first.is_dir() and second.is_dir()):
-        return False
-    names = [n for n in TOKENIZER_FILES if (first / n).is_file() or (second / n).is_file()]
-    return bool(names) and all(
-        (first / n).is_file() and (second / n).is_file() and (first / n).read_bytes() == (second / n).read_bytes()
-        for n in names
-    )
 
 
 def _from_pretrained(

@@ -1,8 +1,10 @@
-"""Facts about a loaded model that generation needs: which tokens end a turn and how long a
-sequence may be."""
+"""Facts about a loaded model that generation needs: which tokens end a turn, how long a
+sequence may be, and whether two models' tokenizers were read from the same files."""
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any
 
 _PROBE = "leapdecode-probe-reply"
@@ -45,3 +47,30 @@ def context_length(model: Any, tokenizer: Any) -> int:
     if isinstance(limit, int) and 0 < limit < 10**9:
         return limit
     return 2048
+
+
+# What a transformers tokenizer is read from (those a folder holds; `same_tokenizer_files`)
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.json",
+    "merges.txt",
+    "tokenizer.model",
+    "chat_template.jinja",
+    "chat_template.json",
+)
+
+
+def same_tokenizer_files(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> bool:
+    """Whether local folders `a` and `b` hold the same tokenizer files, byte for byte (a hub id or
+    a folder without them: False)."""
+    first, second = Path(a), Path(b)
+    if not (str(a) and str(b) and first.is_dir() and second.is_dir()):
+        return False
+    names = [n for n in TOKENIZER_FILES if (first / n).is_file() or (second / n).is_file()]
+    return bool(names) and all(
+        (first / n).is_file() and (second / n).is_file() and (first / n).read_bytes() == (second / n).read_bytes()
+        for n in names
+    )
