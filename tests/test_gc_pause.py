@@ -11,6 +11,7 @@ import pytest
 
 from leapdecode import wrap
 from leapdecode.gc_pause import gc_paused
+from leapdecode.methods import Autoregressive
 from leapdecode.models import loading
 
 
@@ -76,13 +77,13 @@ def test_loading_a_model_and_wrapping_it_run_with_the_collector_paused(monkeypat
     monkeypatch.setattr(loading, "_load_config", load_config)
     loading.load_model("smollm2-135m", log=lambda msg: None, quantize="none", row_exact=False)
     decoder_seen: list[bool] = []
-    real_prepare = type(wrap(real_lm, "ar").method).prepare
+    real_prepare = Autoregressive.prepare
 
     def prepare(self, *args, **kwargs):
         decoder_seen.append(gc.isenabled())
         return real_prepare(self, *args, **kwargs)
 
-    monkeypatch.setattr(type(wrap(real_lm, "ar").method), "prepare", prepare)
+    monkeypatch.setattr(Autoregressive, "prepare", prepare)
     wrap(real_lm, "ar")
     assert seen == [False] and decoder_seen == [False]
     assert gc.isenabled()

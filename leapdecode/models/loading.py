@@ -178,7 +178,7 @@ def load_model(
     message saying what to do; a bad choice fails before anything loads. `share_tokenizer`: a
     loaded model whose tokenizer this one takes instead of reading its own where both were read
     from local folders holding the same tokenizer files, byte for byte (a draft model of the
-    target's family: a second parse of the same vocabulary costs seconds).
+    target's family: a second parse of the same vocabulary costs about a second).
     """
     if backend not in BACKENDS:
         raise ModelLoadError(f"unknown backend {backend!r}; known: {', '.join(BACKENDS)}")
@@ -197,9 +197,8 @@ def load_model(
     )
     precision = resolve_precision(found, hardware, dtype, quantize, backend)
     log(f"running {precision.quantize if precision.quantize != 'none' else precision.dtype}: {precision.reason}")
-    shared = share_tokenizer.tokenizer if share_tokenizer is not None else None
-    if shared is not None and not same_tokenizer_files(source, shared.name_or_path):
-        shared = None
+    offered = share_tokenizer.tokenizer if share_tokenizer is not None else None
+    shared = offered if offered is not None and same_tokenizer_files(source, offered.name_or_path) else None
     model, tokenizer = _from_pretrained(source, DTYPES[precision.dtype], log, config=config, tokenizer=shared)
     model.to(target_device)
     model.eval()
