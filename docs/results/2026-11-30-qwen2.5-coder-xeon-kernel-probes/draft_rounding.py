@@ -1,7 +1,7 @@
 """How well the 0.5B drafts for the 1.5B under three roundings of its int4 layers: the 1.5B (its
-default int4 load) answers Spec-Bench prompts greedily (96 new tokens, kept in ANSWERS after the
-first run); the 0.5B scores each prompt and answer in one pass, so every answer position has the
-true prefix, as a draft's first token does; counted: its top token is the 1.5B's (top-1
+default int4 load) answers Spec-Bench prompts greedily (96 new tokens, kept in the system's
+temporary folder after the first run); the 0.5B scores each prompt and answer in one pass, so
+every answer position has the true prefix, as a draft's first token does; counted: its top token is the 1.5B's (top-1
 agreement), and the mean probability it gives the 1.5B's token.
 
     python draft_rounding.py VARIANT [PROMPTS_PER_CATEGORY]
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -75,7 +76,7 @@ CURRENT = R.quantize_weight_super
 
 
 def answers(per_category: int) -> list[dict]:
-    path = Path(__file__).with_name(f"answers-{per_category}.json")
+    path = Path(tempfile.gettempdir()) / f"draft-rounding-answers-{per_category}.json"  # outside the tree
     if not path.exists():
         decoder = wrap(load_model("qwen2.5-coder-1.5b", log=lambda message: None), "ar")
         rows = []

@@ -1,7 +1,7 @@
 """One change to the quantized kernel (`leapdecode/models/quant.cpp`), built as an extension of its
 own beside the tree's, against the tree's on the 1.5B's layer shapes (random weights, as many
 layers as the model has, so they stream from memory): the two alternate in one process, 11 rounds,
-and must give the same bits where the change keeps them (`--bits-change`: they need not).
+and must give the same bits unless the variant changes them (`six-bit-floats`: not in `SAME_BITS`).
 
     python kernel_ab.py VARIANT ROWS...      VARIANT: six-bit-floats | prefetch-l2 | six-bit-rows-4 |
                                              six-bit-rows-6 | vector-stores
