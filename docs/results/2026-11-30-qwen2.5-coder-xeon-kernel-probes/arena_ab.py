@@ -13,6 +13,7 @@ import sys
 import time
 
 import torch
+from draft_pass import CONTEXT
 
 from leapdecode.engine.backend import TorchBackend
 from leapdecode.models import load_model, quantize
@@ -59,7 +60,7 @@ def main() -> None:
     times: dict[str, list[float]] = {name: [] for name in backends}
     tokens = [1234 + i for i in range(rows)]
     with torch.inference_mode():
-        seqs = {name: b.prefill([1000 + (i * 37) % 20000 for i in range(300)])[0] for name, b in backends.items()}
+        seqs = {name: b.prefill(CONTEXT)[0] for name, b in backends.items()}
         scores = {}
         for name, b in backends.items():
             scores[name] = b.forward(seqs[name], tokens).logits

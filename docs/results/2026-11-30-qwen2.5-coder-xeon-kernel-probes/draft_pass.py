@@ -16,21 +16,29 @@ START = time.perf_counter()
 
 import torch  # noqa: E402
 
+from leapdecode.engine.backend import TorchBackend  # noqa: E402
 from leapdecode.methods import DraftModel  # noqa: E402
-from leapdecode.models import load_model  # noqa: E402
+from leapdecode.models import LoadedModel, load_model  # noqa: E402
+
+CONTEXT = [1000 + (i * 37) % 20000 for i in range(300)]  # the cached tokens every timed pass follows
+
+
+def draft_path() -> tuple[LoadedModel, TorchBackend]:
+    """The 1.5B as loaded by default, and the 0.5B's backend on its draft path for it."""
+    quiet = lambda message: None  # noqa: E731
+    target = load_model("qwen2.5-coder-1.5b", log=quiet)
+    method = DraftModel(model="qwen2.5-coder-0.5b")
+    return target, method.draft_backend(target, method.load_draft(target, quiet), quiet)
 
 
 def main() -> None:
     torch.set_num_threads(int(sys.argv[1]) if len(sys.argv) > 1 else 2)
     passes = int(sys.argv[2]) if len(sys.argv) > 2 else 200
-    quiet = lambda message: None  # noqa: E731
-    target = load_model("qwen2.5-coder-1.5b", log=quiet)
-    method = DraftModel(model="qwen2.5-coder-0.5b")
-    backend = method.draft_backend(target, method.load_draft(target, quiet), quiet)
+    _, backend = draft_path()
     print(f"{type(backend).__name__} ready at {time.perf_counter() - START:.1f} s", flush=True)
     seconds = []
     with torch.inference_mode():
-        seq, _ = backend.prefill([1000 + (i * 37) % 20000 for i in range(300)])
+        seq, _ = backend.prefill(CONTEXT)
         for _ in range(5):
             backend.forward(seq, [1234])
             backend.rollback(seq, 300)

@@ -81,20 +81,32 @@ VARIANTS: dict[str, list[tuple[str, str]]] = {
 SAME_BITS = {"prefetch-l2", "six-bit-rows-4", "six-bit-rows-6", "vector-stores"}
 
 
-def variant_module(name: str):  # noqa: ANN201
+def build_variant(  # noqa: ANN201
+    module: str,
+    changes: list[tuple[str, str]],
+    sources: tuple[str, ...] = ("quant.cpp",),
+    defines: tuple[str, ...] = (),
+):
+    """The extension `module` built from the tree's `sources` (beside `quant.cpp`) with `changes`
+    made to `quant.cpp`, each (the tree's text, the variant's)."""
     text = SOURCE.read_text()
-    for old, new in VARIANTS[name]:
-        assert old in text, f"{name}: the tree's kernel no longer has what this variant changes"
+    for old, new in changes:
+        assert old in text, f"{module}: the tree's kernel no longer has what this variant changes"
         text = text.replace(old, new)
     folder = Path(tempfile.mkdtemp())
+    for name in {*sources, "simd.h"} - {"quant.cpp"}:
+        (folder / name).write_text(SOURCE.with_name(name).read_text())
     (folder / "quant.cpp").write_text(text)
-    (folder / "simd.h").write_text(SOURCE.with_name("simd.h").read_text())
     return cpp_extension.load(
-        name=f"quant_{name.replace('-', '_')}",
-        sources=[str(folder / "quant.cpp")],
-        extra_cflags=["-O3", "-fopenmp"],
+        name=module,
+        sources=[str(folder / source) for source in sources],
+        extra_cflags=["-O3", "-fopenmp", *(f"-D{macro}" for macro in defines)],
         extra_ldflags=["-fopenmp"],
     )
+
+
+def variant_module(name: str):  # noqa: ANN201
+    return build_variant(f"quant_{name.replace('-', '_')}", VARIANTS[name])
 
 
 def four_bit(k: int, n: int, bias: bool = False) -> QuantizedLinear:

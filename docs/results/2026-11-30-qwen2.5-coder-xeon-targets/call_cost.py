@@ -9,14 +9,17 @@ same failing call with empty lists; medians of 2,000 each, after 300 cached toke
 from __future__ import annotations
 
 import statistics
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
-from leapdecode.engine.cache import cache_room
-from leapdecode.methods import DraftModel
-from leapdecode.models import load_model
+sys.path.insert(0, str(Path(__file__).parent.parent / "2026-11-30-qwen2.5-coder-xeon-kernel-probes"))
+from draft_pass import CONTEXT, draft_path  # noqa: E402
+
+from leapdecode.engine.cache import cache_room  # noqa: E402
 
 
 def median_us(call: Callable[[], object], times: int = 2000) -> float:
@@ -33,15 +36,12 @@ def median_us(call: Callable[[], object], times: int = 2000) -> float:
 
 def main() -> None:
     torch.set_num_threads(2)
-    quiet = lambda message: None  # noqa: E731
-    target = load_model("qwen2.5-coder-1.5b", log=quiet)
-    method = DraftModel(model="qwen2.5-coder-0.5b")
-    backend = method.draft_backend(target, method.load_draft(target, quiet), quiet)
+    _, backend = draft_path()
     decoder = backend.lean
     assert decoder is not None and decoder.native is not None
     native = decoder.native
     with torch.inference_mode():
-        seq, _ = backend.prefill([1000 + (i * 37) % 20000 for i in range(300)])
+        seq, _ = backend.prefill(CONTEXT)
         room = cache_room(seq, 1)
         assert room is not None
         keys, values = [r[0] for r in room], [r[1] for r in room]

@@ -16,19 +16,18 @@ import dataclasses
 import gc
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch.utils import cpp_extension
 
-from leapdecode.engine.backend import TorchBackend
-from leapdecode.methods import DraftModel
-from leapdecode.models import load_model, quantize
+sys.path.insert(0, str(Path(__file__).parent.parent / "2026-11-30-qwen2.5-coder-xeon-kernel-probes"))
+from draft_pass import CONTEXT, draft_path  # noqa: E402
+from kernel_ab import build_variant  # noqa: E402
 
-SOURCE = Path(quantize.__file__).parent
+from leapdecode.engine.backend import TorchBackend  # noqa: E402
+
 SPLIT = """  at::parallel_for(0, first.back(), 4, [&](int64_t b0, int64_t b1) {
     for (size_t i = 0; i < ps.size(); ++i) {"""
 DYNAMIC_SPLIT = """  const int64_t total_blocks = first.back(), threads = at::get_num_threads();
@@ -61,29 +60,14 @@ VARIANTS: dict[str, list[tuple[str, str]]] = {
 
 
 def variant_module(name: str) -> Any:
-    text = (SOURCE / "quant.cpp").read_text()
-    for old, new in VARIANTS[name]:
-        assert old in text, f"{name}: the tree's kernel no longer has what this variant changes"
-        text = text.replace(old, new)
-    folder = Path(tempfile.mkdtemp())
-    (folder / "quant.cpp").write_text(text)
-    for name_ in ("lean.cpp", "row_exact.cpp", "simd.h"):
-        (folder / name_).write_text((SOURCE / name_).read_text())
-    return cpp_extension.load(
-        name=f"lean_{name.replace('-', '_')}",
-        sources=[str(folder / source) for source in ("lean.cpp", "quant.cpp", "row_exact.cpp")],
-        extra_cflags=["-O3", "-fopenmp", "-DLEAPDECODE_NO_MODULE"],
-        extra_ldflags=["-fopenmp"],
-    )
+    sources, defines = ("lean.cpp", "quant.cpp", "row_exact.cpp"), ("LEAPDECODE_NO_MODULE",)
+    return build_variant(f"lean_{name.replace('-', '_')}", VARIANTS[name], sources, defines)
 
 
 def main() -> None:
     torch.set_num_threads(2)
     name = sys.argv[1]
-    quiet = lambda message: None  # noqa: E731
-    target = load_model("qwen2.5-coder-1.5b", log=quiet)
-    method = DraftModel(model="qwen2.5-coder-0.5b")
-    draft = method.draft_backend(target, method.load_draft(target, quiet), quiet)
+    target, draft = draft_path()
     plain = TorchBackend(target.model, exact_tokens=target.exact_tokens)
     module = variant_module(name)
     gc.collect()
@@ -101,7 +85,7 @@ def main() -> None:
         tokens = [1234 + i for i in range(rows)]
         times: dict[str, list[float]] = {tag: [] for tag in sides}
         with torch.inference_mode():
-            seq, _ = backend.prefill([1000 + (i * 37) % 20000 for i in range(300)])
+            seq, _ = backend.prefill(CONTEXT)
             logits = {}
             for tag, native in sides.items():
                 backend.lean.native = native
