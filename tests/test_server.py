@@ -634,14 +634,14 @@ def test_bounded_load_with_disconnects(server) -> None:
         assert report.unexpected == [], report.unexpected
         assert set(report.statuses) <= {"200", "429", "abandoned"}, report.statuses
         assert report.rejected == report.statuses.get("429", 0)
+        # a refused client retries, so every request ends its own way: 7 of the 20 streams leave after
+        # their first event; 7 of the 20 non-streaming requests try to abandon a long answer (the
+        # model ends a few early, and they complete), the other 26 complete
+        assert report.disconnected == 7 and report.abandoned >= 1, report.summary()
+        assert report.abandoned + report.completed == 33, report.summary()
         # every slot is freed: a disconnected stream or an abandoned request stops at its next step
         assert report.admitted_after == 0
     print(json.dumps({"rounds": [r.summary() for r in reports]}, indent=2))
-    # each kind of ending happened (over both rounds: a round whose few abandoning clients all met
-    # a full queue, and got 429, abandons nothing; about one round in fifty does)
-    assert all(sum(getattr(r, kind) for r in reports) > 0 for kind in ("completed", "disconnected", "abandoned")), (
-        reports
-    )
     assert memory[1] - memory[0] < 64 * 2**20  # no growth across rounds beyond noise
     still_serving(url)
 

@@ -31,15 +31,18 @@ class ApiError(Exception):
         type_: str = "invalid_request_error",
         code: str | None = None,
         param: str | None = None,
+        retry_after_s: int | None = None,
     ) -> None:
         super().__init__(message)
         self.status, self.message, self.type, self.code, self.param = status, message, type_, code, param
+        self.retry_after_s = retry_after_s  # sent as Retry-After, which the OpenAI clients wait for before retrying
 
     def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
     def response(self) -> JSONResponse:
-        return AsciiJSONResponse(self.body(), status_code=self.status)
+        headers = None if self.retry_after_s is None else {"retry-after": str(self.retry_after_s)}
+        return AsciiJSONResponse(self.body(), status_code=self.status, headers=headers)
 
 
 class AsciiJSONResponse(JSONResponse):

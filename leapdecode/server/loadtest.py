@@ -1,6 +1,8 @@
 """A bounded load test against a running server on loopback: concurrent clients, some of which
 disconnect mid-stream and some of which abandon a non-streaming request (their read times out
-and they leave). Used by the tests and runnable by hand:
+and they leave). A client refused with 429 retries after a short wait, as the OpenAI clients do,
+so every request is in the end admitted and ends its own way. Used by the tests and runnable by
+hand:
 
     python -m leapdecode.server.loadtest --url http://127.0.0.1:8000 --clients 8 --requests 10 --pid PID
 
@@ -24,7 +26,7 @@ import httpx
 
 @dataclass
 class LoadReport:
-    requests: int = 0
+    requests: int = 0  # requests sent, each retry after a 429 counted again
     statuses: dict[str, int] = field(default_factory=dict)
     disconnected: int = 0
     abandoned: int = 0
@@ -61,6 +63,8 @@ class LoadReport:
 
 
 ABANDON_AFTER_S = 0.3  # an abandoning client waits this long for a non-streaming answer, then leaves
+RETRY_WAIT_S = 0.05  # a refused client waits this long, doubled at each refusal up to RETRY_WAIT_MAX_S
+RETRY_WAIT_MAX_S = 0.5
 
 
 def _one(
@@ -71,7 +75,26 @@ def _one(
     max_tokens: int,
     report: LoadReport,
     lock: threading.Lock,
+    retry_s: float,
 ) -> None:
+    """One request, sent again after each 429 until `retry_s` has passed; every answer is counted."""
+    deadline = time.monotonic() + retry_s
+    wait = RETRY_WAIT_S
+    while _attempt(client, model, index, disconnect, max_tokens, report, lock) == "429" and time.monotonic() < deadline:
+        time.sleep(wait)
+        wait = min(2 * wait, RETRY_WAIT_MAX_S)
+
+
+def _attempt(
+    client: httpx.Client,
+    model: str,
+    index: int,
+    disconnect: bool,
+    max_tokens: int,
+    report: LoadReport,
+    lock: threading.Lock,
+) -> str:
+    """Send the request once, count its outcome and return its status."""
     body = {
         "model": model,
         "messages": [{"role": "user", "content": f"Count from {index} to {index + 5}."}],
@@ -80,12 +103,13 @@ def _one(
     }
     start = time.perf_counter()
     status, tokens, note = "error", 0, ""
+    retry_after: str | None = None
     try:
         if index % 2 == 0:  # streaming
             with client.stream(
                 "POST", "/v1/chat/completions", json={**body, "stream": True, "stream_options": {"include_usage": True}}
             ) as resp:
-                status = str(resp.status_code)
+                status, retry_after = str(resp.status_code), resp.headers.get("retry-after")
                 if resp.status_code == 200:
                     for line in resp.iter_lines():
                         if disconnect:  # leave after the first event: the server must free the slot
@@ -99,7 +123,7 @@ def _one(
                 else:
                     resp.read()
         elif disconnect:  # non-streaming, abandoned: the server must stop decoding it
-            # a long answer, still decoding when its client leaves (a short one can end first on a fast CPU)
+            # a long answer, still decoding when its client leaves (unless the model ends it within the wait)
             long = {"role": "user", "content": f"Count from {index} to {index + 1000}, one number a line."}
             try:
                 resp = client.post(
@@ -107,13 +131,13 @@ def _one(
                     json={**body, "messages": [long], "max_tokens": max_tokens * 64},
                     timeout=ABANDON_AFTER_S,
                 )
-                status = str(resp.status_code)
+                status, retry_after = str(resp.status_code), resp.headers.get("retry-after")
                 note = "done" if resp.status_code == 200 else ""
             except httpx.TimeoutException:
                 status = "abandoned"
         else:
             resp = client.post("/v1/chat/completions", json=body)
-            status = str(resp.status_code)
+            status, retry_after = str(resp.status_code), resp.headers.get("retry-after")
             if resp.status_code == 200:
                 tokens = resp.json()["usage"]["completion_tokens"]
                 note = "done"
@@ -127,6 +151,8 @@ def _one(
             report.abandoned += 1
         elif status == "429":
             report.rejected += 1
+            if retry_after is None:
+                report.unexpected.append(f"request {index}: 429 without Retry-After")
         if status == "200":
             if disconnect and index % 2 == 0:
                 report.disconnected += 1
@@ -138,6 +164,7 @@ def _one(
                 report.unexpected.append(f"request {index}: 200 but not completed")
         elif status not in ("429", "503", "abandoned"):
             report.unexpected.append(f"request {index}: status {status}")
+    return status
 
 
 def _rss_mb(pid: int | None) -> float:
@@ -168,10 +195,12 @@ def run_load(
     timeout_s: float = 300,
     pid: int | None = None,
     settle_s: float = 30.0,
+    retry_s: float = 30.0,
 ) -> LoadReport:
     """`clients` threads each send `requests` requests in turn; every `disconnect_every`-th
     streaming request disconnects after its first event, and every `disconnect_every`-th
-    non-streaming one is abandoned after `ABANDON_AFTER_S`."""
+    non-streaming one is abandoned after `ABANDON_AFTER_S`. A request refused with 429 is sent
+    again for up to `retry_s` (0: never)."""
     report = LoadReport(rss_before_mb=_rss_mb(pid))
     lock = threading.Lock()
     start = time.perf_counter()
@@ -181,7 +210,7 @@ def run_load(
             for r in range(requests):
                 index = c * requests + r
                 leaves = disconnect_every > 0 and index // 2 % disconnect_every == 0  # streaming (even) or not (odd)
-                _one(client, model, index, leaves, max_tokens, report, lock)
+                _one(client, model, index, leaves, max_tokens, report, lock, retry_s)
 
     threads = [threading.Thread(target=client_loop, args=(c,)) for c in range(clients)]
     for t in threads:
@@ -201,9 +230,18 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--requests", type=int, default=10)
     parser.add_argument("--max-tokens", type=int, default=16)
+    parser.add_argument("--retry-s", type=float, default=30.0, help="how long a request refused with 429 is retried")
     parser.add_argument("--pid", type=int, default=None, help="the server's process id, to report its resident memory")
     args = parser.parse_args()
-    report = run_load(args.url, args.model, args.clients, args.requests, max_tokens=args.max_tokens, pid=args.pid)
+    report = run_load(
+        args.url,
+        args.model,
+        args.clients,
+        args.requests,
+        max_tokens=args.max_tokens,
+        pid=args.pid,
+        retry_s=args.retry_s,
+    )
     print(json.dumps(report.summary(), indent=2))
 
 

@@ -122,6 +122,7 @@ class ServerState:
                 f"later.",
                 type_="rate_limit_error",
                 code="queue_full",
+                retry_after_s=1,
             )
         self.admitted += count
 
