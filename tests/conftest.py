@@ -12,6 +12,7 @@ import os
 
 import pytest
 import torch
+from hypothesis import settings
 
 from tests.helpers import make_tiny_model
 
@@ -33,6 +34,11 @@ WORKER = bool(os.environ.get("PYTEST_XDIST_WORKER"))
 if WORKER:
     os.environ["OMP_NUM_THREADS"] = "1"
     torch.set_num_threads(1)
+
+# No per-example time limit: on a loaded two-core machine one example can stall past Hypothesis's
+# 200 ms default, and its fast replay is then reported as a flaky failure. Tests set examples only.
+settings.register_profile("leapdecode", deadline=None)
+settings.load_profile("leapdecode")
 
 
 @pytest.fixture(autouse=True)

@@ -62,7 +62,9 @@ class LoadReport:
         return data
 
 
-ABANDON_AFTER_S = 0.3  # an abandoning client waits this long for a non-streaming answer, then leaves
+ABANDON_AFTER_S = 2.0  # an abandoning client waits this long for a non-streaming answer, then leaves
+IDLE_WAIT_S = 2.0  # once every slot is free, the wait before reading the server's memory: an idle
+# server gives freed memory back to the system after half a second
 RETRY_WAIT_S = 0.05  # a refused client waits this long, doubled at each refusal up to RETRY_WAIT_MAX_S
 RETRY_WAIT_MAX_S = 0.5
 
@@ -124,7 +126,7 @@ def _attempt(
                     resp.read()
         elif disconnect:  # non-streaming, abandoned: the server must stop decoding it
             # a long answer, still decoding when its client leaves (unless the model ends it within the wait)
-            long = {"role": "user", "content": f"Count from {index} to {index + 1000}, one number a line."}
+            long = {"role": "user", "content": f"Write a long essay, of many paragraphs, about the number {index}."}
             try:
                 resp = client.post(
                     "/v1/chat/completions",
@@ -219,6 +221,8 @@ def run_load(
         t.join()
     report.wall_s = time.perf_counter() - start
     report.admitted_after = _admitted(url, settle_s)
+    if pid is not None:
+        time.sleep(IDLE_WAIT_S)
     report.rss_after_mb = _rss_mb(pid)
     return report
 

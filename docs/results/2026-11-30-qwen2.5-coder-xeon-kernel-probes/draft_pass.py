@@ -41,12 +41,12 @@ def main() -> None:
         seq, _ = backend.prefill(CONTEXT)
         for _ in range(5):
             backend.forward(seq, [1234])
-            backend.rollback(seq, 300)
+            backend.rollback(seq, len(CONTEXT))
         for _ in range(passes):
             start = time.perf_counter()
             backend.forward(seq, [1234])
             seconds.append(time.perf_counter() - start)
-            backend.rollback(seq, 300)
+            backend.rollback(seq, len(CONTEXT))
     print(f"draft pass: median {statistics.median(seconds) * 1e3:.2f} ms, best {min(seconds) * 1e3:.2f} ms")
 
 

@@ -90,7 +90,7 @@ def main() -> None:
             for tag, native in sides.items():
                 backend.lean.native = native
                 logits[tag] = backend.forward(seq, tokens).logits
-                backend.rollback(seq, 300)
+                backend.rollback(seq, len(CONTEXT))
             same = torch.equal(logits["tree"], logits[name])
             for r in range(15):
                 for tag in sorted(sides, reverse=bool(r % 2)):
@@ -98,7 +98,7 @@ def main() -> None:
                     start = time.perf_counter()
                     for _ in range(10):
                         backend.forward(seq, tokens)
-                        backend.rollback(seq, 300)
+                        backend.rollback(seq, len(CONTEXT))
                     times[tag].append((time.perf_counter() - start) / 10)
         backend.lean.native = tree
         ratio = statistics.median(a / b for a, b in zip(times[name], times["tree"]))
