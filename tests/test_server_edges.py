@@ -26,6 +26,7 @@ def app_client(real_lm):
         default_method="ar",
         max_queue=6,
         max_batch=2,
+        timeout_s=600,  # five 400-token answers on a batch of two finish long before, on a loaded machine too
         max_body_bytes=4096,
         allowed_hosts=("127.0.0.1:8000", "localhost", "[::1]:8000"),
     )
