@@ -18,7 +18,7 @@ from leapdecode.errors import ModelLoadError
 from leapdecode.models import load_model, quantize
 from leapdecode.models.gguf_blocks import read_blocks
 from leapdecode.models.packing import RECORD, pack, pack_super, packed_shape, unpack, unpack_super
-from leapdecode.models.quantize import QuantizedLinear, quantize_model
+from leapdecode.models.quantize import QuantizedLinear, quantize_model, quantize_through_cache
 from leapdecode.models.rounding import (
     GROUP,
     SuperScales,
@@ -339,6 +339,38 @@ def test_the_output_layer_stays_int8_unless_asked_for_four_bits(head_bits) -> No
     head = model.get_output_embeddings()
     assert isinstance(head, QuantizedLinear) and head.bits == head_bits
     assert {m.bits for m in model.modules() if isinstance(m, QuantizedLinear) and m is not head} == {4}
+
+
+def test_a_cache_is_written_once_read_back_whole_and_only_spares_time(tmp_path) -> None:
+    """`quantize_through_cache`: the first load rounds and writes (removing an older layout), the
+    next reads every layer back, the same bytes; a cache that cannot be written is logged and
+    the model quantized all the same."""
+
+    def records(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+        return {n: m.packed for n, m in model.named_modules() if isinstance(m, QuantizedLinear)}
+
+    def swap_into(model: torch.nn.Module, seen: list[bool]):
+        def swap(read_back: bool) -> int:
+            seen.append(read_back)
+            return quantize_model(model, "int4")
+
+        return swap
+
+    saved, older = tmp_path / "tiny-int4-v2.safetensors", tmp_path / "tiny-int4-v1.safetensors"
+    older.write_bytes(b"an older layout")
+    first, seen, log = make_tiny_model("llama", seed=3), [], []
+    assert not quantize_through_cache(first, saved, "tiny-int4-v*.safetensors", swap_into(first, seen), log.append)
+    assert seen == [False] and saved.is_file() and not older.exists() and "saved" in log[-1]
+    second, seen = make_tiny_model("llama", seed=3), []
+    assert quantize_through_cache(second, saved, "tiny-int4-v*.safetensors", swap_into(second, seen), log.append)
+    assert seen == [True]  # asked for what the file left out: nothing
+    a, b = records(first), records(second)
+    assert a.keys() == b.keys() and len(a) > 0 and all(torch.equal(a[n], b[n]) for n in a)
+    (tmp_path / "a-file").write_text("not a folder")
+    third, log = make_tiny_model("llama", seed=3), []
+    unwritable = tmp_path / "a-file" / "tiny-int4-v2.safetensors"
+    assert not quantize_through_cache(third, unwritable, "*", swap_into(third, []), log.append)
+    assert "could not keep" in log[-1] and records(third).keys() == a.keys()
 
 
 def test_without_a_compiler_the_layers_compute_the_same_product(monkeypatch) -> None:

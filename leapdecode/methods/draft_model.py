@@ -227,10 +227,8 @@ class DraftModel(Method):
         `precision=own` (then as the target's precision gives it)."""
         import dataclasses
 
-        from safetensors import SafetensorError
-
         from leapdecode.models.loading import QUANTIZED_FORMAT, default_cache_dir, load_model
-        from leapdecode.models.quantize import load_quantized, quantize_model, save_quantized
+        from leapdecode.models.quantize import quantize_model, quantize_through_cache
         from leapdecode.models.rounding import rounding_version
 
         if self.precision == "own" or target.device.type != "cpu":
@@ -249,21 +247,15 @@ class DraftModel(Method):
         # the name holds the rounding's own version, so a changed rounding is never read back
         name = f"{draft.fingerprint}-draft-int4-r{rounding_version()}-v{QUANTIZED_FORMAT}.safetensors"
         saved = default_cache_dir() / "quantized" / name
-        loaded = saved.is_file() and load_quantized(draft.model, saved) > 0
-        # every layer the saved file did not hold (all of them, without one)
-        rounded = quantize_model(draft.model, "int4", head_bits=4)
-        if loaded and not rounded:
+
+        def swap(read_back: bool) -> int:  # every layer the saved file did not hold (all, without one)
+            swapped = quantize_model(draft.model, "int4", head_bits=4)
+            if swapped:
+                log(f"draft model {draft.name}: rounded its linear layers, output layer too, to int4 for drafting")
+            return swapped
+
+        if quantize_through_cache(draft.model, saved, f"{draft.fingerprint}-draft-int4-*.safetensors", swap, log):
             log(f"draft model {draft.name}: int4 for drafting, as rounded before ({saved.name})")
-            return dataclasses.replace(draft, quantize="int4", precision="int4, rounded for drafting")
-        log(f"draft model {draft.name}: rounded its linear layers, output layer too, to int4 for drafting")
-        try:
-            save_quantized(draft.model, saved)
-        except (OSError, SafetensorError) as exc:
-            log(f"draft model {draft.name}: could not keep its int4 layers in {saved} ({exc})")
-        else:
-            for stale in saved.parent.glob(f"{draft.fingerprint}-draft-int4-*.safetensors"):  # earlier roundings
-                if stale != saved:
-                    stale.unlink(missing_ok=True)
         return dataclasses.replace(draft, quantize="int4", precision="int4, rounded for drafting")
 
     def draft_backend(self, target: LoadedModel, draft: LoadedModel, log: Log) -> TorchBackend:

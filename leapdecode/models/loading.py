@@ -32,7 +32,7 @@ from leapdecode.models.precision import (
     gguf_is_quantized,
     resolve_precision,
 )
-from leapdecode.models.quantize import load_quantized, quantize_model, save_quantized
+from leapdecode.models.quantize import quantize_model, quantize_through_cache
 
 GGUF_MAGIC = b"GGUF"
 
@@ -313,18 +313,15 @@ def _quantize(model: Any, mode: str, gguf: Path | None, sha256: str, cache: Path
     if gguf is None:
         quantize_model(model, mode)
         return
-    saved = cache / "quantized" / f"{sha256[:16]}-{mode}-v{QUANTIZED_FORMAT}.safetensors"
-    if saved.is_file() and load_quantized(model, saved):
-        quantize_model(model, mode)  # layers the file left out (none, unless the model grew)
-        return
     from leapdecode.models.gguf_blocks import gguf_blocks_by_weight
 
-    quantize_model(model, mode, functools.partial(gguf_blocks_by_weight, gguf, log=log))
-    save_quantized(model, saved)
-    log(f"saved the quantized layers in {saved}")
-    for stale in saved.parent.glob(f"{sha256[:16]}-{mode}-v*.safetensors"):  # earlier layouts of the same file
-        if stale != saved:
-            stale.unlink(missing_ok=True)
+    def swap(read_back: bool) -> int:  # the file's own groups; layers a read-back cache left out, rounded
+        blocks = None if read_back else functools.partial(gguf_blocks_by_weight, gguf, log=log)
+        return quantize_model(model, mode, blocks)
+
+    saved = cache / "quantized" / f"{sha256[:16]}-{mode}-v{QUANTIZED_FORMAT}.safetensors"
+    stale = f"{sha256[:16]}-{mode}-v*.safetensors"  # earlier layouts of the same file's cache
+    quantize_through_cache(model, saved, stale, swap, log)
 
 
 def _load_llamacpp(gguf: Path, sha256: str, cache: Path, name: str, log: Callable[[str], None]) -> LoadedModel:

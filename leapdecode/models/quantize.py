@@ -300,3 +300,29 @@ def load_quantized(model: nn.Module, path: Path) -> int:
         parent, attr, _ = linears[name]
         setattr(parent, attr, layer)
     return len(layers)
+
+
+def quantize_through_cache(
+    model: nn.Module, saved: Path, stale: str, quantize: Callable[[bool], int], log: Callable[[str], None]
+) -> bool:
+    """Quantize `model`'s linear layers through the cache file `saved`, which spares the minute a
+    GGUF's blocks take to match or the seconds a rounding takes: read back what the file holds,
+    then `quantize(read_back)` swaps the layers still float (all of them without the file) and
+    says how many. When it swapped any, every layer's records are written to `saved` and older
+    files in its folder matching the glob `stale` removed; a failed write is logged, as the cache
+    only saves time. True when every layer came from the file."""
+    from safetensors import SafetensorError
+
+    read_back = saved.is_file() and load_quantized(model, saved) > 0
+    if not quantize(read_back) and read_back:
+        return True
+    try:
+        save_quantized(model, saved)
+    except (OSError, SafetensorError) as exc:
+        log(f"could not keep the quantized layers in {saved} ({exc})")
+        return False
+    log(f"saved the quantized layers in {saved}")
+    for old in saved.parent.glob(stale):
+        if old != saved:
+            old.unlink(missing_ok=True)
+    return False
