@@ -15,10 +15,12 @@ server's resident memory before and after is reported.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 import httpx
@@ -69,20 +71,12 @@ RETRY_WAIT_S = 0.05  # a refused client waits this long, doubled at each refusal
 RETRY_WAIT_MAX_S = 0.5
 
 
-def _one(
-    client: httpx.Client,
-    model: str,
-    index: int,
-    disconnect: bool,
-    max_tokens: int,
-    report: LoadReport,
-    lock: threading.Lock,
-    retry_s: float,
-) -> None:
-    """One request, sent again after each 429 until `retry_s` has passed; every answer is counted."""
+def _with_retries(attempt: Callable[[], str], retry_s: float) -> None:
+    """Send a request (`attempt`, which counts each answer and returns its status) again after
+    each 429 until `retry_s` has passed."""
     deadline = time.monotonic() + retry_s
     wait = RETRY_WAIT_S
-    while _attempt(client, model, index, disconnect, max_tokens, report, lock) == "429" and time.monotonic() < deadline:
+    while attempt() == "429" and time.monotonic() < deadline:
         time.sleep(wait)
         wait = min(2 * wait, RETRY_WAIT_MAX_S)
 
@@ -212,7 +206,8 @@ def run_load(
             for r in range(requests):
                 index = c * requests + r
                 leaves = disconnect_every > 0 and index // 2 % disconnect_every == 0  # streaming (even) or not (odd)
-                _one(client, model, index, leaves, max_tokens, report, lock, retry_s)
+                attempt = functools.partial(_attempt, client, model, index, leaves, max_tokens, report, lock)
+                _with_retries(attempt, retry_s)
 
     threads = [threading.Thread(target=client_loop, args=(c,)) for c in range(clients)]
     for t in threads:
