@@ -8,7 +8,7 @@ MODEL ?= smollm2-135m
 # vLLM (the `vllm` extra) pins other versions of some of our dependencies: it gets its own venv.
 VLLM_VENV ?= .venv-vllm
 
-.PHONY: setup kernels model test-models browser llamacpp llamacpp-tools peers vllm demo lint test test-setup test-fast docs clean
+.PHONY: synthetic-7b setup kernels model test-models browser llamacpp llamacpp-tools peers vllm demo lint test test-setup test-fast docs clean
 
 setup: $(VENV)/.installed
 
@@ -31,6 +31,12 @@ demo: model
 # The trace page is checked in a real headless browser: Debian's chromium (needs root for apt-get).
 browser:
 	@command -v chromium >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null; }
+
+# A 7B-class target without a download: Qwen2.5-7B's shapes in Q4_K_M's block types, random weights,
+# the 1.5B's tokenizer (about 4.4 GB, written once; `leapdecode.bench.synthetic_gguf`).
+SYNTHETIC_7B ?= $(HOME)/.cache/leapdecode/synthetic/qwen2.5-7b-shapes-q4_k_m.gguf
+synthetic-7b: setup
+	$(PY) -m leapdecode.bench.synthetic_gguf $(SYNTHETIC_7B) --tokenizer-from qwen2.5-coder-1.5b
 
 # The tests also run the real draft/target pair (qwen2.5-coder-0.5b drafting for -1.5b).
 test-models: model

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from leapdecode import load_model, wrap
 from leapdecode.engine.reference import greedy_reference
@@ -178,12 +179,15 @@ def test_the_gguf_tensor_table_is_read_as_gguf_reads_it_and_a_cut_header_is_an_e
             read_tensor_infos(tmp_path / "cut.gguf")
 
 
-def test_real_gguf_path_loads_through_the_dequantized_cache(real_lm) -> None:
-    """The preset was de-quantized once; loading its GGUF by path reuses that cache."""
+def test_real_gguf_path_loads_as_the_preset_does(real_lm) -> None:
+    """Loading the preset's GGUF by path reads its kept config, tokenizer and layers: the same model."""
     gguf = presets.locate("smollm2-135m", presets.Path(real_lm_cache_dir()), download=False, log=lambda m: None)
     lm = load_model(gguf, **QUIET)
     assert lm.name == "SmolLM2-135M-Instruct.Q4_1"
     assert lm.eos_token_ids == real_lm.eos_token_ids
+    ids = torch.tensor([[1, 2, 3, 400, 5000]])
+    with torch.inference_mode():
+        assert torch.equal(lm.model(ids).logits, real_lm.model(ids).logits)
 
 
 def real_lm_cache_dir() -> str:

@@ -93,15 +93,16 @@ def test_checkpoint_dtype_reads_either_config_name() -> None:
     from types import SimpleNamespace
 
     import torch
+    from transformers import LlamaConfig
 
     assert checkpoint_dtype(SimpleNamespace(dtype=torch.bfloat16)) == "bfloat16"
-    assert checkpoint_dtype(SimpleNamespace(dtype=None, torch_dtype="float16")) == "float16"
+    assert checkpoint_dtype(LlamaConfig.from_dict({"torch_dtype": "float16"})) == "float16"  # an older config.json
     assert checkpoint_dtype(SimpleNamespace()) is None
     assert checkpoint_dtype(SimpleNamespace(dtype="int8")) is None
 
 
 @pytest.mark.real_model
-def test_load_model_defaults_run_the_fast_path(tmp_path, real_lm, monkeypatch) -> None:
+def test_load_model_defaults_run_the_fast_path(tmp_path, real_lm_float32, monkeypatch) -> None:
     """A GGUF preset loads as its own int4 blocks without flags and says so; a bfloat16 folder
     loads in bfloat16 where the CPU computes it natively, in float32 where it does not."""
     from leapdecode.models import hardware, load_model
@@ -109,8 +110,8 @@ def test_load_model_defaults_run_the_fast_path(tmp_path, real_lm, monkeypatch) -
     quiet = {"log": lambda msg: None}
     lm = load_model("smollm2-135m", **quiet)
     assert lm.quantize == "int4" and "GGUF's own blocks" in lm.describe
-    real_lm.model.save_pretrained(tmp_path / "bf16", safe_serialization=True)
-    real_lm.tokenizer.save_pretrained(tmp_path / "bf16")
+    real_lm_float32.model.save_pretrained(tmp_path / "bf16", safe_serialization=True)
+    real_lm_float32.tokenizer.save_pretrained(tmp_path / "bf16")
     config = json.loads((tmp_path / "bf16" / "config.json").read_text())
     config["dtype"] = "bfloat16"
     (tmp_path / "bf16" / "config.json").write_text(json.dumps(config))

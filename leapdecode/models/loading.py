@@ -1,8 +1,8 @@
 """One function to load a causal LM from a preset, a hub id, a local folder or a GGUF file.
 
-GGUF files are de-quantized to float32 by `transformers`, which takes 20-70 s; the result
-is cached as an ordinary Hugging Face folder (safetensors), keyed by the file's sha256, so
-that a second load takes seconds.
+A GGUF file is read tensor by tensor into the model (`gguf_model`): its linear weights stay in
+the file's own blocks, so loading takes about the file's size in memory. Only vLLM, which reads
+Hugging Face folders, gets a de-quantized float32 folder of it (`huggingface_source`).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from leapdecode.models.precision import (
     gguf_is_quantized,
     resolve_precision,
 )
-from leapdecode.models.quantize import quantize_model, quantize_through_cache
+from leapdecode.models.quantize import quantize_model
 
 GGUF_MAGIC = b"GGUF"
 
@@ -190,7 +190,7 @@ def load_model(
     if backend == "llama.cpp":
         assert src.gguf is not None
         return _load_llamacpp(src.gguf, src.sha256, cache, src.name, log)
-    source_gguf, source_sha, name, source = src.gguf, src.sha256, src.name, src.source
+    source_gguf, name, source = src.gguf, src.name, src.source
     config = _load_config(source)
     found = Source(
         gguf_quantized=source_gguf is not None and gguf_is_quantized(source_gguf), dtype=checkpoint_dtype(config)
@@ -199,12 +199,19 @@ def load_model(
     log(f"running {precision.quantize if precision.quantize != 'none' else precision.dtype}: {precision.reason}")
     offered = share_tokenizer.tokenizer if share_tokenizer is not None else None
     shared = offered if offered is not None and same_tokenizer_files(source, offered.name_or_path) else None
-    model, tokenizer = _from_pretrained(source, DTYPES[precision.dtype], log, config=config, tokenizer=shared)
+    if source_gguf is not None:
+        from leapdecode.models.gguf_model import load_gguf_model
+
+        saved = cache / "quantized" / f"{src.sha256[:16]}-{precision.quantize}-v{QUANTIZED_FORMAT}.safetensors"
+        model, _ = load_gguf_model(source_gguf, config, precision.quantize, DTYPES[precision.dtype], log, saved)
+        tokenizer = shared if shared is not None else _load_tokenizer(source)
+    else:
+        model, tokenizer = _from_pretrained(source, DTYPES[precision.dtype], log, config=config, tokenizer=shared)
+        if precision.quantize != "none":
+            log(f"quantizing the linear layers to {precision.quantize} (the kernel is built once, then cached)")
+            quantize_model(model, precision.quantize)
     model.to(target_device)
     model.eval()
-    if precision.quantize != "none":
-        log(f"quantizing the linear layers to {precision.quantize} (the kernel is built once, then cached)")
-        _quantize(model, precision.quantize, source_gguf, source_sha, cache, log)
     row_exact = _row_exact(model, row_exact, target_device, log)
     if not row_exact and target_device.type == "cpu" and small_batch_linear and model.dtype == torch.float32:
         # measured for float32 only: in bfloat16 without native bf16 products the thin-operand
@@ -244,8 +251,10 @@ def _row_exact(model: Any, wanted: bool | None, device: torch.device, log: Calla
 
 
 class _Source(NamedTuple):
-    """What a model spec names: `source` is what `transformers` loads (a folder or a hub id; empty
-    for the llama.cpp backend), `gguf` and `sha256` the GGUF file it came from, if any."""
+    """What a model spec names: `source` is where `transformers` reads the config and tokenizer (a
+    folder or a hub id; for a GGUF file the small folder of its metadata, or with `folder` its
+    de-quantized weights too; empty for the llama.cpp backend), `gguf` and `sha256` the GGUF file
+    it came from, if any."""
 
     source: str
     name: str
@@ -254,9 +263,16 @@ class _Source(NamedTuple):
 
 
 def _resolve(
-    spec: str | os.PathLike[str], cache: Path, *, download: bool, log: Callable[[str], None], backend: str
+    spec: str | os.PathLike[str],
+    cache: Path,
+    *,
+    download: bool,
+    log: Callable[[str], None],
+    backend: str,
+    folder: bool = False,
 ) -> _Source:
-    """Find (and for a preset, install; for a GGUF file, de-quantize once) what `spec` names."""
+    """Find (and for a preset, install) what `spec` names; for a GGUF file, its metadata folder,
+    or with `folder` a Hugging Face folder of its weights de-quantized (once)."""
     text = str(spec).strip()
     if not text:
         raise ModelLoadError("no model given: pass a preset name, a hub id, a folder or a .gguf file")
@@ -268,8 +284,7 @@ def _resolve(
             raise ModelLoadError(f"GGUF file not found: {path}")
         if not _is_gguf(path):
             raise ModelLoadError(f"{path} is not a GGUF file (bad magic bytes); is it corrupt or truncated?")
-        log(f"hashing {path.name}")
-        gguf, sha, name = path, presets.sha256_file(path), path.stem
+        gguf, sha, name = path, _file_sha256(path, cache, log), path.stem
     elif backend == "llama.cpp":
         raise ModelLoadError(f"the llama.cpp backend runs GGUF files: give a preset or a .gguf path, not {text!r}")
     elif path.exists():
@@ -287,7 +302,29 @@ def _resolve(
         )
     if backend == "llama.cpp":
         return _Source("", name, gguf, sha)
-    return _Source(str(dequantized_folder(gguf, sha, cache, log)), name, gguf, sha)
+    if folder:
+        return _Source(str(dequantized_folder(gguf, sha, cache, log)), name, gguf, sha)
+    from leapdecode.models.gguf_model import gguf_meta_folder
+
+    return _Source(str(gguf_meta_folder(gguf, sha, cache, log)), name, gguf, sha)
+
+
+def _file_sha256(path: Path, cache: Path, log: Callable[[str], None]) -> str:
+    """The file's sha256 (what its kept layers and metadata are named by), hashed once and kept by
+    its path, size and modification time: hashing a 5 GB file takes seconds on every load."""
+    stat = path.stat()
+    key = hashlib.sha256(f"{path.resolve()}\0{stat.st_size}\0{stat.st_mtime_ns}".encode()).hexdigest()[:32]
+    kept = cache / "gguf-sha256" / key
+    if kept.is_file() and len(digest := kept.read_text().strip()) == 64:
+        return digest
+    log(f"hashing {path.name}")
+    digest = presets.sha256_file(path)
+    try:
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        kept.write_text(digest)
+    except OSError as exc:
+        log(f"could not keep the checksum of {path.name} ({exc})")
+    return digest
 
 
 def huggingface_source(
@@ -300,28 +337,10 @@ def huggingface_source(
     """What another library that reads Hugging Face models (vLLM) should load for `spec`: a
     preset's or GGUF file's de-quantized folder (built once, cached), a folder, or a hub id."""
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    return _resolve(spec, cache, download=download, log=log, backend="torch").source
+    return _resolve(spec, cache, download=download, log=log, backend="torch", folder=True).source
 
 
-QUANTIZED_FORMAT = 3  # bump when the saved layout changes
-
-
-def _quantize(model: Any, mode: str, gguf: Path | None, sha256: str, cache: Path, log: Callable[[str], None]) -> None:
-    """Quantize `model`'s linear layers; from a GGUF file, take its own groups, and keep the result
-    in the cache (by the file's sha256): matching the file's tensors to the layers takes a minute
-    on a 1.5B model, reading the cached groups a second or two."""
-    if gguf is None:
-        quantize_model(model, mode)
-        return
-    from leapdecode.models.gguf_blocks import gguf_blocks_by_weight
-
-    def swap(read_back: bool) -> int:  # the file's own groups; layers a read-back cache left out, rounded
-        blocks = None if read_back else functools.partial(gguf_blocks_by_weight, gguf, log=log)
-        return quantize_model(model, mode, blocks)
-
-    saved = cache / "quantized" / f"{sha256[:16]}-{mode}-v{QUANTIZED_FORMAT}.safetensors"
-    stale = f"{sha256[:16]}-{mode}-v*.safetensors"  # earlier layouts of the same file's cache
-    quantize_through_cache(model, saved, stale, swap, log)
+QUANTIZED_FORMAT = 4  # bump when the saved layout of quantized layers changes (the draft model's cache)
 
 
 def _load_llamacpp(gguf: Path, sha256: str, cache: Path, name: str, log: Callable[[str], None]) -> LoadedModel:
@@ -332,7 +351,7 @@ def _load_llamacpp(gguf: Path, sha256: str, cache: Path, name: str, log: Callabl
 
     llama_cpp = import_llama_cpp()
     log(f"loading {gguf.name} in llama.cpp")
-    folder = cache / "models" / sha256[:16]
+    folder = cache / "gguf-meta" / sha256[:16]
     tokenizer = tokenizer_for(gguf, folder if folder.is_dir() else None)
     model = load_llamacpp(gguf)
     vocab = llama_cpp.llama_model_get_vocab(model.model)
@@ -373,7 +392,7 @@ def _load_pretrained(
     source: str, dtype: torch.dtype, log: Callable[[str], None], config: Any, tokenizer: Any = None
 ) -> tuple[Any, Any]:
     """The model and its tokenizer (`tokenizer` where given: one read from the same files)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     log(f"loading {source}")
     try:
@@ -384,10 +403,14 @@ def _load_pretrained(
         raise ModelLoadError(f"could not load model {source!r}: {first_line(exc)}") from exc
     except (OSError, RuntimeError, KeyError) as exc:
         raise ModelLoadError(f"could not load model weights from {source!r}: {first_line(exc)}") from exc
-    if tokenizer is not None:
-        return model, tokenizer
+    return model, tokenizer if tokenizer is not None else _load_tokenizer(source)
+
+
+def _load_tokenizer(source: str) -> Any:
+    from transformers import AutoTokenizer
+
     try:
-        tokenizer = AutoTokenizer.from_pretrained(source)
+        with quiet_progress():
+            return AutoTokenizer.from_pretrained(source)
     except (OSError, ValueError, KeyError) as exc:
         raise ModelLoadError(f"could not load the tokenizer of {source!r}: {first_line(exc)}") from exc
-    return model, tokenizer

@@ -77,11 +77,13 @@ def pack_super(qweight: torch.Tensor, factors: SuperScales, bits: int) -> torch.
 
 
 def _bodies(qweight: torch.Tensor, bits: int, n: int, groups: int) -> torch.Tensor:
-    """qweight (`quantize_weight`'s layout) → the records' weights [ceil(n/8), groups, BODY]."""
+    """qweight (`quantize_weight`'s layout, or already as q [out, groups, 32] uint8: a GGUF's
+    blocks, unpacked once) → the records' weights [ceil(n/8), groups, BODY]."""
     blocks = -(-n // BLOCK)
-    q = (
-        unpack_int4(qweight) if bits == 4 else qweight.reshape(n, groups, GROUP)
-    )  # [out, groups, 32]: 0..15, 0..63 or int8 bytes
+    if qweight.dim() == 3:
+        q = qweight  # [out, groups, 32]: 0..15, 0..63 or int8 bytes
+    else:
+        q = unpack_int4(qweight) if bits == 4 else qweight.reshape(n, groups, GROUP)
     q = nn.functional.pad(q, (0, 0, 0, 0, 0, blocks * BLOCK - n))  # [blocks*8, groups, 32]
     chunks = q.reshape(blocks, BLOCK, groups, 8, 4).permute(0, 2, 3, 1, 4)  # [blocks, groups, chunk, j, e]
     if bits == 8:  # offset binary, q + 128 (see quant.cpp)

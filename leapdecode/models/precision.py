@@ -121,8 +121,9 @@ def gguf_is_quantized(path: Path) -> bool:
 
 
 def checkpoint_dtype(config: object) -> str | None:
-    """A transformers config's own dtype name (`dtype`, or the older `torch_dtype`), if it has one."""
-    value = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+    """A transformers config's own dtype name, if it has one (transformers reads an older config's
+    `torch_dtype` into `dtype`; the old name itself warns)."""
+    value = getattr(config, "dtype", None)
     if value is None:
         return None
     name = str(value).strip().lower().removeprefix("torch.")

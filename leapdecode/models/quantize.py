@@ -179,6 +179,13 @@ def _in_huge_pages(packed: torch.Tensor) -> torch.Tensor:
     return packed if module is None else module.huge_page_copy(packed.contiguous())
 
 
+def huge_page_empty(shape: tuple[int, ...]) -> torch.Tensor:
+    """Uninitialized uint8 memory of `shape` in huge pages (where the kernel builds), for a layer
+    filled in place: the copy reads a fresh, never-written buffer, whose pages are the kernel's
+    shared zero page, so only the destination becomes resident."""
+    return _in_huge_pages(torch.empty(shape, dtype=torch.uint8))
+
+
 def _activations_reference(x: torch.Tensor) -> torch.Tensor:
     """Activations rounded per row and group as the kernel rounds them (int8, scale max|x|/127)."""
     g = x.reshape(x.shape[0], -1, GROUP)  # [rows, groups, 32]
