@@ -193,3 +193,28 @@ def test_a_cold_load_of_the_real_target_stays_under_twice_its_file(tmp_path) -> 
     )
     kept = sum(f.stat().st_size for f in (tmp_path / "quantized").iterdir())
     assert kept < 1.2 * path.stat().st_size
+
+
+@pytest.mark.parametrize("arch,tied", [("llama", False), ("qwen2", False), ("llama", True)])
+def test_a_checkpoint_quantized_as_it_is_read_is_quantize_models_model(tmp_path, arch, tied) -> None:
+    """A local folder with `quantize="int4"` is read tensor by tensor (the float model never whole):
+    the same layers as `from_pretrained` then `quantize_model`, the same logits bit for bit."""
+    from leapdecode.models.checkpoint_stream import load_quantized_checkpoint
+    from leapdecode.models.quantize import quantize_model
+    from tests.helpers import make_tiny_model
+
+    model = make_tiny_model(arch, seed=7)
+    if tied:  # the output layer saved as the embeddings, not in the files
+        model.config.tie_word_embeddings = True
+        model.tie_weights()
+        assert model.lm_head.weight is model.get_input_embeddings().weight
+    model.save_pretrained(tmp_path / "folder")
+    messages: list[str] = []
+    streamed = load_quantized_checkpoint(str(tmp_path / "folder"), model.config, "int4", messages.append)
+    assert streamed is not None and any("tensor by tensor" in m for m in messages)
+    quantize_model(model, "int4")
+    ids = torch.tensor([[3, 17, 40, 2, 9]])
+    with torch.inference_mode():
+        assert torch.equal(streamed(ids).logits, model(ids).logits)
+    kinds = {name: type(m) for name, m in streamed.named_modules()}
+    assert kinds == {name: type(m) for name, m in model.named_modules()}

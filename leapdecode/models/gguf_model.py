@@ -139,8 +139,19 @@ def load_gguf_model(
     if missing:
         raise ModelLoadError(f"{path.name} has no tensor for {', '.join(missing[:4])} (not this architecture's file?)")
     model.eval()
-    log(f"read {path.name} in {time.perf_counter() - started:.1f} s: {report.summary()}")
+    peak = _peak_resident()
+    memory = f", peak resident memory {peak / 2**30:.2f} GiB" if peak else ""
+    log(f"read {path.name} in {time.perf_counter() - started:.1f} s{memory}: {report.summary()}")
     return model, report
+
+
+def _peak_resident() -> int:
+    """This process's peak resident bytes (Linux's VmHWM; 0 where there is none)."""
+    try:
+        status = Path("/proc/self/status").read_text()
+    except OSError:
+        return 0
+    return next((int(line.split()[1]) * 1024 for line in status.splitlines() if line.startswith("VmHWM")), 0)
 
 
 def _check_block_types(path: Path, tensors: list[TensorInfo]) -> None:

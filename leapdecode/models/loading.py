@@ -206,10 +206,7 @@ def load_model(
         model, _ = load_gguf_model(source_gguf, config, precision.quantize, DTYPES[precision.dtype], log, saved)
         tokenizer = shared if shared is not None else _load_tokenizer(source)
     else:
-        model, tokenizer = _from_pretrained(source, DTYPES[precision.dtype], log, config=config, tokenizer=shared)
-        if precision.quantize != "none":
-            log(f"quantizing the linear layers to {precision.quantize} (the kernel is built once, then cached)")
-            quantize_model(model, precision.quantize)
+        model, tokenizer = _load_checkpoint(source, DTYPES[precision.dtype], precision.quantize, config, shared, log)
     model.to(target_device)
     model.eval()
     row_exact = _row_exact(model, row_exact, target_device, log)
@@ -228,6 +225,24 @@ def load_model(
         quantize=precision.quantize,
         precision=precision.reason,
     )
+
+
+def _load_checkpoint(
+    source: str, dtype: torch.dtype, quantize: str, config: Any, tokenizer: Any, log: Callable[[str], None]
+) -> tuple[Any, Any]:
+    """A checkpoint's model and tokenizer; quantized, a local folder's tensors one at a time
+    (`checkpoint_stream`: the float model is never whole), else after `from_pretrained`."""
+    from leapdecode.models.checkpoint_stream import checkpoint_files, load_quantized_checkpoint
+
+    if quantize != "none" and checkpoint_files(source):
+        streamed = load_quantized_checkpoint(source, config, quantize, log)
+        if streamed is not None:
+            return streamed, tokenizer if tokenizer is not None else _load_tokenizer(source)
+    model, tokenizer = _from_pretrained(source, dtype, log, config=config, tokenizer=tokenizer)
+    if quantize != "none":
+        log(f"quantizing the linear layers to {quantize} (the kernel is built once, then cached)")
+        quantize_model(model, quantize)
+    return model, tokenizer
 
 
 def _row_exact(model: Any, wanted: bool | None, device: torch.device, log: Callable[[str], None]) -> bool:
