@@ -218,3 +218,20 @@ def test_a_checkpoint_quantized_as_it_is_read_is_quantize_models_model(tmp_path,
         assert torch.equal(streamed(ids).logits, model(ids).logits)
     kinds = {name: type(m) for name, m in streamed.named_modules()}
     assert kinds == {name: type(m) for name, m in model.named_modules()}
+
+
+def test_a_large_vocabularys_config_and_tokenizer_are_read_in_processes_of_their_own_to_the_same_files(
+    tmp_path, monkeypatch
+) -> None:
+    from leapdecode.models import gguf_model
+
+    path = write_gguf(tmp_path / "t.gguf", "qwen2", "Q8_0")
+    here = gguf_model.gguf_meta_folder(path, "a" * 64, tmp_path / "here", lambda m: None)
+    started = []
+    real = gguf_model._start
+    monkeypatch.setattr(gguf_model, "SEPARATE_TOKENIZER", 1)
+    monkeypatch.setattr(gguf_model, "_start", lambda *a: started.append(a[0]) or real(*a))
+    there = gguf_model.gguf_meta_folder(path, "a" * 64, tmp_path / "there", lambda m: None)
+    assert started == ["config", "tokenizer"]
+    for name in ("tokenizer.json", "tokenizer_config.json", "config.json"):
+        assert (here / name).read_bytes() == (there / name).read_bytes(), name

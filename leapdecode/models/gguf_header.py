@@ -84,6 +84,7 @@ class _Cursor:
 class Header:
     architecture: str  # general.architecture ("llama", "qwen2", ...)
     tensors: list[TensorInfo]  # in file order
+    vocabulary: int = 0  # entries of tokenizer.ggml.tokens (0: none)
 
 
 def read_tensor_infos(path: Path) -> list[TensorInfo]:
@@ -102,13 +103,19 @@ def read_header(path: Path) -> Header:
         if version not in (2, 3):
             raise GGUFHeaderError(f"GGUF version {version} (little-endian 2 or 3 expected)")
         tensors, fields = cursor.take("<Q"), cursor.take("<Q")
-        alignment, architecture = DEFAULT_ALIGNMENT, ""
+        alignment, architecture, vocabulary = DEFAULT_ALIGNMENT, "", 0
         for _ in range(fields):
             key, kind = cursor.string(), cursor.take("<I")
             if key == "general.alignment" and kind == UINT32:
                 alignment = cursor.take("<I")
             elif key == "general.architecture" and kind == STRING:
                 architecture = cursor.string()
+            elif key == "tokenizer.ggml.tokens" and kind == ARRAY:
+                at = cursor.at
+                cursor.take("<I")  # the items' type, then their count
+                vocabulary = cursor.take("<Q")
+                cursor.at = at
+                cursor.skip_value(kind)
             else:
                 cursor.skip_value(kind)
         if alignment <= 0:
@@ -120,4 +127,5 @@ def read_header(path: Path) -> Header:
             shape = tuple(cursor.take("<Q") for _ in range(dims))
             declared.append((name, shape, cursor.take("<I"), cursor.take("<Q")))
         start = -(-cursor.at // alignment) * alignment  # the data section, aligned
-        return Header(architecture, [TensorInfo(n, shape, kind, start + offset) for n, shape, kind, offset in declared])
+        tensors = [TensorInfo(n, shape, kind, start + offset) for n, shape, kind, offset in declared]
+        return Header(architecture, tensors, vocabulary)
