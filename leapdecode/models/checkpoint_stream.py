@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from leapdecode.models.empty_model import empty_model, place, swap
 from leapdecode.models.quantize import BITS, QuantizedLinear
 from leapdecode.models.rounding import GROUP
 
@@ -32,13 +33,11 @@ def checkpoint_files(source: str) -> list[Path]:
 def load_quantized_checkpoint(source: str, config: Any, mode: str, log: Callable[[str], None]) -> Any | None:
     """The model of a local folder with its linear layers quantized to `mode` ("int8", "int4") as
     they are read; None where the folder's tensor names are not the model's own."""
-    from accelerate import init_empty_weights
     from safetensors import safe_open
-    from transformers import AutoModelForCausalLM, GenerationConfig
+    from transformers import GenerationConfig
 
     files = checkpoint_files(source)
-    with init_empty_weights(include_buffers=False):
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model = empty_model(config, torch.float32)
     expected = set(model.state_dict())
     where = {key: path for path in files for key in safe_open(str(path), framework="pt").keys()}
     if not where or not set(where) <= expected:
@@ -52,18 +51,14 @@ def load_quantized_checkpoint(source: str, config: Any, mode: str, log: Callable
             if isinstance(module, nn.Linear) and attr == "weight" and not module.in_features % GROUP:
                 linears[module_name] = path
                 continue
-            value = _read(path, key)
-            if attr in module._parameters:
-                setattr(module, attr, nn.Parameter(value, requires_grad=False))
-            else:
-                module.register_buffer(attr, value)
+            place(module, attr, _read(path, key))
         model.tie_weights()  # an output layer saved as the embeddings': theirs, before it is quantized
         head = model.get_output_embeddings()
         for name, path in linears.items():
-            _swap(model, name, _quantized(model.get_submodule(name), _read(path, f"{name}.weight"), head, mode))
+            swap(model, name, _quantized(model.get_submodule(name), _read(path, f"{name}.weight"), head, mode))
         for name, module in list(model.named_modules()):
             if isinstance(module, nn.Linear) and not module.in_features % GROUP and not module.weight.is_meta:
-                _swap(model, name, _quantized(module, module.weight, head, mode))  # tied: not in the files
+                swap(model, name, _quantized(module, module.weight, head, mode))  # tied: not in the files
     if any(p.is_meta for p in [*model.parameters(), *model.buffers()]):
         return None
     if (Path(source) / "generation_config.json").is_file():
@@ -82,8 +77,3 @@ def _read(path: Path, key: str) -> torch.Tensor:
 def _quantized(linear: nn.Linear, weight: torch.Tensor, head: nn.Module | None, mode: str) -> QuantizedLinear:
     bias = None if linear.bias is None or linear.bias.is_meta else linear.bias.detach()
     return QuantizedLinear.from_weight(weight, 8 if linear is head else BITS[mode], bias)
-
-
-def _swap(model: nn.Module, name: str, layer: nn.Module) -> None:
-    parent, _, attr = name.rpartition(".")
-    setattr(model.get_submodule(parent), attr, layer)

@@ -14,8 +14,8 @@ its own (`gguf_header` gives where), so the peak is about the loaded model plus 
   said so; norms, biases and any float tensor are de-quantized as they are.
 With `quantize="none"` every tensor is de-quantized to the asked dtype, one at a time.
 `transformers` does what it already does well: the config and tokenizer from the file's
-metadata (`gguf_meta_folder`: kept in a small folder, so a second load skips the parse), the names from gguf-py's map
-(`get_gguf_hf_weights_map`) and the per-architecture processors.
+metadata (`gguf_meta_folder`: kept in a small folder, so a second load skips the parse) and the
+per-architecture tensor processors; the names come from gguf-py's own map (`gguf_names`).
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from torch import nn
 
 from leapdecode.errors import ModelLoadError
 from leapdecode.models.embedding import QuantizedEmbedding
+from leapdecode.models.empty_model import empty_model, place, swap
 from leapdecode.models.gguf_blocks import NATIVE_BITS, Rows, packed_layer, rows_of
 from leapdecode.models.gguf_folder import first_line, quiet_progress
 from leapdecode.models.gguf_header import GGUFHeaderError, Header, TensorInfo, read_header
@@ -154,20 +155,12 @@ def load_gguf_model(
     """The model of `path` (config from `gguf_meta_folder`): `mode` "int4" (the file's
     blocks where they fit), "int8" (every linear weight rounded to int8) or "none" (floats of
     `dtype`). `saved`: where the quantized layers' records are kept between loads (None: not kept)."""
-    from accelerate import init_empty_weights
-    from transformers import AutoModelForCausalLM
     from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor
 
     started = time.perf_counter()
     header = _header(path)
     _check_block_types(path, header.tensors)
-    with init_empty_weights(include_buffers=False), quiet_progress():
-        try:
-            model = AutoModelForCausalLM.from_config(config, dtype=dtype)
-        except ValueError as exc:
-            raise ModelLoadError(
-                f"{path.name}: a {type(config).__name__} model is not a causal language model"
-            ) from exc
+    model = empty_model(config, dtype)
     processor = TENSOR_PROCESSORS.get(header.architecture, TensorProcessor)(config=config.to_dict())
     names = gguf_names(model, header.architecture, config.get_text_config().num_hidden_layers)
     reader = _TensorReader(path, header.tensors, names, processor)
@@ -232,7 +225,7 @@ def gguf_names(model: nn.Module, architecture: str, layers: int) -> dict[str, st
     names = {}
     for full in model.state_dict():
         base, _, suffix = full.rpartition(".")
-        head, _, rest = base.partition(".")
+        _, _, rest = base.partition(".")
         found = name_map.get_name(base) or (name_map.get_name(rest) if rest else None)
         if found is not None:
             names[f"{found}.{suffix}"] = full
@@ -277,12 +270,7 @@ class _TensorReader:
         """The tensor de-quantized (gguf-py) and processed as `transformers` processes it, in its shape."""
         from gguf import GGMLQuantizationType, dequantize
 
-        try:
-            values = dequantize(self.raw(info), GGMLQuantizationType(info.type_id))
-        except NotImplementedError as exc:
-            raise ModelLoadError(
-                f"{self.path.name}: tensor {info.name} is {self.kind(info)}, which gguf-py cannot de-quantize"
-            ) from exc
+        values = dequantize(self.raw(info), GGMLQuantizationType(info.type_id))  # every type checked on open
         values = values.reshape(tuple(reversed(info.shape))).astype(np.float32, copy=False)
         return torch.from_numpy(np.ascontiguousarray(self.processor.process(weights=values, name=info.name).weights))
 
@@ -302,13 +290,6 @@ def _owner(model: nn.Module, name: str) -> tuple[nn.Module, str]:
     return model.get_submodule(module_name), attr
 
 
-def _set(module: nn.Module, attr: str, value: torch.Tensor) -> None:
-    if attr in module._parameters:
-        setattr(module, attr, nn.Parameter(value, requires_grad=False))
-    else:
-        module.register_buffer(attr, value)
-
-
 def _place_tensors(
     model: nn.Module, reader: _TensorReader, mode: str, dtype: torch.dtype, report: LoadReport
 ) -> dict[str, TensorInfo]:
@@ -322,7 +303,7 @@ def _place_tensors(
         if mode != "none" and attr == "weight" and (linear or (module is embedding and type(module) is nn.Embedding)):
             left[name.rsplit(".", 1)[0]] = info
             continue
-        _set(module, attr, reader.floats(info).to(dtype))
+        place(module, attr, reader.floats(info).to(dtype))
         report.floats[reader.kind(info)] += 1
     return left
 
@@ -347,7 +328,7 @@ def _place_quantized(
         module = model.get_submodule(name)
         if module is not embedding:
             bias = None if module.bias is None or module.bias.is_meta else module.bias.detach()
-            _swap(model, name, _quantized(name, info, bias, reader, records, report, mode))
+            swap(model, name, _quantized(name, info, bias, reader, records, report, mode))
     if embed_name in left:
         tied = bool(head_name) and left[head_name] is left[embed_name] and records.exact.get(head_name, False)
         layer = (
@@ -356,10 +337,10 @@ def _place_quantized(
             else _quantized(embed_name, left[embed_name], None, reader, records, report, mode, exact_only=True)
         )
         if layer is None:
-            _set(embedding, "weight", reader.floats(left[embed_name]))
+            place(embedding, "weight", reader.floats(left[embed_name]))
             report.floats[reader.kind(left[embed_name])] += 1
         else:
-            _swap(model, embed_name, QuantizedEmbedding(layer, embedding.padding_idx))
+            swap(model, embed_name, QuantizedEmbedding(layer, embedding.padding_idx))
             report.embedding = reader.kind(left[embed_name])
 
 
@@ -400,8 +381,3 @@ def _native_layer(reader: _TensorReader, info: TensorInfo, bias: torch.Tensor | 
 
 def _name_of(model: nn.Module, module: nn.Module) -> str:
     return next(name for name, m in model.named_modules() if m is module)
-
-
-def _swap(model: nn.Module, name: str, layer: nn.Module) -> None:
-    parent_name, _, attr = name.rpartition(".")
-    setattr(model.get_submodule(parent_name), attr, layer)
