@@ -31,13 +31,14 @@ from leapdecode.engine.loop import SequenceRun
 from leapdecode.engine.noise import PositionNoise
 from leapdecode.engine.prefix_cache import PrefixCache
 from leapdecode.engine.scheduler import BatchScheduler
+from leapdecode.engine.verdict import TokenLogprob
 from leapdecode.errors import InputError
 from leapdecode.gc_pause import gc_paused
 from leapdecode.methods import Method, parse_method
 from leapdecode.methods.defaults import default_method
 from leapdecode.models import LoadedModel
 from leapdecode.verifiers import verify_greedy, verify_speculative, verify_tree_greedy, verify_tree_speculative
-from leapdecode.verifiers.verdict import MAX_TOP_LOGPROBS, TokenLogprob
+from leapdecode.verifiers.verdict import MAX_TOP_LOGPROBS
 
 if TYPE_CHECKING:
     from leapdecode.engine.cost import ForwardCost
@@ -273,7 +274,7 @@ class Decoder:
             PositionNoise(0) if sampling.greedy else PositionNoise.for_request(sampling.seed, options.get("generator"))
         )
         drafter = self._new_drafter(sampling, noise)
-        verifier, tree_verifier = self._verifiers(sampling, noise, logprobs, drafter.candidates)
+        verifier, tree_verifier = self._verifiers(sampling, noise, logprobs, drafter.needs.candidates)
         return SequenceRun(prompt_ids, drafter, criteria, verifier, tree_verifier)
 
     def _run(self, run: SequenceRun) -> Iterator[Step]:

@@ -9,7 +9,8 @@ from collections.abc import Sequence
 import torch
 
 from leapdecode.drafters import Draft, Drafter
-from leapdecode.drafters.base import CALL_ORDER, Delegating
+from leapdecode.drafters.base import StreamDrafter
+from leapdecode.engine.drafting import CALL_ORDER, Delegating
 from leapdecode.verifiers import SamplingParams, logits_to_probs, verify_greedy, verify_tree_greedy
 
 TINY_VOCAB = 96
@@ -63,7 +64,7 @@ def tiny_lm(model, name: str = "tiny"):
     return LoadedModel(model=model, tokenizer=TinyTokenizer(), name=name, eos_token_ids=frozenset(), max_context=512)
 
 
-class ScriptedDrafter(Drafter):
+class ScriptedDrafter(StreamDrafter):
     """Drafts from a known continuation: right, wrong, or right with some tokens corrupted.
 
     `reference` is the greedy continuation after the prompt; `wrong_every` corrupts every
@@ -227,12 +228,14 @@ def drafted_matching_plain(lm, decoder, prompts: list[str], max_new_tokens: int)
 
 
 class CheckedDrafter(Delegating):
-    """Wraps a drafter and fails on any call out of the legal order (`drafters.base.CALL_ORDER`)."""
+    """Wraps a drafter and fails on any call out of the legal order (`engine.drafting.CALL_ORDER`),
+    or on a pass result that does not fit the offer it answers."""
 
     def __init__(self, inner: Drafter) -> None:
         super().__init__(inner)
         self.state = "new"
         self.calls: list[str] = []
+        self.last_offer = None
 
     def _call(self, name: str) -> None:
         legal = CALL_ORDER[self.state]
@@ -240,56 +243,87 @@ class CheckedDrafter(Delegating):
         self.calls.append(name)
         self.state = legal[name]
 
-    def reset(self, prompt_ids):
-        self._call("reset")
-        super().reset(prompt_ids)
+    def start(self, request):
+        self._call("start")
+        super().start(request)
 
-    def horizon(self, max_new_tokens):
-        self._call("horizon")
-        super().horizon(max_new_tokens)
-
-    def attach(self, backend, seq):
-        self._call("attach")
-        super().attach(backend, seq)
-
-    def take_features(self, states):
-        self._call("take_features")
-        super().take_features(states)
-
-    def update(self, tokens, num_accepted):
-        self._call("update")
-        super().update(tokens, num_accepted)
-
-    def propose(self, max_tokens):
-        self._call("propose")
-        return super().propose(max_tokens)
-
-    def offer(self, max_tokens):
+    def offer(self, context):
         self._call("offer")
-        return self.inner.offer(max_tokens)  # the inner drafter's own offer (a cost-aware one's reach)
+        assert context.max_tokens >= 0 and context.batch >= 1, context
+        offer = yield from self.inner.offer(context)  # the inner drafter's own rounds and reach
+        self.last_offer = offer
+        return offer
 
-    def offer_rounds(self, max_tokens, batch=1, cost=None):
-        self._call("offer")
-        return (
-            yield from self.inner.offer_rounds(max_tokens, batch, cost)
-        )  # shared draft passes, as the inner drafter runs them
-
-    @property
-    def draft_backend(self):
-        return self.inner.draft_backend
-
-    def take(self, offer, kept):
-        self._call("take")
-        return self.inner.take(offer, kept)
-
-    def cut(self, kept):
-        self._call("cut")
-        super().cut(kept)
-
-    def observe(self, predicted, candidates=None):
-        self._call("observe")
-        super().observe(predicted, candidates)
+    def hear(self, result):
+        self._call("hear")
+        kept = list(result.kept)
+        assert kept == sorted(set(kept)) and all(0 <= i < len(self.last_offer.draft) for i in kept), kept
+        assert 0 <= result.accepted <= len(kept) and len(result.tokens) >= 1, result
+        super().hear(result)
 
     def finish(self):
         self._call("finish")
         super().finish()
+
+
+def start(
+    drafter: Drafter, prompt: Sequence[int], first: Sequence[int] | None = None, budget: int | None = None
+) -> None:
+    """Start `drafter` on `prompt`, the prompt's pass having emitted `first` (None: not yet)."""
+    from leapdecode.engine.drafting import PassResult, Request
+
+    drafter.start(Request(list(prompt), budget, prefill=None if first is None else PassResult(list(first), 0)))
+
+
+def offer_alone(drafter: Drafter, max_tokens: int, exact: int | None = None, batch: int = 1, cost=None):
+    """The drafter's offer for a pass (of its own: `cost` None) and the part the scheduler keeps
+    (`engine.pass_plan.cut_offers`, as in a pass with it the only member): (offer, kept, draft)."""
+    from leapdecode.engine.batch import drive_rounds
+    from leapdecode.engine.drafting import DraftContext
+    from leapdecode.engine.pass_plan import cut_offers
+
+    limit = max_tokens if exact is None else min(max_tokens, exact)
+    (offer,) = drive_rounds(drafter.needs.draft_backend, [drafter.offer(DraftContext(limit, batch, cost))])
+    if isinstance(offer, Exception):
+        raise offer
+    cap = len(offer.draft) if exact is None else min(len(offer.draft), exact)
+    kept = cut_offers([offer], [cap], 1, None, None)[0] if cost is None else list(range(cap))
+    return offer, kept, offer.draft.subset(kept)
+
+
+def draft_alone(drafter: Drafter, max_tokens: int, exact: int | None = None) -> Draft:
+    """What a pass of the drafter's own scores of its draft (`offer_alone`); `hear_pass` answers it."""
+    _, kept, draft = offer_alone(drafter, max_tokens, exact)
+    drafter._test_kept = kept  # type: ignore[attr-defined]  # for `hear_pass`
+    return draft
+
+
+def hear_pass(
+    drafter: Drafter, tokens: Sequence[int], accepted: int, kept: Sequence[int] | None = None, **result
+) -> None:
+    """Tell the drafter what the pass over its last draft emitted (`kept`: the offered tokens it
+    scored; by default what `draft_alone` kept)."""
+    from leapdecode.engine.drafting import PassResult
+
+    last = drafter.__dict__.pop("_test_kept", ())
+    kept = kept if kept is not None else last
+    drafter.hear(PassResult(list(tokens), accepted, list(kept), **result))
+
+
+def length_parameter(method) -> str:
+    """The integer parameter a chain method's draft length is (one more of it drafts one more
+    token), or "" when there is none."""
+    import dataclasses
+
+    from leapdecode.errors import MethodError
+
+    for field in dataclasses.fields(method):
+        if field.type not in (int, "int") or getattr(method, field.name) != method.draft_length:
+            continue
+        try:
+            bigger = dataclasses.replace(method, **{field.name: getattr(method, field.name) + 1})
+        except MethodError:  # a bound of that parameter
+            continue
+        if bigger.draft_length == method.draft_length + 1:
+            return field.name
+    return ""

@@ -17,7 +17,8 @@ from leapdecode import wrap
 from leapdecode.drafters import Draft, Offer
 from leapdecode.engine import TorchBackend, compile_tree
 from leapdecode.engine.batch import BatchItem, forward_batch
-from leapdecode.engine.cost import ForwardCost, allocate, efficient_rows, measure_batch_cost, share_rows
+from leapdecode.engine.cost import ForwardCost, allocate, efficient_rows, share_rows
+from leapdecode.engine.cost_measure import measure_batch_cost
 from leapdecode.engine.scheduler import BatchScheduler
 from leapdecode.engine.submission import Submission
 from leapdecode.errors import InputError
@@ -391,7 +392,7 @@ def test_a_batch_of_one_is_the_decode_loop_and_raises_what_failed(exact_tiny) ->
         [5, 6, 7, 5, 6, 7], max_new_tokens=12
     ).token_ids
     broken = decoder.start([5, 6, 7], max_new_tokens=12)
-    broken.drafter.propose = lambda max_tokens: (_ for _ in ()).throw(RuntimeError("drafter failed"))  # type: ignore[method-assign]
+    broken.drafter.offer = lambda context: (_ for _ in ()).throw(RuntimeError("drafter failed"))  # type: ignore[method-assign]
     steps = decode_run(decoder.backend, broken)
     assert len(next(steps).tokens) == 1  # the prefill's token came before the failure
     with pytest.raises(RuntimeError, match="drafter failed"):

@@ -16,6 +16,8 @@ from leapdecode.cli import app
 
 runner = CliRunner()
 
+pytestmark = pytest.mark.real_model  # every benchmark here runs the real small model
+
 
 def test_bench_command_writes_tables_plots_and_checks_every_sample(tmp_path) -> None:
     out = tmp_path / "bench"

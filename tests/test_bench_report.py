@@ -13,6 +13,7 @@ from leapdecode.bench.harness import parse_grid
 from leapdecode.bench.runner import Sample, first_difference
 from leapdecode.errors import InputError, MethodError
 from leapdecode.methods import METHODS, Anpd, Autoregressive, HfPromptLookup
+from tests.helpers import length_parameter
 
 
 def sample(method, pid, cat, time, tokens=10, passes=10, drafted=0, accepted=0, equal=None, diff=None, lossless=True):
@@ -337,7 +338,7 @@ def test_a_short_label_names_the_same_method(cls) -> None:
     }
     method = parse_method(f"{cls.name}:{required[cls.name]}" if cls.name in required else cls.name)
     assert parse_method(short_method(method)) == method
-    length = cls.length_field or next((f.name for f in dataclasses.fields(cls) if f.type in (int, "int")), "")
+    length = length_parameter(method) or next((f.name for f in dataclasses.fields(cls) if f.type in (int, "int")), "")
     if length:
         other = dataclasses.replace(method, **{length: getattr(method, length) + 1})
         assert short_label(str(other)) != short_label(str(method)) and parse_method(short_label(str(other))) == other

@@ -11,6 +11,7 @@ from leapdecode.errors import InputError
 runner = CliRunner()
 
 
+@pytest.mark.real_model  # loads the default model
 def test_generate_streams_text_and_prints_statistics() -> None:
     result = runner.invoke(app, ["generate", "--method", "anpd:n=5,k=7", "-n", "12", "def add(a, b):"])
     assert result.exit_code == 0, result.output
@@ -18,6 +19,7 @@ def test_generate_streams_text_and_prints_statistics() -> None:
     assert "12 tokens" in result.output and "tau" in result.output
 
 
+@pytest.mark.real_model  # loads the default model
 def test_generate_compare_reports_equality_and_speedup() -> None:
     result = runner.invoke(app, ["generate", "--compare", "--chat", "-n", "16", "Name a colour."])
     assert result.exit_code == 0, result.output
@@ -37,6 +39,7 @@ def test_bad_method_and_bad_values_exit_2_with_a_message() -> None:
     assert result.exit_code == 2 and "unknown model" in result.output
 
 
+@pytest.mark.real_model  # loads the default model
 def test_generate_samples_reproducibly_with_a_seed() -> None:
     args = [
         "generate",
@@ -62,6 +65,7 @@ def test_generate_samples_reproducibly_with_a_seed() -> None:
     assert bad.exit_code == 2 and "top_p" in bad.output
 
 
+@pytest.mark.real_model  # loads the default model
 def test_forward_cost_command(tmp_path) -> None:
     result = runner.invoke(
         app,
@@ -85,6 +89,7 @@ def test_forward_cost_command(tmp_path) -> None:
     assert (tmp_path / "forward_cost.png").stat().st_size > 0
 
 
+@pytest.mark.real_model  # loads the default model
 def test_forward_cost_splits_a_quantized_pass_by_layer_kind(tmp_path) -> None:
     args = ["forward-cost", "--tokens", "1,4", "--context", "20", "--repeats", "1", "--layers"]
     result = runner.invoke(app, [*args, "--quantize", "int4", "--out", str(tmp_path)])
@@ -106,6 +111,7 @@ def test_methods_and_models_listings() -> None:
     assert result.exit_code == 2 and "unknown preset" in result.output
 
 
+@pytest.mark.real_model  # loads the default model
 def test_demo_runs_and_reports_identical_outputs() -> None:
     result = runner.invoke(app, ["demo", "-n", "16"])
     assert result.exit_code == 0, result.output
@@ -137,6 +143,7 @@ def test_a_prefix_cache_size_is_checked_before_anything_loads() -> None:
     assert negative.exit_code == 2 and "--prefix-cache-tokens" in negative.output
 
 
+@pytest.mark.real_model  # loads the default model
 def test_chat_answers_turn_after_turn_each_from_the_last_turns_cache() -> None:
     result = runner.invoke(
         app, ["chat", "-n", "8", "--method", "anpd", "--system", "Be brief."], input="Name a colour.\nAnd another?\n"

@@ -6,12 +6,14 @@ import itertools
 
 import pytest
 
-from leapdecode.drafters import Draft, Drafter
+from leapdecode.drafters import Draft
+from leapdecode.drafters.base import StreamDrafter
 from leapdecode.drafters.cost_aware import AcceptanceEstimate, CostAwareDrafter
-from leapdecode.engine import cost as cost_module
+from leapdecode.engine import cost_measure as cost_module
 from leapdecode.engine.backend import CacheState
-from leapdecode.engine.cost import ForwardCost, measure_forward_cost, nondecreasing_fit
-from tests.helpers import GREEDY
+from leapdecode.engine.cost import ForwardCost, nondecreasing_fit
+from leapdecode.engine.cost_measure import measure_forward_cost
+from tests.helpers import GREEDY, draft_alone, hear_pass, start
 
 
 def test_flat_cost_keeps_every_token_a_linear_cost_keeps_only_sure_ones() -> None:
@@ -47,7 +49,7 @@ def test_acceptance_estimate_learns_and_forgets() -> None:
     assert est.rate("a") < 0.15  # recent rejections outweigh old acceptances
 
 
-class FixedDrafter(Drafter):
+class FixedDrafter(StreamDrafter):
     def __init__(self, tokens: list[int], evidence: tuple[int, ...] | None = None) -> None:
         self.tokens, self.evidence_ = tokens, evidence
         self.updates: list[tuple[list[int], int]] = []
@@ -66,18 +68,20 @@ def test_cost_aware_drafter_stops_drafting_when_drafts_fail_and_learns_from_drop
     cost = ForwardCost((0.047, 0.070, 0.093, 0.115, 0.155))
     inner = FixedDrafter([5, 6, 7, 8], evidence=(9, 9, 9, 9))
     drafter = CostAwareDrafter(inner, cost)
-    drafter.reset([1, 2])
-    first = drafter.propose(10)
+    start(drafter, [1, 2])
+    first = draft_alone(drafter, 10)
     assert 0 < len(first) <= 4  # the prior (0.5) is worth a token or two on this curve
     for _ in range(20):  # the target never agrees
-        drafter.update([99], 0)
-        drafter.propose(10)
-    assert drafter.kept_lengths[-1] == 0  # not worth it any more: plain decoding
+        hear_pass(drafter, [99], 0)
+        draft = draft_alone(drafter, 10)
+    assert len(draft) == 0  # not worth it any more: plain decoding
     for _ in range(40):  # the dropped first token now always matches the target's token
-        drafter.update([5], 0)
-        drafter.propose(10)
-    assert drafter.kept_lengths[-1] > 0  # learned from dropped tokens alone
-    assert inner.updates[-1] == ([5], 0)  # the inner drafter hears every update
+        hear_pass(drafter, [5], 0)
+        draft = draft_alone(drafter, 10)
+    assert len(draft) > 0  # learned from dropped tokens alone
+    assert inner.updates[-1] == ([5], 0)  # the inner drafter hears every pass
+    hear_pass(drafter, [5], 0)
+    assert drafter.kept_lengths[-1] == len(draft)  # what each pass kept, for statistics
 
 
 def test_a_decoders_greedy_requests_share_what_cutting_learned() -> None:
@@ -88,24 +92,21 @@ def test_a_decoders_greedy_requests_share_what_cutting_learned() -> None:
     greedy, sampled = SamplingParams(), SamplingParams(temperature=0.8)
     factory = cost_aware_factory(lambda sampling, noise: FixedDrafter([5, 6, 7, 8], evidence=(9, 9, 9, 9)), cost)
     first = factory(greedy, None)
-    first.reset([1, 2])
-    first.propose(10)
-    assert first.kept_lengths[-1] > 0  # the prior is worth a token or two
+    start(first, [1, 2])
+    assert len(draft_alone(first, 10)) > 0  # the prior is worth a token or two
     for _ in range(20):  # the target never agrees
-        first.update([99], 0)
-        first.propose(10)
+        hear_pass(first, [99], 0)
+        draft_alone(first, 10)
     second = factory(greedy, None)  # the next request of the same decoder
-    second.reset([3, 4])
-    second.propose(10)
-    assert second.estimate is first.estimate and second.kept_lengths == [0]
+    start(second, [3, 4])
+    assert second.estimate is first.estimate and len(draft_alone(second, 10)) == 0
     # a sampled request starts afresh: its drafts, so its draws, depend on its prompt and seed only
     for fresh in (
         factory(sampled, None),
         cost_aware_factory(lambda sampling, noise: FixedDrafter([5, 6]), cost)(greedy, None),
     ):
-        fresh.reset([3, 4])
-        fresh.propose(10)
-        assert fresh.estimate is not first.estimate and fresh.kept_lengths[-1] > 0
+        start(fresh, [3, 4])
+        assert fresh.estimate is not first.estimate and len(draft_alone(fresh, 10)) > 0
 
 
 @pytest.mark.parametrize(
@@ -201,14 +202,12 @@ def test_a_request_whose_drafts_fail_stops_drafting_though_earlier_requests_did_
     for _ in range(200):
         shared.observe(("evidence", 9), True)
     drafter = CostAwareDrafter(FixedDrafter([5, 6, 7, 8], evidence=(9, 9, 9, 9)), cost, shared)
-    drafter.reset([1, 2])
-    drafter.propose(10)
-    assert drafter.kept_lengths[-1] >= 3  # the decoder's experience: draft most of it
+    start(drafter, [1, 2])
+    assert len(draft_alone(drafter, 10)) >= 3  # the decoder's experience: draft most of it
     for _ in range(12):  # this request's target never agrees
-        drafter.update([99], 0)
-        drafter.propose(10)
-    assert drafter.kept_lengths[-1] == 0 and shared.rate(("evidence", 9)) > 0.8  # cut here, the shared rate still high
+        hear_pass(drafter, [99], 0)
+        draft = draft_alone(drafter, 10)
+    assert len(draft) == 0 and shared.rate(("evidence", 9)) > 0.8  # cut here, the shared rate still high
     fresh = CostAwareDrafter(FixedDrafter([5, 6, 7, 8], evidence=(9, 9, 9, 9)), cost, shared)
-    fresh.reset([3, 4])
-    fresh.propose(10)
-    assert fresh.kept_lengths[-1] > 0  # the next request starts from the shared rate again
+    start(fresh, [3, 4])
+    assert len(draft_alone(fresh, 10)) > 0  # the next request starts from the shared rate again

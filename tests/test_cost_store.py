@@ -8,7 +8,7 @@ import torch
 
 from leapdecode import wrap
 from leapdecode.api import Decoder
-from leapdecode.engine import cost as cost_module
+from leapdecode.engine import cost_measure as cost_module
 from leapdecode.engine.cost_store import CostStore, CurveKey, default_store
 from leapdecode.methods import parse_method
 from leapdecode.models.quantize import QuantizedLinear

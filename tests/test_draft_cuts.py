@@ -10,14 +10,15 @@ from __future__ import annotations
 import pytest
 
 from leapdecode import wrap
-from leapdecode.drafters import Draft, Drafter
+from leapdecode.drafters import Draft
+from leapdecode.drafters.base import StreamDrafter
 from leapdecode.drafters.cost_aware import CostAwareDrafter
 from leapdecode.early_exit.backend import LayerBackend
 from leapdecode.engine import StopCriteria, TorchBackend, decode
 from leapdecode.engine.cost import ForwardCost
 from leapdecode.engine.reference import greedy_reference
 from leapdecode.methods import METHODS
-from tests.helpers import GREEDY, prompts, tiny_lm
+from tests.helpers import GREEDY, draft_alone, hear_pass, prompts, start, tiny_lm
 
 # Methods whose drafts are long (trees of 8+ nodes, chains of 5+), without cost-aware cutting so
 # that the loop's cut is the only one; every other file-free lossless method runs as registered.
@@ -47,7 +48,7 @@ def test_drafts_cut_to_the_exact_rows_keep_plain_greedy_output(tiny_model, spec,
         assert all(len(s.drafted) <= limit for s in out.steps)
 
 
-class Recording(Drafter):
+class Recording(StreamDrafter):
     """A fixed wide tree (depth one: within any budget of at least one token); records the cuts it hears."""
 
     def __init__(self, length: int) -> None:
@@ -63,8 +64,10 @@ class Recording(Drafter):
     def update(self, tokens, num_accepted: int) -> None:
         pass
 
-    def cut(self, kept) -> None:
-        self.cuts.append(list(kept))
+    def hear(self, result) -> None:
+        if result.kept is not None:
+            self.cuts.append(list(result.kept))
+        super().hear(result)
 
 
 def test_the_loop_tells_the_drafter_of_its_cut(tiny_model) -> None:
@@ -78,11 +81,12 @@ def test_the_loop_tells_the_drafter_of_its_cut(tiny_model) -> None:
     assert drafter.cuts and all(cut == [0, 1, 2] for cut in drafter.cuts)
 
 
-def test_a_cost_aware_wrapper_composes_the_loops_cut_with_its_own() -> None:
+def test_a_cost_aware_wrappers_cut_and_the_exact_rows_are_one_cut_that_the_inner_drafter_hears() -> None:
     inner = Recording(8)
     wrapper = CostAwareDrafter(inner, ForwardCost((1.0,) * 16))  # flat: every token pays, all eight kept
-    wrapper.reset([1, 2])
-    assert len(wrapper.propose(8)) == 8
-    wrapper.cut(range(3))
-    wrapper.observe([0] * 4)
-    assert inner.cuts[-1] == [0, 1, 2] and wrapper.kept_lengths[-1] == 3
+    start(wrapper, [1, 2])
+    assert len(draft_alone(wrapper, 8)) == 8
+    hear_pass(wrapper, [0], 0)
+    assert len(draft_alone(wrapper, 8, exact=3)) == 3  # the backend verifies three rows exactly
+    hear_pass(wrapper, [0], 0)
+    assert inner.cuts == [list(range(8)), [0, 1, 2]] and wrapper.kept_lengths == [8, 3]

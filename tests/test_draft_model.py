@@ -26,10 +26,14 @@ from tests.helpers import (
     GREEDY,
     TINY_VOCAB,
     assert_follows_exact,
+    draft_alone,
     exact_joint,
+    hear_pass,
     make_tiny_model,
+    offer_alone,
     prompts,
     sampled_tokens,
+    start,
     tiny_lm,
 )
 
@@ -172,12 +176,18 @@ def test_coupled_draft_model_sampling_equals_plain_sampling(tiny_model) -> None:
 def test_sampled_drafts_carry_q_rows_of_the_draft_distribution(tiny_model) -> None:
     params = SamplingParams(temperature=0.8, top_p=0.9)
     drafter = DraftModelDrafter(TorchBackend(tiny_model), k=4, sampling=params, noise=PositionNoise(0), coupled=False)
-    drafter.reset([3, 4, 5])
+    start(drafter, [3, 4, 5])
     with torch.inference_mode():
-        draft = drafter.propose(10)
+        draft = draft_alone(drafter, 10)
     assert draft.q is not None and draft.q.shape == (4, TINY_VOCAB)
     torch.testing.assert_close(draft.q.sum(-1), torch.ones(4))
     assert all(float(draft.q[i, t]) > 0 for i, t in enumerate(draft.tokens))
+
+
+def offer_rounds(drafter, max_tokens: int, batch: int = 1, cost=None):
+    """The drafter's whole offer, before any cut: its rounds run alone (`cost` None: for a pass of
+    its own; else for passes of `batch` sequences whose rows cost `cost`)."""
+    return offer_alone(drafter, max_tokens, batch=batch, cost=cost)[0]
 
 
 def tiny_loaded(model, name: str) -> LoadedModel:
@@ -254,7 +264,7 @@ def test_real_qwen_pair_greedy_equals_plain_decoding() -> None:
     # both in shared passes
     uncut = decoders["default path, uncut"]
     runs = [uncut.start(p, max_new_tokens=20, chat=c) for p, c in zip(prompts_, (False, True))]
-    backend = runs[0].drafter.draft_backend
+    backend = runs[0].drafter.needs.draft_backend
     assert backend is not None and backend.batchable is None
     packed: list[int] = []
     score_packed = backend.score_packed
@@ -454,23 +464,21 @@ def test_the_cost_cut_learns_per_depth_and_confidence_and_hears_the_loops_cut(ti
     drafter = DraftModelDrafter(
         TorchBackend(tiny_model), k=6, cost=DraftCost(ForwardCost((1e-6,)), ForwardCost((0.03,) * 8))
     )
-    drafter.reset(prompts(1, seed=2)[0])
+    start(drafter, prompts(1, seed=2)[0])
     with torch.inference_mode():
-        draft = drafter.propose(10)
+        draft = draft_alone(drafter, 10)
     assert len(draft) == 6 and len(drafter.buckets) == 6
-    drafter.cut(range(2))  # the loop scored only two of them
-    drafter.update([*draft.tokens[:2], 5], 2)  # both accepted; the third was never scored
+    hear_pass(drafter, [*draft.tokens[:2], 5], 2, kept=range(2))  # the loop scored only two of them, both accepted
     seen = drafter.rates.local.counts
     assert seen[("depth", 1)][0] == seen[("depth", 2)][0] == 1.0 and ("depth", 3) not in seen
 
 
 def test_alone_the_draft_is_cut_by_the_shared_passes_rule(tiny_model) -> None:
     """Drafted while its depth's rate promised enough, a token whose calibrated chance then falls
-    short is dropped before the pass: alone (`propose`) exactly as a shared pass's cut
+    short is dropped before the pass: alone (an offer cut by its own curve) exactly as a shared pass's cut
     (`allocate` over the offer) drops it, and the drafter hears the cut."""
     from leapdecode.drafters.cost_aware import AcceptanceEstimate
     from leapdecode.drafters.draft_pricing import DraftCost, depth_bucket
-    from leapdecode.engine.batch import drive_rounds
     from leapdecode.engine.cost import allocate
 
     estimate = AcceptanceEstimate()
@@ -482,15 +490,16 @@ def test_alone_the_draft_is_cut_by_the_shared_passes_rule(tiny_model) -> None:
     cost = DraftCost(ForwardCost((1e-6,)), ForwardCost((0.030, 0.031, 0.032, 0.034, 0.036, 0.038, 0.040)))
     prompt = prompts(1, seed=2)[0]
     alone, shared = (DraftModelDrafter(TorchBackend(tiny_model), k=6, cost=cost, estimate=estimate) for _ in range(2))
-    alone.reset(prompt)
-    shared.reset(prompt)
+    start(alone, prompt)
+    start(shared, prompt)
     with torch.inference_mode():
-        draft = alone.propose(10)
-        (offer,) = drive_rounds(shared.backend, [shared.offer_rounds(10)])
+        draft = draft_alone(alone, 10)
+        offer = offer_rounds(shared, 10)
     # the third drafted as its depth promised; its calibrated chance then stops the drafting
     assert len(offer.draft) == 3 and offer.reach is not None and offer.reach[2] < 0.05
     (keep,) = allocate([offer], [3], 1, 1, cost.target, 4)
     assert draft.tokens == offer.draft.subset(keep).tokens and len(draft) == 2  # the calibrated chances cut it
+    hear_pass(alone, [*draft.tokens, 7], 2)  # the pass heard: the cut with it
     assert alone.last_draft == draft.tokens and len(alone.buckets) == 2
 
 
@@ -500,23 +509,22 @@ def test_a_probe_is_verified_whole_alone_and_in_a_shared_pass(tiny_model) -> Non
     learn from its verdict. In a batch of four each request probes four times as seldom, so the
     shared passes carry about as many probes as a request's own passes do."""
     from leapdecode.drafters.draft_pricing import PROBE_EVERY, DraftCost
-    from leapdecode.engine.batch import drive_rounds
     from leapdecode.engine.cost import allocate
 
     estimate = learnt(False)  # everything rejected so far
     cost = DraftCost(ForwardCost((0.01,)), ForwardCost((0.030, 0.040, 0.050)))
     drafter = DraftModelDrafter(TorchBackend(tiny_model), k=4, cost=cost, estimate=estimate)
-    drafter.reset(prompts(1, seed=2)[0])
+    start(drafter, prompts(1, seed=2)[0])
     with torch.inference_mode():
-        assert len(drafter.propose(10)) == 0  # silent: the first token does not pay
+        assert len(draft_alone(drafter, 10)) == 0  # silent: the first token does not pay
         drafter.silent = PROBE_EVERY
-        probe = drafter.propose(10)
+        probe = draft_alone(drafter, 10)
         assert len(probe) == 1 and len(drafter.buckets) == 1  # kept, though its chance is ~0
         drafter.update([*probe.tokens, 3], 1)
         drafter.silent = PROBE_EVERY
-        (early,) = drive_rounds(drafter.backend, [drafter.offer_rounds(10, 4)])
+        early = offer_rounds(drafter, 10, 4)
         drafter.silent = 4 * PROBE_EVERY
-        (offer,) = drive_rounds(drafter.backend, [drafter.offer_rounds(10, 4)])
+        offer = offer_rounds(drafter, 10, 4)
     assert len(early.draft) == 0  # one of four: not yet
     assert len(offer.draft) == 1 and offer.reach is None
     assert allocate([offer], [1], 4, 4, cost.target, 8) == [[0]]  # a shared pass keeps it too
@@ -528,22 +536,21 @@ def test_a_probe_never_feeds_a_long_catch_up(tiny_model) -> None:
     hold up every request of a shared pass with a prefill no price paid for. It stays silent,
     alone and in a batch, until the lag is fed by a draft that pays."""
     from leapdecode.drafters.draft_pricing import PROBE_EVERY, PROBE_LAG, DraftCost
-    from leapdecode.engine.batch import drive_rounds
 
     cost = DraftCost(ForwardCost((0.01,)), ForwardCost((0.030, 0.040, 0.050)), prefill=0.005)
     drafter = DraftModelDrafter(TorchBackend(tiny_model), k=4, cost=cost, estimate=learnt(False))
-    drafter.reset(prompts(1, seed=2)[0])
+    start(drafter, prompts(1, seed=2)[0])
     with torch.inference_mode():
         drafter.silent = PROBE_EVERY
-        probe = drafter.propose(10)  # started: a probe, the draft model's prefill unpriced here (no budget)
+        probe = draft_alone(drafter, 10)  # started: a probe, the draft model's prefill unpriced here (no budget)
         drafter.update([*probe.tokens, 3], 1)
-        drafter.horizon(64)
+        drafter.max_new_tokens = 64
         passes = drafter.draft_passes
         for token in range(4, 4 + PROBE_LAG):  # silent steps: the cache lags behind
             drafter.update([token], 0)
         drafter.silent = 4 * PROBE_EVERY
-        (offer,) = drive_rounds(drafter.backend, [drafter.offer_rounds(10, 4)])
-        alone = drafter.propose(10)
+        offer = offer_rounds(drafter, 10, 4)
+        alone = draft_alone(drafter, 10)
     assert len(offer.draft) == 0 and len(alone) == 0 and drafter.draft_passes == passes
 
 
@@ -552,16 +559,15 @@ def test_in_a_batch_a_drafted_token_costs_a_row_per_sequence(tiny_model) -> None
     budget; with 8 sequences in the target's pass (each drafting as it does), a token costs 8
     rows, and it drafts one (16 rows); with 16 sequences, none."""
     from leapdecode.drafters.draft_pricing import DraftCost
-    from leapdecode.engine.batch import drive_rounds
 
     estimate = learnt(True)
     cost = DraftCost(ForwardCost((1e-4,)), ForwardCost(tuple(0.030 * max(1, n - 15) for n in range(1, 65))))
     lengths = []
     for batch in (1, 8, 16):
         drafter = DraftModelDrafter(TorchBackend(tiny_model), k=4, cost=cost, estimate=estimate)
-        drafter.reset(prompts(1, seed=2)[0])
+        start(drafter, prompts(1, seed=2)[0])
         with torch.inference_mode():
-            (offer,) = drive_rounds(drafter.backend, [drafter.offer_rounds(10, batch)])
+            offer = offer_rounds(drafter, 10, batch)
         lengths.append(len(offer.draft))
     assert lengths == [4, 1, 0]
 
@@ -570,7 +576,6 @@ def test_in_shared_passes_rows_are_priced_by_the_schedulers_curve(tiny_model) ->
     """A drafter's own target curve is a single sequence's; in shared passes the scheduler hands
     it the curve of the passes themselves, and where that says rows are dear it drafts less."""
     from leapdecode.drafters.draft_pricing import DraftCost
-    from leapdecode.engine.batch import drive_rounds
 
     estimate = learnt(True)
     cost = DraftCost(ForwardCost((1e-4,)), ForwardCost((0.030,) * 64))  # its own curve: rows free
@@ -578,9 +583,9 @@ def test_in_shared_passes_rows_are_priced_by_the_schedulers_curve(tiny_model) ->
     lengths = []
     for shared in (None, dear):
         drafter = DraftModelDrafter(TorchBackend(tiny_model), k=4, cost=cost, estimate=estimate)
-        drafter.reset(prompts(1, seed=2)[0])
+        start(drafter, prompts(1, seed=2)[0])
         with torch.inference_mode():
-            (offer,) = drive_rounds(drafter.backend, [drafter.offer_rounds(10, 8, shared)])
+            offer = offer_rounds(drafter, 10, 8, shared)
         lengths.append(len(offer.draft))
     assert lengths == [4, 0]
 
@@ -599,12 +604,12 @@ def test_the_draft_models_prefill_is_priced_against_the_steps_left(tiny_model) -
 
     def first_draft(horizon: int | None, silent: int = 0) -> tuple[int, int]:
         drafter = DraftModelDrafter(TorchBackend(tiny_model), k=4, cost=cost, estimate=estimate)
-        drafter.reset(prompt)
+        start(drafter, prompt)
         if horizon is not None:
-            drafter.horizon(horizon)
+            drafter.max_new_tokens = horizon
         drafter.silent = silent
         with torch.inference_mode():
-            draft = drafter.propose(4)
+            draft = draft_alone(drafter, 4)
         return len(draft), drafter.draft_passes
 
     assert first_draft(None) == (4, 4)  # budget unknown: not charged
@@ -658,11 +663,11 @@ def test_a_decoder_whose_answers_run_short_stops_paying_for_draft_prefills(tiny_
 
     def first_draft(emitted: int = 0) -> int:
         d = drafter()
-        d.reset(prompt)
-        d.horizon(1000)
+        start(d, prompt)
+        d.max_new_tokens = 1000
         d.update([(5 * i + 1) % 90 + 4 for i in range(emitted)], 0)  # as if it had emitted them
         with torch.inference_mode():
-            return len(d.propose(4))
+            return len(draft_alone(d, 4))
 
     assert first_draft() == 4
     expected = greedy_reference(tiny_model, prompt, 8)
@@ -695,7 +700,6 @@ def test_in_a_batch_the_draft_models_prefill_is_charged_to_the_whole_pass(tiny_m
     request alone repays over its steps left is charged as if each of eight requests fed as much,
     and does not pay; the same request whose draft cache holds its prompt drafts."""
     from leapdecode.drafters.draft_pricing import DraftCost
-    from leapdecode.engine.batch import drive_rounds
 
     estimate = learnt(True)
     # a 40-token prompt's feed (39 x 10 ms) over ~50 steps: 7.8 ms a step, against a 30 ms pass
@@ -704,12 +708,12 @@ def test_in_a_batch_the_draft_models_prefill_is_charged_to_the_whole_pass(tiny_m
 
     def offered(batch: int, fed: bool) -> int:
         drafter = DraftModelDrafter(TorchBackend(tiny_model), k=4, cost=cost, estimate=estimate)
-        drafter.reset(prompt)
-        drafter.horizon(100)
+        start(drafter, prompt)
+        drafter.max_new_tokens = 100
         with torch.inference_mode():
             if fed:  # the draft model's cache holds all but the last token (as after a step)
                 drafter.seq, _ = drafter.backend.prefill(prompt[:-1])
-            (offer,) = drive_rounds(drafter.backend, [drafter.offer_rounds(4, batch, cost.target)])
+            offer = offer_rounds(drafter, 4, batch, cost.target)
         return len(offer.draft)
 
     assert offered(1, fed=False) > 0  # alone: 7.8 ms more a step repays
@@ -812,8 +816,8 @@ def test_requests_in_a_batch_draft_in_shared_passes_and_each_equals_plain_decodi
     prompts_ = [[5, 6, 7, 8, 5, 6, 7, 8], [9, 3, 9, 3, 9], [4, 4, 2, 4, 4, 2, 11, 12], [7, 1, 7, 1]]
     outputs: list[list[int]] = [[] for _ in prompts_]
     runs = [decoder.start(prompt, max_new_tokens=24) for prompt in prompts_]
-    backend = runs[0].drafter.draft_backend
-    assert backend is not None and all(run.drafter.draft_backend is backend for run in runs)
+    backend = runs[0].drafter.needs.draft_backend
+    assert backend is not None and all(run.drafter.needs.draft_backend is backend for run in runs)
     if "cost_aware=false" not in spec:  # costs where drafting pays, not the tiny models' timings
         from leapdecode.drafters.draft_pricing import DraftCost
 
@@ -834,10 +838,8 @@ def test_requests_in_a_batch_draft_in_shared_passes_and_each_equals_plain_decodi
     backend.prefill = lambda tokens: alone.append(1) or prefill(tokens)
     batches: list[int] = []  # how many requests decoded in the pass, as each drafter heard it
     for run in runs:
-        offer_rounds = run.drafter.offer_rounds
-        run.drafter.offer_rounds = lambda limit, batch, cost, f=offer_rounds: (
-            batches.append(batch) or f(limit, batch, cost)
-        )
+        offer = run.drafter.offer
+        run.drafter.offer = lambda context, f=offer: batches.append(context.batch) or f(context)
     for i, run in enumerate(runs):
         scheduler.submit(Submission(run, lambda s, i=i: outputs[i].extend(s.tokens), lambda r: None))
     while not scheduler.idle:
@@ -855,8 +857,8 @@ def test_requests_in_a_batch_draft_in_shared_passes_and_each_equals_plain_decodi
 def test_a_drafter_whose_rounds_fail_leaves_alone_and_the_others_share_on() -> None:
     """`drive_rounds`: a drafter that raises gets its error back; a failed packed pass fails the
     drafters in it; alone, each feed is an ordinary forward."""
-    from leapdecode.drafters.base import DraftFeed
     from leapdecode.engine.batch import drive_rounds
+    from leapdecode.engine.drafting import DraftFeed
 
     model = _row_exact(make_tiny_model("qwen2")).model
     backend = TorchBackend(model, exact_tokens=16)
@@ -921,18 +923,17 @@ def test_a_cost_aware_draft_offers_each_token_with_its_reach_for_the_shared_cut(
     """In a shared pass, the draft model's tokens carry their chance to be accepted (parents
     first, never rising), so `allocate` cuts its draft by the same rule as every other request's."""
     from leapdecode.drafters.draft_pricing import DraftCost
-    from leapdecode.engine.batch import drive_rounds
 
     backend = TorchBackend(tiny_model)
     cheap = DraftCost(ForwardCost((1e-4,)), ForwardCost(tuple(0.01 for _ in range(64))))
     drafter = DraftModelDrafter(backend, k=4, cost=cheap)
-    drafter.reset(prompts(1, seed=6)[0])
-    (offer,) = drive_rounds(backend, [drafter.offer_rounds(4)])
+    start(drafter, prompts(1, seed=6)[0])
+    offer = offer_rounds(drafter, 4)
     assert len(offer.draft) > 0 and offer.reach is not None and len(offer.reach) == len(offer.draft)
     assert all(0.0 < b <= a <= 1.0 for a, b in zip((1.0, *offer.reach), offer.reach))
     plain = DraftModelDrafter(backend, k=4)  # no costs: no estimate, the draft is taken whole
-    plain.reset(prompts(1, seed=6)[0])
-    (whole,) = drive_rounds(backend, [plain.offer_rounds(4)])
+    start(plain, prompts(1, seed=6)[0])
+    whole = offer_rounds(plain, 4)
     assert whole.reach is None and len(whole.draft) == 4
 
 

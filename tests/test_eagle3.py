@@ -14,6 +14,7 @@ from leapdecode.drafters.cost_aware import CostAwareDrafter
 from leapdecode.drafters.eagle3 import Eagle3Drafter
 from leapdecode.engine import StopCriteria, TorchBackend, decode
 from leapdecode.engine.cost import ForwardCost
+from leapdecode.engine.drafting import PassResult
 from leapdecode.engine.reference import greedy_reference
 from leapdecode.errors import MethodError, ModelLoadError
 from leapdecode.heads.eagle3 import Eagle3Config, Eagle3Head, HeadCache, default_aux_layers, random_head
@@ -100,9 +101,9 @@ def test_sampled_eagle3_equals_plain_sampling(target) -> None:
 
 
 class RecordingDrafter(Eagle3Drafter):
-    def take_features(self, states):
-        self.seen = [*getattr(self, "seen", []), states.clone()]
-        super().take_features(states)
+    def hear(self, result):
+        self.seen = [*getattr(self, "seen", []), result.features.clone()]
+        super().hear(result)
 
 
 def test_loop_hands_the_head_the_states_of_the_kept_positions(target) -> None:
@@ -115,7 +116,7 @@ def test_loop_hands_the_head_the_states_of_the_kept_positions(target) -> None:
     text = torch.tensor([prompt + got[:-1]])
     with torch.inference_mode():
         states = target(input_ids=text, output_hidden_states=True).hidden_states
-    expected = torch.cat([states[i][0] for i in drafter.feature_layers], dim=-1)
+    expected = torch.cat([states[i][0] for i in drafter.needs.features], dim=-1)
     assert rows.shape == expected.shape
     torch.testing.assert_close(rows, expected, rtol=1e-4, atol=1e-4)
 
@@ -307,8 +308,7 @@ def test_training_time_test_scores_what_drafting_drafts(commit) -> None:
     prefix = torch.randint(0, TINY_VOCAB, (commit + 2,), generator=gen).tolist()
     drafter = Eagle3Drafter(head, depth=5)
     drafter.reset(prefix[:1])
-    drafter.take_features(states)
-    drafter.update(prefix[1:], 0)
+    drafter.hear(PassResult(prefix[1:], 0, None, states))
     chain = drafter.propose(5).tokens
     ids = torch.tensor(prefix + chain[:-1])
     padded = torch.cat(

@@ -183,14 +183,19 @@ def test_every_method_keeps_the_call_order_and_its_output_in_shared_passes(cls, 
 
 def test_the_call_order_check_refuses_what_the_loop_never_does() -> None:
     from leapdecode.drafters import NoDrafter
+    from leapdecode.engine.drafting import DraftContext, PassResult, Request
 
     drafter = CheckedDrafter(NoDrafter())
-    with pytest.raises(AssertionError, match="propose in state new"):
-        drafter.propose(4)
-    drafter.reset([1, 2])
-    with pytest.raises(AssertionError, match="update in state reset"):
-        drafter.update([3], 0)  # before attach
-    drafter.attach(None, None)  # type: ignore[arg-type]
-    drafter.update([3], 0)
-    with pytest.raises(AssertionError, match="take in state heard"):
-        drafter.take(None, [])  # type: ignore[arg-type]
+    with pytest.raises(AssertionError, match="offer in state new"):
+        next(drafter.offer(DraftContext(4)), None)
+    drafter.start(Request([1, 2], prefill=PassResult([3], 0)))
+    with pytest.raises(AssertionError, match="hear in state started"):
+        drafter.hear(PassResult([3], 0, ()))  # a pass it never offered for
+    with pytest.raises(StopIteration):
+        next(drafter.offer(DraftContext(4)))  # no draft model: the offer is made at once
+    with pytest.raises(AssertionError, match="offer in state offered"):
+        next(drafter.offer(DraftContext(4)), None)
+    drafter.hear(PassResult([5], 0, ()))
+    drafter.finish()
+    with pytest.raises(AssertionError, match="hear in state done"):
+        drafter.hear(PassResult([5], 0, ()))

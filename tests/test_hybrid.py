@@ -9,7 +9,8 @@ import functools
 import pytest
 
 from leapdecode import wrap
-from leapdecode.drafters import Draft, Drafter, NoDrafter
+from leapdecode.drafters import Draft, NoDrafter
+from leapdecode.drafters.base import StreamDrafter
 from leapdecode.drafters.cost_aware import CostAwareDrafter
 from leapdecode.drafters.hybrid import SUFFIX_EVIDENCE, HybridDrafter, graft
 from leapdecode.drafters.recycle import RecycleDrafter, RecycleTable
@@ -18,7 +19,16 @@ from leapdecode.engine import StopCriteria, TorchBackend, compile_tree, decode
 from leapdecode.engine.cost import ForwardCost
 from leapdecode.methods import parse_method
 from leapdecode.verifiers import SamplingParams, verify_greedy, verify_tree_greedy
-from tests.helpers import assert_follows_exact, drafted_matching_plain, exact_joint, prompts, sample_sequences
+from tests.helpers import (
+    assert_follows_exact,
+    draft_alone,
+    drafted_matching_plain,
+    exact_joint,
+    hear_pass,
+    prompts,
+    sample_sequences,
+    start,
+)
 
 STEEP = ForwardCost((0.047, 0.070, 0.093, 0.115, 0.155, 0.195, 0.236, 0.278))
 FLAT = ForwardCost((1.0,) * 8)
@@ -38,7 +48,7 @@ def test_graft_merges_a_chain_or_a_tree_into_a_tree_sharing_prefixes() -> None:
     assert len(graft(Draft(), Draft())) == 0
 
 
-class FixedTree(Drafter):
+class FixedTree(StreamDrafter):
     """Always the same tree, with evidence per node."""
 
     def __init__(self, draft: Draft) -> None:
@@ -59,29 +69,28 @@ def test_cost_aware_cutting_keeps_a_tree_and_learns_which_branches_win() -> None
     # root children 5 (evidence 1) and 6 (evidence 2); 5 -> 7 (evidence 3)
     inner = FixedTree(Draft([5, 6, 7], parents=(-1, -1, 0), evidence=(1, 2, 3)))
     drafter = CostAwareDrafter(inner, STEEP)
-    drafter.reset([1])
+    start(drafter, [1])
     for _ in range(30):  # the target always goes 6 then 9: branch 6 right, branch 5 wrong
-        draft = drafter.propose(8)
+        draft = draft_alone(drafter, 8)
         if draft.parents:
             compile_tree(draft.parents)
         accepted = 1 if 6 in draft.tokens else 0
-        drafter.update([6, 9] if accepted else [6], accepted)
+        hear_pass(drafter, [6, 9] if accepted else [6], accepted)
     assert draft.tokens == [6]  # only the winning branch is worth its cost
     assert drafter.estimate.rate(("evidence", 2)) > 0.9 > 0.1 > drafter.estimate.rate(("evidence", 1))
     flat = CostAwareDrafter(FixedTree(Draft([5, 6, 7], parents=(-1, -1, 0))), FLAT)
-    flat.reset([1])
-    assert flat.propose(8).tokens == [5, 6, 7]  # free passes: keep everything
-    assert inner.updates[-1] == ([6, 9], 1)  # the inner drafter hears every update
+    start(flat, [1])
+    assert draft_alone(flat, 8).tokens == [5, 6, 7]  # free passes: keep everything
+    assert inner.updates[-1] == ([6, 9], 1)  # the inner drafter hears every pass
 
 
 def test_a_cut_tree_teaches_the_recycling_table_only_its_scored_rows() -> None:
     table = RecycleTable(4)
     table.learn(5, [6, 7])
     drafter = RecycleDrafter(k=4, nodes=4, depth=2, width=2, table=table)
-    drafter.reset([5])
-    drafter.propose(4)  # [6, 7], rows 5, 6, 7
-    drafter.cut([1])  # only 7 was scored
-    drafter.observe([8, 9], [[8], [9]])
+    start(drafter, [5])
+    draft_alone(drafter, 4)  # [6, 7], rows 5, 6, 7
+    hear_pass(drafter, [8], 0, kept=[1], predicted=[8, 9], candidates=[[8], [9]])  # only 7 was scored
     assert table.next[5] == (8,) and table.next[7] == (9,) and 6 not in table.next
 
 
@@ -93,8 +102,8 @@ def test_the_hybrid_tree_holds_the_suffix_chain_and_the_recycled_branches() -> N
     table = RecycleTable(4)
     table.learn(3, [4, 9])
     drafter = hybrid(table=table, factor=4.0)
-    drafter.reset([1, 2, 3, 4, 5, 1, 2, 3])  # "1 2 3" repeats: the suffix drafts 4 5 1 2 3...
-    draft = drafter.propose(16)
+    start(drafter, [1, 2, 3, 4, 5, 1, 2, 3])  # "1 2 3" repeats: the suffix drafts 4 5 1 2 3...
+    draft = draft_alone(drafter, 16)
     compile_tree(draft.parents)
     assert draft.tokens[:2] == [4, 9]  # the recycled root candidates; 4 shared with the chain
     assert draft.tokens[2:] == ([4, 5, 1, 2, 3] * 3)[1:12]  # factor 4 × a 3-token match, less the shared 4
@@ -104,8 +113,8 @@ def test_the_hybrid_tree_holds_the_suffix_chain_and_the_recycled_branches() -> N
 
 def run(model, prompt, drafter, n):
     verifiers = (
-        functools.partial(verify_greedy, candidates=drafter.candidates),
-        functools.partial(verify_tree_greedy, candidates=drafter.candidates),
+        functools.partial(verify_greedy, candidates=drafter.needs.candidates),
+        functools.partial(verify_tree_greedy, candidates=drafter.needs.candidates),
     )
     steps = list(decode(TorchBackend(model), prompt, drafter, StopCriteria(frozenset(), n), *verifiers))
     return [t for s in steps for t in s.tokens], sum(s.num_accepted for s in steps)

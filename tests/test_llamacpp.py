@@ -11,8 +11,9 @@ import torch
 
 from leapdecode.api import wrap
 from leapdecode.drafters import NoDrafter
+from leapdecode.drafters.base import StreamDrafter
 from leapdecode.engine import StopCriteria, decode
-from leapdecode.engine.cost import measure_forward_cost
+from leapdecode.engine.cost_measure import measure_forward_cost
 from leapdecode.engine.llamacpp_backend import LlamaCppBackend
 from leapdecode.engine.sampling import SamplingParams
 from leapdecode.errors import MethodError, ModelLoadError
@@ -122,12 +123,12 @@ def test_eos_inside_a_draft_stops_exactly_there(cpp_lm, references) -> None:
 
 def test_tree_branches_share_one_pass(cpp_lm, references) -> None:
     """A hand-made tree: the right path next to wrong siblings; the right one is kept."""
-    from leapdecode.drafters import Draft, Drafter
+    from leapdecode.drafters import Draft
 
     prompt = PROMPTS[0]
     reference = references[prompt]
 
-    class TwoBranches(Drafter):
+    class TwoBranches(StreamDrafter):
         def __init__(self) -> None:
             self.emitted = 0
 

@@ -19,6 +19,7 @@ from leapdecode.drafters import CostAwareDrafter, NoDrafter
 from leapdecode.drafters.medusa import MedusaDrafter
 from leapdecode.engine import StopCriteria, TorchBackend, decode
 from leapdecode.engine.cost import ForwardCost
+from leapdecode.engine.drafting import PassResult
 from leapdecode.errors import ModelLoadError
 from leapdecode.heads.medusa import MedusaConfig, MedusaHeads, random_medusa
 from leapdecode.heads.medusa_format import load_medusa, save_medusa
@@ -122,7 +123,7 @@ def test_drafts_follow_the_heads_and_their_bounds() -> None:
     for drafter in (chain, tree):
         drafter.reset([5, 6])
         assert len(drafter.propose(4)) == 0  # no state yet
-        drafter.take_features(state)
+        drafter.hear(PassResult([7], 0, None, state))
         assert len(drafter.propose(0)) == 0
     with torch.inference_mode():
         probs = heads(state[-1:])[:, 0].softmax(-1)  # [num_heads, vocab]
@@ -370,7 +371,7 @@ def test_a_truncated_vocabulary_round_trips_in_vllms_format(target, tmp_path) ->
     assert torch.equal(logits(load_medusa(tmp_path, target)), out)
     drafter = MedusaDrafter(heads, LAYERS, tree=True, nodes=8, width=2)
     drafter.reset([4])
-    drafter.take_features(X)
+    drafter.hear(PassResult([5], 0, None, X))
     assert set(drafter.propose(4).tokens) <= set(token_map.tolist())
     with pytest.raises(ValueError, match="token map"):
         save_medusa(heads, tmp_path / "m", format="medusa")

@@ -23,9 +23,12 @@ from tests.helpers import (
     GREEDY,
     assert_follows_exact,
     assert_sampled_like_plain,
+    draft_alone,
     exact_joint,
+    hear_pass,
     prompts,
     sample_sequences,
+    start,
 )
 
 DRAFTERS = {
@@ -61,22 +64,21 @@ def test_jacobi_fixed_point_from_a_wrong_block() -> None:
     # The Jacobi update on its own: after a pass, the guesses after the first rejected position
     # are the model's predictions there; the prefix that agrees is emitted.
     drafter = JacobiDrafter(block=4, init="repeat")
-    drafter.reset([1, 2, 3])
-    drafter.update([9], 0)  # the prefill's token
-    assert drafter.propose(10).tokens == [9, 9, 9, 9]
-    drafter.observe([9, 5, 6, 7, 8])  # the target's token after the pending 9, then after each guess
-    drafter.update([9, 5], 1)  # first guess right, second wrong: the bonus is 5
-    assert drafter.propose(10).tokens[:3] == [6, 7, 8]  # predictions after the wrong guesses
+    start(drafter, [1, 2, 3], first=[9])  # the prefill's token
+    assert draft_alone(drafter, 10).tokens == [9, 9, 9, 9]
+    # the target's token after the pending 9, then after each guess: first guess right, second
+    # wrong, the bonus 5
+    hear_pass(drafter, [9, 5], 1, predicted=[9, 5, 6, 7, 8])
+    assert draft_alone(drafter, 10).tokens[:3] == [6, 7, 8]  # predictions after the wrong guesses
     block = JacobiDrafter(block=3, mode="block")
-    block.reset([1, 2])
-    block.update([4], 0)
-    assert len(block.propose(10)) == 3
-    block.observe([4, 4, 0, 0])
-    block.update([4, 4, 0], 2)  # two accepted + bonus: the block of 3 (+ pending) has one left
-    assert len(block.propose(10)) == 0  # ... which the next pass emits without guessing
-    block.observe([0])
-    block.update([0], 0)
-    assert len(block.propose(10)) == 3  # a new block
+    start(block, [1, 2], first=[4])
+    assert len(draft_alone(block, 10)) == 3
+    hear_pass(
+        block, [4, 4, 0], 2, predicted=[4, 4, 0, 0]
+    )  # two accepted + bonus: the block of 3 (+ pending) has one left
+    assert len(draft_alone(block, 10)) == 0  # ... which the next pass emits without guessing
+    hear_pass(block, [0], 0, predicted=[0])
+    assert len(draft_alone(block, 10)) == 3  # a new block
 
 
 def test_lookahead_tree_on_a_hand_built_window() -> None:
@@ -102,20 +104,17 @@ def test_lookahead_tree_on_a_hand_built_window() -> None:
 
 def test_lookahead_fills_levels_then_the_pool_and_drafts_from_it() -> None:
     drafter = LookaheadDrafter(w=3, n=3, g=2)
-    drafter.reset([7, 8, 9])
-    drafter.update([10], 0)
-    first = drafter.propose(20)
+    start(drafter, [7, 8, 9], first=[10])
+    first = draft_alone(drafter, 20)
     assert first.parents is not None and drafter.cells is not None
-    drafter.observe([11] * (len(first) + 1))
+    hear_pass(drafter, [11], 0, predicted=[11] * (len(first) + 1))
     assert len(drafter.levels) == 2 and drafter.levels[1] == [11, 11, 11]  # warm-up: a level more
     assert drafter.pool == {}
-    drafter.update([11], 0)
-    second = drafter.propose(20)
-    drafter.observe([12] * (len(second) + 1))
+    second = draft_alone(drafter, 20)
+    hear_pass(drafter, [11], 0, predicted=[12] * (len(second) + 1))
     assert len(drafter.levels) == 2 and drafter.levels[1] == [12, 12, 12]
     assert list(drafter.pool[11]) == [(11, 12)]  # column 0: [pending 11, 11, prediction 12]
-    drafter.update([11], 0)
-    third = drafter.propose(20)
+    third = draft_alone(drafter, 20)
     assert third.tokens[:2] == [11, 12]  # the pooled n-gram after the pending 11 is verified first
     assert drafter.propose(1).parents is not None and len(drafter.propose(1)) <= 2  # no window when it cannot fit
 

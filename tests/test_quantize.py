@@ -460,6 +460,7 @@ def test_gguf_blocks_are_the_files_values(kind) -> None:
     assert read_blocks(raw, "Q5_K", 6, 4 * GROUP) is None  # a layout that does not fit
 
 
+@pytest.mark.real_model  # reads the packaged model's GGUF
 def test_q4_k_blocks_of_the_real_file_are_its_values() -> None:
     """The file's Q4_K groups, and the super-block form of their scales bit for bit the file's
     products (so a layer of them is the file's model, in 25 % fewer bytes than per-group floats)."""
@@ -483,6 +484,7 @@ def test_q4_k_blocks_of_the_real_file_are_its_values() -> None:
     assert layer.packed.numel() < 0.8 * QuantizedLinear.from_groups(*blocks.groups(), 4, None).packed.numel()
 
 
+@pytest.mark.real_model  # reads the packaged model's GGUF
 def test_q6_k_blocks_of_the_real_file_are_its_values_bit_for_bit(kernel) -> None:
     """The 1.5B's Q6_K tensors (a value projection here; its output layer, half its down
     projections) become 6-bit layers whose weights are the file's, bit for bit."""

@@ -15,7 +15,16 @@ from leapdecode.drafters.recycle import RecycleDrafter, RecycleTable
 from leapdecode.engine import StopCriteria, TorchBackend, compile_tree, decode
 from leapdecode.methods import parse_method
 from leapdecode.verifiers import SamplingParams, verify_greedy, verify_tree_greedy
-from tests.helpers import assert_follows_exact, drafted_matching_plain, exact_joint, prompts, sample_sequences
+from tests.helpers import (
+    assert_follows_exact,
+    draft_alone,
+    drafted_matching_plain,
+    exact_joint,
+    hear_pass,
+    prompts,
+    sample_sequences,
+    start,
+)
 
 
 def test_the_drafted_tree_follows_the_table_wide_at_the_root() -> None:
@@ -40,14 +49,13 @@ def test_the_drafted_tree_follows_the_table_wide_at_the_root() -> None:
 
 def test_the_table_learns_every_scored_row_and_top1_under_sampling() -> None:
     drafter = RecycleDrafter(k=3, nodes=4, depth=2, width=2)
-    drafter.reset([1, 2])
-    drafter.propose(4)  # nothing known yet: a plain step, one row (the pending token 2)
-    drafter.observe([9], [[9, 8, 7]])
+    start(drafter, [1, 2])
+    draft_alone(drafter, 4)  # nothing known yet: a plain step, one row (the pending token 2)
+    hear_pass(drafter, [9], 0, predicted=[9], candidates=[[9, 8, 7]])
     assert drafter.table.next[2] == (9, 8, 7)
-    drafter.update([9], 0)
     drafter.table.learn(9, [4, 5, 6])
-    draft = drafter.propose(4)  # rows: 9, then the drafted tokens
-    drafter.observe([4] * (len(draft) + 1))  # sampling: only the greedy token per row
+    draft = draft_alone(drafter, 4)  # rows: 9, then the drafted tokens
+    hear_pass(drafter, [4], 1, predicted=[4] * (len(draft) + 1))  # sampling: only the greedy token per row
     assert drafter.table.next[9][0] == 4 and drafter.table.next[draft.tokens[0]] == (4,)
 
 

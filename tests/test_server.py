@@ -18,6 +18,7 @@ from leapdecode import wrap
 from leapdecode.server.loadtest import run_load
 
 MODEL = "smollm2-135m"
+pytestmark = pytest.mark.real_model  # every test here serves the real small model
 
 
 def free_port() -> int:

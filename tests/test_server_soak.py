@@ -19,6 +19,7 @@ from leapdecode import wrap
 from leapdecode.server.batching import IDLE_S
 from tests.test_server import MODEL, start_server
 
+pytestmark = pytest.mark.real_model  # the soak serves the real small model
 METHODS = ["ar", "anpd", "pld", "suffix", "recycle", "hybrid", "jacobi", "lookahead", "anpd-tree", "trie"]
 LONG = "Here is a long document about rivers. " + " ".join(
     f"River {i} flows into the sea past town {i}." for i in range(60)

@@ -9,7 +9,8 @@ import functools
 import pytest
 import torch
 
-from leapdecode.drafters import Draft, Drafter
+from leapdecode.drafters import Draft
+from leapdecode.drafters.base import StreamDrafter
 from leapdecode.engine import StopCriteria, TorchBackend, chain_parents, compile_tree, decode, keep_cache_entries
 from leapdecode.engine.noise import PositionNoise
 from leapdecode.engine.reference import greedy_reference
@@ -119,7 +120,7 @@ def test_tree_speculative_sampling_keeps_p_over_siblings() -> None:
     assert tv(counts / draws, p) <= tv_bound(p, draws)
 
 
-class ModelTree(Drafter):
+class ModelTree(StreamDrafter):
     """A tree of likely tokens, from the model itself: its top two tokens after the stream,
     and (room permitting) the top token after the first of them. Deterministic, so q is one-hot."""
 
@@ -172,7 +173,7 @@ def test_tree_sampling_end_to_end_keeps_the_sequence_distribution(tiny_model) ->
     assert accepted > draws // 4 and second_child > 0  # drafts really accepted, second children too
 
 
-class CountsOutput(Drafter):
+class CountsOutput(StreamDrafter):
     """A scripted drafter's base: `done` counts the tokens emitted so far, to index a reference."""
 
     def reset(self, prompt_ids):

@@ -27,6 +27,7 @@ from leapdecode.errors import MethodError
 from leapdecode.integrations.slots import SlotDrafters
 from leapdecode.integrations.step_cost import StepCost
 from leapdecode.integrations.vllm_setup import PROPOSER, serve_command, vllm_engine_args, vllm_method
+from tests.helpers import CheckedDrafter
 
 MAX_LEN = 256
 
@@ -110,10 +111,14 @@ def test_an_evicted_requests_output_reaches_a_shared_index() -> None:
 def test_every_row_drafts_as_its_own_request_would(data: st.DataObject) -> None:
     """Random schedules: requests start, grow by 1-3 tokens per step, move between slots, stop
     (their slot goes to a new request), some rows are partial prefills; each row's draft equals
-    what a drafter fed exactly that request's tokens would draft."""
+    what a drafter fed exactly that request's tokens would draft, and every drafter hears the
+    contract's calls in their legal order."""
     rng = random.Random(data.draw(st.integers(0, 10**6)))
     vocab = data.draw(st.integers(2, 6))  # a small vocabulary: many repeats, many drafts
-    s = slots(k=3, capacity=64, idle_steps=4)
+    # every drafter checked for the contract's call order (start, then offer and hear, finish)
+    s = SlotDrafters(
+        lambda: CheckedDrafter(AnpdDrafter(n=3, k=3)), max_tokens=3, max_len=MAX_LEN, capacity=64, idle_steps=4
+    )
     live: list[list[int]] = []
     for _ in range(data.draw(st.integers(1, 12))):
         live = [r for r in live if rng.random() > 0.15 and len(r) < MAX_LEN - 8]  # some finish

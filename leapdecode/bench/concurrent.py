@@ -27,7 +27,8 @@ import torch
 from leapdecode.api import Decoder
 from leapdecode.bench.concurrent_result import SOLO, ConcurrentResult
 from leapdecode.bench.labels import short_label
-from leapdecode.engine.cost import ForwardCost, measure_batch_cost
+from leapdecode.engine.cost import ForwardCost
+from leapdecode.engine.cost_measure import measure_batch_cost
 from leapdecode.engine.prefix_cache import PrefixCache
 from leapdecode.engine.scheduler import BatchScheduler
 from leapdecode.engine.submission import Submission

@@ -1,4 +1,4 @@
-"""Drafters: one module each. A drafter proposes tokens and is told what was accepted.
+"""Drafters: one module each, each the engine's four-call contract (`engine.drafting`).
 
 The names below are imported on first use: the drafters import torch (and some the early-exit
 backends), and `leapdecode.methods` names these modules without wanting either loaded.
@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from leapdecode.drafters.anpd_tree import AnpdTreeDrafter
     from leapdecode.drafters.arctic_suffix import ArcticSuffixDrafter
-    from leapdecode.drafters.base import Draft, Drafter, NoDrafter, Offer
+    from leapdecode.drafters.base import Composite, NoDrafter, StreamDrafter
     from leapdecode.drafters.cost_aware import CostAwareDrafter
     from leapdecode.drafters.draft_model import DraftModelDrafter
     from leapdecode.drafters.eagle3 import Eagle3Drafter
@@ -28,14 +28,14 @@ if TYPE_CHECKING:
     from leapdecode.drafters.self_draft import SelfDrafter
     from leapdecode.drafters.suffix import SuffixDrafter
     from leapdecode.drafters.trie import TokenTrie, TrieDrafter
+    from leapdecode.engine.drafting import Draft, Drafter, Offer
 
 _LAZY = {
     "AnpdTreeDrafter": "anpd_tree",
     "ArcticSuffixDrafter": "arctic_suffix",
-    "Draft": "base",
-    "Drafter": "base",
+    "Composite": "base",
     "NoDrafter": "base",
-    "Offer": "base",
+    "StreamDrafter": "base",
     "CostAwareDrafter": "cost_aware",
     "DraftModelDrafter": "draft_model",
     "HybridDrafter": "hybrid",
@@ -58,10 +58,13 @@ _LAZY = {
     "TrieDrafter": "trie",
 }
 
+_CONTRACT = ("Draft", "Drafter", "Offer")
+
 __all__ = [
     "AnpdDrafter",
     "AnpdTreeDrafter",
     "ArcticSuffixDrafter",
+    "Composite",
     "CostAwareDrafter",
     "Datastore",
     "Draft",
@@ -81,6 +84,7 @@ __all__ = [
     "RecycleDrafter",
     "RestDrafter",
     "SelfDrafter",
+    "StreamDrafter",
     "SuffixDrafter",
     "TokenTrie",
     "TrieDrafter",
@@ -92,4 +96,6 @@ def __getattr__(name: str) -> Any:
     """Import the drafter modules on first use (PEP 562)."""
     if name in _LAZY:
         return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+    if name in _CONTRACT:  # the engine's own types, named here for drafters' users
+        return getattr(importlib.import_module("leapdecode.engine.drafting"), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

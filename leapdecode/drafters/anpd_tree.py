@@ -10,12 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from leapdecode.drafters.base import Draft, Drafter
+from leapdecode.drafters.base import StreamDrafter
 from leapdecode.drafters.ngram import NGramModule
 from leapdecode.drafters.tree_builder import best_first_tree
+from leapdecode.engine.drafting import Draft
 
 
-class AnpdTreeDrafter(Drafter):
+class AnpdTreeDrafter(StreamDrafter):
     def __init__(self, n: int = 5, nodes: int = 8, depth: int = 4, width: int = 3) -> None:
         self.module = NGramModule(n)
         self.nodes = nodes

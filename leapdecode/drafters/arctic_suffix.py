@@ -16,7 +16,8 @@ import itertools
 from collections.abc import Sequence
 from typing import Any
 
-from leapdecode.drafters.base import Draft, Drafter
+from leapdecode.drafters.base import StreamDrafter
+from leapdecode.engine.drafting import Draft
 from leapdecode.errors import MethodError
 
 _request_ids = itertools.count()
@@ -35,7 +36,7 @@ def suffix_cache(depth: int, cached_requests: int) -> Any:
     return SuffixDecodingCache(max_tree_depth=depth, max_cached_requests=cached_requests)
 
 
-class ArcticSuffixDrafter(Drafter):
+class ArcticSuffixDrafter(StreamDrafter):
     def __init__(
         self,
         cache: Any,

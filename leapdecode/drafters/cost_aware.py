@@ -27,8 +27,17 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Hashable, Sequence
 
-from leapdecode.drafters.base import Delegating, Draft, Drafter, Offer
-from leapdecode.engine.cost import PassCost, cut_alone
+from leapdecode.engine.drafting import (
+    Delegating,
+    Draft,
+    DraftContext,
+    Drafter,
+    Offer,
+    PassCost,
+    PassResult,
+    Request,
+    Rounds,
+)
 
 
 class AcceptanceEstimate:
@@ -128,14 +137,13 @@ class CostAwareDrafter(Delegating):
         self._full = Draft()
         self._parents: tuple[int, ...] = ()  # of the full draft
         self._buckets: list[Hashable] = []
-        self._kept: list[int] = []  # indices into the full draft, parents first
         self.kept_lengths: list[int] = []  # per pass, for statistics and tests
 
-    def reset(self, prompt_ids: Sequence[int]) -> None:
-        self.inner.reset(prompt_ids)
-        self._full, self._parents, self._buckets, self._kept = Draft(), (), [], []
+    def start(self, request: Request) -> None:
+        self._full, self._parents, self._buckets = Draft(), (), []
         self.kept_lengths = []
         self.request = RequestEstimate(self.estimate)
+        self.inner.start(request)
 
     def buckets(self, draft: Draft, parents: Sequence[int]) -> list[Hashable]:
         if draft.evidence is not None:
@@ -149,38 +157,24 @@ class CostAwareDrafter(Delegating):
         """The acceptance rate of `bucket` in this request: its own outcomes, the shared rate as prior."""
         return self.request.rate(bucket)
 
-    def offer(self, max_tokens: int) -> Offer:
-        draft = self.inner.propose(max_tokens)
+    def offer(self, context: DraftContext) -> Rounds:
+        # the whole draft, each token priced: the scheduler keeps the part that pays (a pass of
+        # this request's own by `cost`, a shared pass by its own curve)
+        inner = yield from self.inner.offer(context)
+        draft = inner.draft
         parents = draft.parents if draft.parents is not None else tuple(range(-1, len(draft) - 1))
         self._full, self._parents, self._buckets = draft, parents, self.buckets(draft, parents)
         reach: list[float] = []  # probability that each token is accepted
         for i, p in enumerate(parents):
             reach.append(self.rate(self._buckets[i]) * (reach[p] if p >= 0 else 1.0))
-        return Offer(draft, tuple(reach))
+        return Offer(draft, tuple(reach), self.cost)
 
-    def take(self, offer: Offer, kept: Sequence[int]) -> Draft:
-        self._kept = list(kept)
-        self.kept_lengths.append(len(kept))
-        return offer.draft.subset(kept)
-
-    def cut(self, kept: Sequence[int]) -> None:
-        # a cut of the part already kept (the loop's, to the rows verified exactly): indices into it
-        self._kept = [self._kept[i] for i in kept]
-        if self.kept_lengths:
-            self.kept_lengths[-1] = len(self._kept)
-
-    def propose(self, max_tokens: int) -> Draft:
-        # this request alone in its pass: the pending token's row is there anyway
-        offer = self.offer(max_tokens)
-        return self.take(offer, cut_alone(offer, self.cost))
-
-    def update(self, tokens: Sequence[int], num_accepted: int) -> None:
+    def hear(self, result: PassResult) -> None:
+        if result.kept is not None:
+            self.kept_lengths.append(len(result.kept))
         # every child of the accepted path's nodes (kept or dropped), judged against the target's token there
-        for child, hit in judged(self._full.tokens, self._parents, tokens[: num_accepted + 1]):
+        tokens = result.tokens[: result.accepted + 1]
+        for child, hit in judged(self._full.tokens, self._parents, tokens):
             self.request.observe(self._buckets[child], hit)
         self._full, self._parents, self._buckets = Draft(), (), []
-        self.inner.update(tokens, num_accepted)
-
-    def observe(self, predicted: Sequence[int], candidates: Sequence[Sequence[int]] | None = None) -> None:
-        self.inner.cut(self._kept)
-        self.inner.observe(predicted, candidates)
+        self.inner.hear(result)  # the cut indexes the inner drafter's own draft: this one cuts nothing

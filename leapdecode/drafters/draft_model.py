@@ -13,7 +13,7 @@ Options (what each does for a user: `docs/methods.md`, Draft model):
 - `cost` (`DraftCost`, `drafters.draft_pricing`): each next token only while it pays for a draft
   pass and a verification row, by the draft's own probability calibrated online (`estimate`); the
   tokens the cache lacks are charged to the first, over the steps the request can be counted on
-  for (`horizon`, `LengthEstimate`); a probe every `PROBE_EVERY` silent steps (B times as seldom
+  for (the request's budget, `LengthEstimate`); a probe every `PROBE_EVERY` silent steps (B times as seldom
   in a batch of B) keeps the rates learning. Cut as a shared pass cuts every request's
   (`allocate`), alone too; alone, its passes are timed (`clock`) for live costs. Not with the cascade.
 - `retrieval` (a `SuffixDrafter`, with `cost`): where the text repeats, a suffix match drafts at
@@ -35,7 +35,6 @@ from collections.abc import Callable, Generator, Hashable, Sequence
 import torch
 
 from leapdecode.choices import DRAFT_SCHEDULES
-from leapdecode.drafters.base import Draft, Drafter, DraftFeed, Offer
 from leapdecode.drafters.cost_aware import AcceptanceEstimate, LengthEstimate, RequestEstimate, judged
 from leapdecode.drafters.draft_pricing import (
     PROBE_EVERY,
@@ -52,10 +51,20 @@ from leapdecode.drafters.draft_pricing import (
 from leapdecode.drafters.draft_window import DraftWindow
 from leapdecode.drafters.ngram import NGramModule
 from leapdecode.drafters.suffix import SuffixDrafter
-from leapdecode.engine.backend import Backend, CacheState, Scores, TorchBackend
-from leapdecode.engine.batch import drive_rounds
+from leapdecode.engine.backend import Backend, CacheState, Scores
 from leapdecode.engine.cache import snapshot_cache
-from leapdecode.engine.cost import PassCost, cut_alone
+from leapdecode.engine.drafting import (
+    Draft,
+    DraftContext,
+    Drafter,
+    DraftFeed,
+    Needs,
+    Offer,
+    PassCost,
+    PassResult,
+    Request,
+    Rounds,
+)
 from leapdecode.engine.noise import PositionNoise, Stream
 from leapdecode.engine.prefix_cache import PrefixCache
 from leapdecode.engine.sampling import SamplingParams, logits_to_probs
@@ -91,7 +100,7 @@ class DraftModelDrafter(Drafter):
         if schedule not in DRAFT_SCHEDULES:
             raise ValueError(f"schedule must be one of {DRAFT_SCHEDULES}, got {schedule!r}")
         self.backend = backend
-        self.draft_backend = backend  # requests of one method draft in shared passes of it
+        self.needs = Needs(draft_backend=backend)  # requests of one method draft in shared passes of it
         self.k = k
         self.k_max = 4 * k
         self.sampling = sampling
@@ -106,7 +115,7 @@ class DraftModelDrafter(Drafter):
         # finished requests' draft caches (shared by a decoder's requests): a prompt that begins
         # with kept tokens starts from a copy (holes and all); every request leaves its cache
         self.prefix_cache = prefix_cache
-        self.max_new_tokens: int | None = None  # the request's budget (`horizon`); None: unknown
+        self.max_new_tokens: int | None = None  # the request's budget; None: unknown
         self.schedule = schedule
         self.threshold = threshold
         self.ngram = NGramModule(cascade_n) if cascade_n else None
@@ -132,7 +141,14 @@ class DraftModelDrafter(Drafter):
         self.alone, self.clock = False, clock
         self.verifying: tuple[int, float] | None = None  # the rows and start of the target pass now verifying
 
+    def start(self, request: Request) -> None:
+        self.reset(request.prompt_ids)
+        self.max_new_tokens = request.max_new_tokens
+        if request.prefill is not None:
+            self.hear(request.prefill)
+
     def reset(self, prompt_ids: Sequence[int]) -> None:
+        """A new stream: the prompt (its budget unknown until `start` says)."""
         self.stream = list(prompt_ids)
         self.prompt_len = len(self.stream)
         self.view.unstarted(self.prompt_len)
@@ -155,10 +171,11 @@ class DraftModelDrafter(Drafter):
         """A copy of the longest kept draft cache the prompt begins with, or None (then the first
         pass reads the prompt's window). Past the copy the window applies to the rest: the draft
         model reads at most `window` of it, the copied prefix in place of the attention sinks."""
-        if self.prefix_cache is None or not isinstance(self.backend, TorchBackend):
+        packer = self.backend.packer
+        if self.prefix_cache is None or packer is None:
             return None
         try:
-            taken = self.prefix_cache.take(self.stream, self.backend.fork)
+            taken = self.prefix_cache.take(self.stream, packer.fork)
         except Exception:  # noqa: BLE001 - e.g. out of memory: the draft model reads its window instead
             logger.exception("copying a kept draft-model cache failed")
             return None
@@ -166,9 +183,6 @@ class DraftModelDrafter(Drafter):
             return None
         self.view.copied(taken, self.prompt_len)
         return taken.seq
-
-    def horizon(self, max_new_tokens: int) -> None:
-        self.max_new_tokens = max_new_tokens
 
     @property
     def emitted(self) -> int:
@@ -254,35 +268,25 @@ class DraftModelDrafter(Drafter):
         self.reach = chances
         return match.subset(kept)
 
-    def propose(self, max_tokens: int) -> Draft:
-        # alone in its pass, the draft is cut by the shared pass's rule with one offer (the
-        # pending token's row there anyway): a token drafted while its depth's rate promised
-        # enough, whose calibrated chance then fell short, costs a verification row and no draft
-        # pass, so it is dropped here as a shared pass would drop it
-        self.alone = True
+    def offer(self, context: DraftContext) -> Rounds:
+        # run beside other requests' rounds (`drive_rounds`); each token's reach (its calibrated
+        # chance, times its parents') lets the pass cut every draft by one rule (`allocate`): a
+        # pass of its own by the target's curve (the pending token's row there anyway), where a
+        # token drafted while its depth's rate promised enough, whose calibrated chance then fell
+        # short, costs a verification row and no draft pass, so it is dropped as a shared pass
+        # would drop it. Alone, its passes are timed for live costs.
+        self.alone = context.cost is None
         try:
-            (offer,) = drive_rounds(self.backend, [self.offer_rounds(max_tokens)])
+            draft = yield from self._rounds(context.max_tokens, context.batch, context.cost)
         finally:
             self.alone = False
-        if isinstance(offer, Exception):
-            raise offer
-        draft = offer.draft
-        if self.cost is not None and offer.reach is not None:
-            draft = self.take(offer, cut_alone(offer, self.cost.target))
-        # the target's pass over this chain starts now; it ends where `update` hears the verdict
-        chain = self.cost is not None and draft.parents is None
+        # the target's pass over this chain starts now; it ends where `hear` hears the verdict
+        chain = self.cost is not None and draft.parents is None and context.cost is None
         self.verifying = (1 + len(draft), self.clock()) if chain else None
-        return draft
-
-    def offer_rounds(
-        self, max_tokens: int, batch: int = 1, cost: PassCost | None = None
-    ) -> Generator[DraftFeed, tuple[CacheState, Scores], Offer]:
-        # run beside other requests' rounds (`drive_rounds`); each token's reach (its calibrated
-        # chance, times its parents') lets the shared pass cut every draft by one rule (`allocate`)
-        draft = yield from self._rounds(max_tokens, batch, cost)
         # a probe offers no reach: kept whole (`allocate`), its tokens are judged and the rates learn
         priced = self.cost is not None and not self.probing
-        return Offer(draft, tuple(self.reach[: len(draft)]) if priced else None)
+        reach = tuple(self.reach[: len(draft)]) if priced else None
+        return Offer(draft, reach, self.cost.target if self.cost is not None else None)
 
     def _rounds(
         self, max_tokens: int, batch: int = 1, cost: PassCost | None = None
@@ -362,15 +366,18 @@ class DraftModelDrafter(Drafter):
             except Exception:  # noqa: BLE001 - e.g. out of memory: the request ended well, its draft cache is not kept
                 logger.exception("keeping a draft-model cache failed")
 
-    def cut(self, kept: Sequence[int]) -> None:
-        # a chain's kept part is a prefix, a tree's keeps parents: the rest was never scored (a
-        # match is judged whole in `update`)
-        self.last_draft = [self.last_draft[i] for i in kept]
-        self.buckets = self.buckets[: len(kept)]
-        if self.verifying is not None:
-            self.verifying = (1 + len(kept), self.verifying[1])
+    def hear(self, result: PassResult) -> None:
+        if result.kept is not None:
+            # a chain's kept part is a prefix, a tree's keeps parents: the rest was never scored
+            # (a match is judged whole in `update`)
+            self.last_draft = [self.last_draft[i] for i in result.kept]
+            self.buckets = self.buckets[: len(result.kept)]
+            if self.verifying is not None:
+                self.verifying = (1 + len(result.kept), self.verifying[1])
+        self.update(result.tokens, result.accepted)
 
     def update(self, tokens: Sequence[int], num_accepted: int) -> None:
+        """`tokens` were emitted, the first `num_accepted` of them drafted: learn, roll back, extend."""
         if self.verifying is not None and self.cost is not None:
             rows, start = self.verifying
             self.cost.verified(rows, self.clock() - start)

@@ -13,9 +13,9 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
-from leapdecode.drafters.base import Draft, Offer
 from leapdecode.drafters.cost_aware import LengthEstimate
-from leapdecode.engine.cost import LiveCost, PassCost, cut_alone, scale_of
+from leapdecode.engine.cost import LiveCost, cut_alone, scale_of
+from leapdecode.engine.drafting import Draft, Offer, PassCost
 
 PROBE_EVERY = 8  # silent steps (no draft: the first token did not pay) before one token is drafted anyway
 PROBE_LAG = PROBE_EVERY + 2  # the most tokens a probe feeds: a request alone's since its last probe's verdict

@@ -3,7 +3,7 @@
 Paper: EAGLE-3 (Li et al. 2503.01840); the dynamic tree is EAGLE-2's (2406.16858).
 
 After each verification pass the loop hands the head the target's states at the positions it
-kept (`take_features`): entries the head commits to its own cache, each paired with the token
+kept (`hear`): entries the head commits to its own cache, each paired with the token
 that followed (an accepted draft, or the target's bonus token). The last committed entry's output
 predicts the first drafted token; every further drafting step feeds the head its own output.
 
@@ -27,11 +27,12 @@ from collections.abc import Sequence
 
 import torch
 
-from leapdecode.drafters.base import Draft, Drafter
+from leapdecode.drafters.base import StreamDrafter
+from leapdecode.engine.drafting import Draft, Needs, PassResult
 from leapdecode.heads.eagle3 import Eagle3Head, HeadCache
 
 
-class Eagle3Drafter(Drafter):
+class Eagle3Drafter(StreamDrafter):
     """Drafts with an EAGLE-3 head over the target's states (see the module doc)."""
 
     def __init__(
@@ -45,7 +46,7 @@ class Eagle3Drafter(Drafter):
         # and a draft that improbable is rarely accepted (one host read per level; 0: never stop)
         self.floor = math.log(min_prob) if min_prob > 0 else None
         self.nodes = nodes or depth * width  # the tree's size (a chain: depth)
-        self.feature_layers = head.config.aux_layers
+        self.needs = Needs(features=tuple(head.config.aux_layers))
         self.stream: list[int] = []
         self.cache = HeadCache()
         self.committed = 0  # head entries built from the target's states
@@ -59,8 +60,11 @@ class Eagle3Drafter(Drafter):
         self.pending = []
         self.root = None
 
-    def take_features(self, states: torch.Tensor) -> None:
-        self.pending.append(states)
+    def hear(self, result: PassResult) -> None:
+        # the prompt's states, or the kept rows': [rows, 3 * hidden]
+        if result.features is not None:
+            self.pending.append(result.features)
+        self.update(result.tokens, result.accepted)
 
     def update(self, tokens: Sequence[int], num_accepted: int) -> None:
         self.stream.extend(tokens)

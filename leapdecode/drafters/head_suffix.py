@@ -11,42 +11,25 @@ the part worth its cost.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
 
-from leapdecode.drafters.base import Delegating, Draft, Drafter
+from leapdecode.drafters.base import Composite
 from leapdecode.drafters.hybrid import graft
 from leapdecode.drafters.suffix import SuffixDrafter
+from leapdecode.engine.drafting import Draft, Drafter
 
 SUFFIX_EVIDENCE = 16  # added to the suffix branch's evidence: above every head token's (0-9)
 
 
-class HeadWithSuffix(Delegating):
-    """A head's draft with a suffix match's continuations grafted on (see the module doc); the
-    head is the inner drafter: what this class does not override goes to it."""
+class HeadWithSuffix(Composite):
+    """A head's draft with a suffix match's continuations grafted on (see the module doc);
+    neither keeps state per drafted row, so the cut concerns neither."""
 
     def __init__(self, head: Drafter, suffix: SuffixDrafter) -> None:
-        super().__init__(head)
+        super().__init__(head, suffix)
         self.head, self.suffix = head, suffix
 
-    def reset(self, prompt_ids: Sequence[int]) -> None:
-        self.head.reset(prompt_ids)
-        self.suffix.reset(prompt_ids)
-
-    def cut(self, kept: Sequence[int]) -> None:
-        pass  # neither the head nor the suffix match keeps state per drafted row
-
-    def update(self, tokens: Sequence[int], num_accepted: int) -> None:
-        self.head.update(tokens, num_accepted)
-        self.suffix.update(tokens, num_accepted)
-
-    def propose(self, max_tokens: int) -> Draft:
-        own = self.head.propose(max_tokens)
-        if own.tokens and own.parents is None:  # a chain, as a tree
-            own = dataclasses.replace(own, parents=tuple(range(-1, len(own) - 1)))
-        branch = self.suffix.propose(max_tokens)
-        marks = tuple(SUFFIX_EVIDENCE + e for e in branch.evidence or (0,) * len(branch))
-        return graft(own, dataclasses.replace(branch, evidence=marks))
-
-    def finish(self) -> None:
-        self.head.finish()
-        self.suffix.finish()
+    def merge(self, first: Draft, second: Draft) -> Draft:
+        if first.tokens and first.parents is None:  # a chain, as a tree
+            first = dataclasses.replace(first, parents=tuple(range(-1, len(first) - 1)))
+        marks = tuple(SUFFIX_EVIDENCE + e for e in second.evidence or (0,) * len(second))
+        return graft(first, dataclasses.replace(second, evidence=marks))

@@ -13,11 +13,11 @@ Every scored row, suffix branch included, teaches the recycling table.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
 
-from leapdecode.drafters.base import Draft, Drafter
+from leapdecode.drafters.base import Composite
 from leapdecode.drafters.recycle import RecycleDrafter
 from leapdecode.drafters.suffix import SuffixDrafter
+from leapdecode.engine.drafting import Draft
 
 SUFFIX_EVIDENCE = 64  # added to the suffix branch's evidence: above every recycled token's (rank * 8 + depth < 64)
 
@@ -44,36 +44,15 @@ def graft(draft: Draft, branch: Draft) -> Draft:
     return Draft(tokens, parents=tuple(parents), evidence=tuple(marks)) if tokens else Draft()
 
 
-class HybridDrafter(Drafter):
+class HybridDrafter(Composite):
     """A recycled tree and a suffix match's continuations in one tree (see the module doc)."""
 
-    observes_target = True
-
     def __init__(self, suffix: SuffixDrafter, recycle: RecycleDrafter) -> None:
+        super().__init__(recycle, suffix)
         self.suffix, self.recycle = suffix, recycle
-        self.candidates = recycle.candidates
 
-    def reset(self, prompt_ids: Sequence[int]) -> None:
-        self.suffix.reset(prompt_ids)
-        self.recycle.reset(prompt_ids)
-
-    def update(self, tokens: Sequence[int], num_accepted: int) -> None:
-        self.suffix.update(tokens, num_accepted)
-        self.recycle.update(tokens, num_accepted)
-
-    def propose(self, max_tokens: int) -> Draft:
-        tree = self.recycle.propose(max_tokens)
-        branch = self.suffix.propose(max_tokens)
-        marks = tuple(SUFFIX_EVIDENCE + e for e in branch.evidence or (0,) * len(branch))
-        draft = graft(tree, dataclasses.replace(branch, evidence=marks))
-        self.recycle.scoring(draft.tokens)
+    def merge(self, first: Draft, second: Draft) -> Draft:
+        marks = tuple(SUFFIX_EVIDENCE + e for e in second.evidence or (0,) * len(second))
+        draft = graft(first, dataclasses.replace(second, evidence=marks))
+        self.recycle.scoring(draft.tokens)  # every row of the merged tree teaches the table
         return draft
-
-    def cut(self, kept: Sequence[int]) -> None:
-        self.recycle.cut(kept)
-
-    def observe(self, predicted: Sequence[int], candidates: Sequence[Sequence[int]] | None = None) -> None:
-        self.recycle.observe(predicted, candidates)
-
-    def finish(self) -> None:
-        self.suffix.finish()

@@ -22,12 +22,13 @@ import random
 from collections.abc import Sequence
 
 from leapdecode.choices import JACOBI_INITS, JACOBI_MODES
-from leapdecode.drafters.base import Draft, Drafter
+from leapdecode.drafters.base import StreamDrafter
 from leapdecode.drafters.ngram import NGramModule
+from leapdecode.engine.drafting import Draft, Needs, PassResult
 
 
-class JacobiDrafter(Drafter):
-    observes_target = True
+class JacobiDrafter(StreamDrafter):
+    needs = Needs(predictions=True)
 
     def __init__(self, block: int = 3, mode: str = "sliding", init: str = "repeat", seed: int = 0) -> None:
         if mode not in JACOBI_MODES or init not in JACOBI_INITS or block < 1:
@@ -70,11 +71,11 @@ class JacobiDrafter(Drafter):
         self.drafted = len(draft)
         return Draft(list(draft))
 
-    def cut(self, kept: Sequence[int]) -> None:
-        self.drafted = len(kept)  # a chain: its kept part is a prefix
-
-    def observe(self, predicted: Sequence[int], candidates: Sequence[Sequence[int]] | None = None) -> None:
-        self.predicted = list(predicted)
+    def hear(self, result: PassResult) -> None:
+        if result.kept is not None:
+            self.drafted = len(result.kept)  # a chain: its kept part is a prefix
+        self.predicted = list(result.predicted or ())
+        self.update(result.tokens, result.accepted)
 
     def update(self, tokens: Sequence[int], num_accepted: int) -> None:
         self.stream.extend(tokens)

@@ -26,9 +26,10 @@ import random
 from collections import OrderedDict
 from collections.abc import Sequence
 
-from leapdecode.drafters.base import Draft, Drafter
+from leapdecode.drafters.base import StreamDrafter
 from leapdecode.drafters.ngram import NGramModule
 from leapdecode.drafters.tree_builder import merge_paths
+from leapdecode.engine.drafting import Draft, Needs, PassResult
 
 
 def lookahead_paths(levels: Sequence[Sequence[int]]) -> list[list[int]]:
@@ -46,8 +47,8 @@ def lookahead_paths(levels: Sequence[Sequence[int]]) -> list[list[int]]:
     return paths
 
 
-class LookaheadDrafter(Drafter):
-    observes_target = True
+class LookaheadDrafter(StreamDrafter):
+    needs = Needs(predictions=True)
 
     def __init__(self, w: int = 2, n: int = 3, g: int = 2, anpd: bool = False, seed: int = 0) -> None:
         if w < 2 or n < 2 or g < 0:
@@ -86,13 +87,17 @@ class LookaheadDrafter(Drafter):
         self.cells = [ends[first + c * len(self.levels) + top] for c in range(self.w)] if use_window else None
         return draft
 
-    def cut(self, kept: Sequence[int]) -> None:
-        # the window's cells renumbered among the kept nodes; a window not scored whole is left out
-        if self.cells is not None:
-            where = {full: new for new, full in enumerate(kept)} | {-1: -1}
+    def hear(self, result: PassResult) -> None:
+        if result.kept is not None and self.cells is not None:
+            # the window's cells renumbered among the scored nodes; a window not scored whole is left out
+            where = {full: new for new, full in enumerate(result.kept)} | {-1: -1}
             self.cells = [where[c] for c in self.cells] if all(c in where for c in self.cells) else None
+        if result.predicted is not None:
+            self._grow(result.predicted)
+        self.update(result.tokens, result.accepted)
 
-    def observe(self, predicted: Sequence[int], candidates: Sequence[Sequence[int]] | None = None) -> None:
+    def _grow(self, predicted: Sequence[int]) -> None:
+        """The window's next level: the target's prediction after each column's top cell."""
         if self.cells is None:  # the window was left out of this pass
             return
         new_level = [predicted[c + 1] for c in self.cells]  # the prediction after each column's top cell

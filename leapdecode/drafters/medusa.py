@@ -2,7 +2,7 @@
 
 Head i reads the target's final-norm state h_n and predicts the token at n+i+2; the target's own
 LM head predicts n+1, the bonus token the loop emits before asking for a draft. The loop hands
-over the states of the positions it just verified (`take_features`, before `update`): the last
+over the states of the positions it just verified (`hear`): the last
 of them is the state whose next token is the stream's last token, so the heads on that one row
 draft the tokens after it. No extra target pass, and a proposal costs the heads on one row,
 whatever the context's length.
@@ -19,8 +19,9 @@ from collections.abc import Sequence
 
 import torch
 
-from leapdecode.drafters.base import Draft, Drafter
+from leapdecode.drafters.base import StreamDrafter
 from leapdecode.drafters.tree_builder import best_first_tree
+from leapdecode.engine.drafting import Draft, Needs, PassResult
 from leapdecode.heads.medusa import MedusaHeads
 
 
@@ -29,8 +30,8 @@ def _bucket(prob: float) -> int:
     return min(9, int(10 * prob))
 
 
-class MedusaDrafter(Drafter):
-    """Drafts with Medusa heads from the target's last hidden state (`feature_layers`: the
+class MedusaDrafter(StreamDrafter):
+    """Drafts with Medusa heads from the target's last hidden state (`Needs.features`: the
     final norm's output, index `num_layers_of_target` into Hugging Face's `hidden_states`)."""
 
     def __init__(
@@ -51,7 +52,7 @@ class MedusaDrafter(Drafter):
         if nodes < 1 or width < 1:
             raise ValueError(f"nodes and width must be >= 1, got nodes={nodes}, width={width}")
         self.heads = heads
-        self.feature_layers = (num_layers_of_target,)
+        self.needs = Needs(features=(num_layers_of_target,))
         self.tree = tree
         self.nodes = nodes
         self.depth = num_heads if depth is None else depth
@@ -61,14 +62,17 @@ class MedusaDrafter(Drafter):
     def reset(self, prompt_ids: Sequence[int]) -> None:
         self.last = None
 
-    def take_features(self, states: torch.Tensor) -> None:
-        # states: [rows, hidden]; only the last row is ever read, so only it is kept (a copy, so
+    def hear(self, result: PassResult) -> None:
+        # features: [rows, hidden]; only the last row is ever read, so only it is kept (a copy, so
         # that the pass's whole tensor is not held).
-        device = next(iter(self.heads.parameters()), states).device
-        self.last = states[-1:].to(device=device, dtype=self.heads.dtype, copy=True)  # [1, hidden]
+        states = result.features
+        if states is not None:
+            device = next(iter(self.heads.parameters()), states).device
+            self.last = states[-1:].to(device=device, dtype=self.heads.dtype, copy=True)  # [1, hidden]
+        self.update(result.tokens, result.accepted)
 
     def update(self, tokens: Sequence[int], num_accepted: int) -> None:
-        pass  # `take_features` already gave the state before the bonus token
+        pass  # `hear` takes the state before the bonus token
 
     def propose(self, max_tokens: int) -> Draft:
         depth = min(self.depth, max_tokens)

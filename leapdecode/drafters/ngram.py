@@ -19,7 +19,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from leapdecode.drafters.base import Draft, Drafter
+from leapdecode.drafters.base import StreamDrafter
+from leapdecode.engine.drafting import Draft
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,7 +139,7 @@ class NGramModule:
         return chain
 
 
-class AnpdDrafter(Drafter):
+class AnpdDrafter(StreamDrafter):
     """Drafts K tokens by chaining N-gram queries over the prompt and everything generated."""
 
     def __init__(self, n: int = 5, k: int = 7) -> None:

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from leapdecode.drafters.base import Draft, Drafter
+from leapdecode.drafters.base import StreamDrafter
+from leapdecode.engine.drafting import Draft
 
 
-class PromptLookupDrafter(Drafter):
+class PromptLookupDrafter(StreamDrafter):
     def __init__(self, k: int = 10, max_ngram: int = 3, min_ngram: int = 1) -> None:
         self.k = k
         self.max_ngram = max_ngram

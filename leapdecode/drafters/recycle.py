@@ -18,7 +18,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from leapdecode.drafters.base import Draft, Drafter
+from leapdecode.drafters.base import StreamDrafter
+from leapdecode.engine.drafting import Draft, Needs, PassResult
 
 
 class RecycleTable:
@@ -37,15 +38,13 @@ class RecycleTable:
         self.next[token] = (best, *(t for t in old if t != best))[: self.k]
 
 
-class RecycleDrafter(Drafter):
+class RecycleDrafter(StreamDrafter):
     """Drafts a token tree from the target's recycled top-k candidates (see the module doc)."""
-
-    observes_target = True
 
     def __init__(
         self, k: int = 8, nodes: int = 8, depth: int = 4, width: int = 4, table: RecycleTable | None = None
     ) -> None:
-        self.candidates = k  # top-k of every scored row asked of the verifier
+        self.needs = Needs(predictions=True, candidates=k)  # top-k of every scored row asked of the verifier
         self.nodes, self.depth, self.width = nodes, depth, width
         self.table = table if table is not None else RecycleTable(k)
         self.stream: list[int] = []
@@ -85,10 +84,15 @@ class RecycleDrafter(Drafter):
         grafts onto its tree, `hybrid`): every scored row teaches the table."""
         self.rows = [self.rows[0], *tokens]
 
-    def cut(self, kept: Sequence[int]) -> None:
-        self.rows = [self.rows[0], *(self.rows[i + 1] for i in kept)]
+    def hear(self, result: PassResult) -> None:
+        if result.kept is not None and self.rows:
+            self.rows = [self.rows[0], *(self.rows[i + 1] for i in result.kept)]  # the scored rows
+        if result.predicted is not None:
+            self._learn(result.predicted, result.candidates)
+        self.update(result.tokens, result.accepted)
 
-    def observe(self, predicted: Sequence[int], candidates: Sequence[Sequence[int]] | None = None) -> None:
+    def _learn(self, predicted: Sequence[int], candidates: Sequence[Sequence[int]] | None) -> None:
+        """Every scored row teaches the table its token's successors."""
         for i, token in enumerate(self.rows):
             if candidates is not None:
                 self.table.learn(token, candidates[i])

@@ -23,8 +23,9 @@ from typing import Any
 
 import numpy as np
 
-from leapdecode.drafters.base import Draft, Drafter
+from leapdecode.drafters.base import StreamDrafter
 from leapdecode.drafters.tree_builder import best_first_tree
+from leapdecode.engine.drafting import Draft
 from leapdecode.errors import InputError
 
 KEY = 16  # suffixes are sorted by their first KEY tokens; longer lookups are not needed
@@ -165,7 +166,7 @@ def build_datastore(
     return Datastore.from_documents(documents(), separator, meta)
 
 
-class RestDrafter(Drafter):
+class RestDrafter(StreamDrafter):
     def __init__(
         self,
         datastore: Datastore,

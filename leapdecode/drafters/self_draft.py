@@ -5,7 +5,7 @@ Papers: Draft & Verify (Zhang et al. 2309.08168: skip a searched set of layers) 
 `SelfDraftBackend` built with a different layer subset; the target verifies, so the output is
 the target's own.
 
-The drafter writes into the target's KV cache (`attach` hands it the sequence), one token per
+The drafter writes into the target's KV cache (`start` hands it the sequence), one token per
 draft pass, and stops early once the draft's own top probability falls below `threshold`
 (Draft & Verify's adaptive draft exiting): a doubtful token is likely rejected, and every
 further draft pass would be wasted.
@@ -17,15 +17,15 @@ from collections.abc import Sequence
 
 import torch
 
-from leapdecode.drafters.base import Draft, Drafter
+from leapdecode.drafters.base import StreamDrafter
 from leapdecode.early_exit.backend import LayeredSequence, SelfDraftBackend
-from leapdecode.engine.backend import Backend, CacheState
+from leapdecode.engine.drafting import Draft, Request
 from leapdecode.engine.noise import PositionNoise, Stream, choose
 from leapdecode.engine.sampling import SamplingParams, logits_to_probs
 from leapdecode.errors import MethodError
 
 
-class SelfDrafter(Drafter):
+class SelfDrafter(StreamDrafter):
     """Drafts up to k tokens with the target's draft layers, sharing the target's cache."""
 
     def __init__(
@@ -53,10 +53,12 @@ class SelfDrafter(Drafter):
         self.pending = -1  # the last emitted token: the target has not cached it yet
         self.draft_passes = 0
 
-    def attach(self, backend: Backend, seq: CacheState) -> None:
+    def start(self, request: Request) -> None:
+        backend, seq = request.backend, request.seq
         if not isinstance(backend, SelfDraftBackend) or not isinstance(seq, LayeredSequence):
             raise MethodError("self-speculative drafting needs the target run by a SelfDraftBackend")
         self.backend, self.seq = backend, seq
+        super().start(request)
 
     def reset(self, prompt_ids: Sequence[int]) -> None:
         self.pending = -1
@@ -65,7 +67,7 @@ class SelfDrafter(Drafter):
 
     def propose(self, max_tokens: int) -> Draft:
         if self.backend is None or self.seq is None:
-            raise RuntimeError("SelfDrafter.propose before attach: the decode loop attaches the target's sequence")
+            raise RuntimeError("SelfDrafter.propose before start: the request's start hands it the target's sequence")
         drafted: list[int] = []
         q_rows: list[torch.Tensor] = []  # each [1, vocab]
         token = self.pending

@@ -33,7 +33,8 @@ from collections import deque
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from leapdecode.drafters.base import Draft, Drafter
+from leapdecode.drafters.base import StreamDrafter
+from leapdecode.engine.drafting import Draft
 
 # Occurrence counts are kept up to date by walking the new position's suffix-link path, at most
 # this many states: only long runs of one repeated token make the path longer, and then the
@@ -246,7 +247,7 @@ def match_evidence(length: int, ratio: float, shared: bool) -> int:
     return (min(length, 16) * 2 + shared) * 3 + share
 
 
-class SuffixDrafter(Drafter):
+class SuffixDrafter(StreamDrafter):
     """Drafts the most probable continuations of an earlier match of the stream's suffix, in this
     request or in the shared index of earlier outputs (module doc)."""
 

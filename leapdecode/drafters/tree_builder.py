@@ -12,7 +12,7 @@ import heapq
 import itertools
 from collections.abc import Callable
 
-from leapdecode.drafters.base import Draft
+from leapdecode.engine.drafting import Draft
 
 Children = Callable[[tuple[int, ...]], list[tuple[int, float]]]
 

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from leapdecode.drafters.base import Draft, Drafter
+from leapdecode.drafters.base import StreamDrafter
 from leapdecode.drafters.tree_builder import best_first_tree
+from leapdecode.engine.drafting import Draft
 
 
 class _Node:
@@ -51,7 +52,7 @@ class TokenTrie:
         return node
 
 
-class TrieDrafter(Drafter):
+class TrieDrafter(StreamDrafter):
     def __init__(
         self, nodes: int = 8, depth: int = 4, window: int = 12, max_match: int = 4, prompt_weight: int = 2
     ) -> None:

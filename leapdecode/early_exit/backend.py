@@ -44,6 +44,10 @@ class LayerBackend:
         self.all_layers = tuple(range(self.runner.num_layers))
 
     @property
+    def packer(self) -> None:
+        return None  # the layers run one by one, each sequence alone
+
+    @property
     def batchable(self) -> str | None:
         return "a method that runs the target's layers its own way decodes one sequence at a time"
 

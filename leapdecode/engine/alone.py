@@ -14,8 +14,8 @@ from leapdecode.engine.scheduler import BatchScheduler
 from leapdecode.engine.submission import Submission
 
 if TYPE_CHECKING:
-    from leapdecode.drafters.base import Drafter
     from leapdecode.engine.backend import Backend
+    from leapdecode.engine.drafting import Drafter
     from leapdecode.engine.loop import TreeVerifier, Verifier
     from leapdecode.engine.prefix_cache import PrefixCache
     from leapdecode.engine.stopping import StopCriteria

@@ -79,6 +79,50 @@ class Backend(Protocol):
         when it can: its requests then share the scheduler's passes."""
         ...
 
+    @property
+    def packer(self) -> Packer | None:
+        """This backend as one that packs several sequences into a pass and copies caches
+        (`Packer`), or None when it cannot (llama.cpp's one context, the layered backends)."""
+        ...
+
+
+class Packer(Backend, Protocol):
+    """A backend whose passes take several sequences' rows (`engine.batch`) and whose caches can
+    be started empty and copied: what the scheduler's shared passes, a prompt in chunks and the
+    prefix cache need. Its `model` names the weights: sequences share passes only over one."""
+
+    model: Any
+
+    def new_sequence(self) -> CacheState:
+        """An empty sequence, for a packed pass to prefill."""
+        ...
+
+    def fork(self, seq: CacheState, length: int | None = None) -> CacheState:
+        """A copy of `seq`'s first `length` tokens (None: all) with a cache of its own."""
+        ...
+
+    def prefill(
+        self, prompt_ids: list[int], *, features: tuple[int, ...] = (), cached: CacheState | None = None
+    ) -> tuple[CacheState, Scores]:
+        """`Backend.prefill`, or the rest of the prompt after `cached`, a copy of a prefix of it."""
+        ...
+
+    def score_packed(
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        cache: Any,
+        rows: torch.Tensor,
+        features: tuple[int, ...],
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One packed pass: the logits of `rows` [kept, vocab] and the `features` states [N, F]."""
+        ...
+
+    def batch_attention(self) -> Any:
+        """The attention function a packed pass runs per sequence."""
+        ...
+
 
 class AttentionLayout:
     """Which layers attend to everything and which to a sliding window, read from the config
@@ -358,6 +402,10 @@ class TorchBackend:
             if isinstance(params, dict):
                 return str(params.get("rope_type", params.get("type", "default")))
         return "default"
+
+    @property
+    def packer(self) -> TorchBackend:
+        return self
 
     def batch_attention(self) -> Any:
         """The attention function a packed pass runs per sequence (the model's own row-exact one)."""

@@ -30,8 +30,8 @@ from leapdecode.engine.tree import TreeLayout
 from leapdecode.errors import InputError
 
 if TYPE_CHECKING:
-    from leapdecode.drafters.base import DraftFeed
-    from leapdecode.engine.backend import Backend, CacheState, Scores, TorchBackend
+    from leapdecode.engine.backend import Backend, CacheState, Packer, Scores
+    from leapdecode.engine.drafting import DraftFeed
 
 T = TypeVar("T")
 
@@ -119,7 +119,7 @@ def _causal_mask(seq_length: int, n: int, device: torch.device) -> torch.Tensor 
     return (torch.arange(total, device=device)[None, :] <= rows)[None, None]  # [1, 1, n, past+n]
 
 
-def forward_batch(backend: TorchBackend, items: Sequence[BatchItem], features: tuple[int, ...] = ()) -> list[Scores]:
+def forward_batch(backend: Packer, items: Sequence[BatchItem], features: tuple[int, ...] = ()) -> list[Scores]:
     """Append each item's tokens to its sequence's cache and score them, all in one pass; each
     sequence's `Scores` are bitwise those of `backend.forward` (or `prefill`) on it alone."""
     from leapdecode.engine.backend import Scores
@@ -178,7 +178,7 @@ def forward_batch(backend: TorchBackend, items: Sequence[BatchItem], features: t
 def drive_rounds(
     backend: Backend | None, rounds: Sequence[Generator[DraftFeed, tuple[CacheState, Scores], T]]
 ) -> list[T | Exception]:
-    """Run several drafters' rounds (`Drafter.offer_rounds`) over one draft model together: each
+    """Run several drafters' rounds (`Drafter.offer`) over one draft model together: each
     round, the feeds of every drafter still drafting are scored in packed passes (a prefill, a
     request's first, alone), so a batch of requests pays about one draft pass a round, not one
     each. Returns each drafter's result, or the error its rounds raised; the others go on (a
@@ -222,11 +222,12 @@ def _packed_answers(backend: Backend, feeds: dict[int, DraftFeed]) -> dict[int, 
     """The chained feeds (those with a sequence) scored in packed passes of at most `PASS_ROWS`
     rows, where the backend packs and there are two or more; a pass that fails is rolled back and
     its feeds left out (scored alone after)."""
-    from leapdecode.engine.backend import TorchBackend, rollback_cache
+    from leapdecode.engine.backend import rollback_cache
     from leapdecode.models.row_exact import PASS_ROWS
 
     chained = [(i, feed.seq, feed.tokens) for i, feed in feeds.items() if feed.seq is not None]
-    if len(chained) < 2 or not isinstance(backend, TorchBackend) or backend.batchable is not None:
+    packer = backend.packer
+    if len(chained) < 2 or packer is None or backend.batchable is not None:
         return {}
     packs: list[list[tuple[int, CacheState, list[int]]]] = [[]]
     for entry in chained:
@@ -238,7 +239,7 @@ def _packed_answers(backend: Backend, feeds: dict[int, DraftFeed]) -> dict[int, 
         if len(pack) < 2:
             continue
         try:
-            scored = forward_batch(backend, [BatchItem(seq, tokens) for _, seq, tokens in pack])
+            scored = forward_batch(packer, [BatchItem(seq, tokens) for _, seq, tokens in pack])
         except Exception:  # noqa: BLE001 - rolled back; its feeds are scored one by one
             for _, seq, _ in pack:
                 rollback_cache(seq, seq.length)

@@ -68,7 +68,7 @@ def machine_id() -> str:
     kernels = Path(hardware.__file__).parent  # a changed kernel runs at its own speed
     for source in sorted([*kernels.glob("*.cpp"), *kernels.glob("*.h")]):
         digest.update(source.read_bytes())
-    digest.update(Path(__file__).with_name("cost.py").read_bytes())  # how a curve is measured
+    digest.update(Path(__file__).with_name("cost_measure.py").read_bytes())  # how a curve is measured
     return digest.hexdigest()[:16]
 
 

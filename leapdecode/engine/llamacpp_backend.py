@@ -62,6 +62,10 @@ class LlamaCppBackend:
         self.model.exact_batches or self._probe()  # probed now, before any sequence it would overwrite
 
     @property
+    def packer(self) -> None:
+        return None  # one context, one KV cache: no packed passes, no copies
+
+    @property
     def batchable(self) -> str | None:
         return "the llama.cpp backend decodes one sequence at a time"
 

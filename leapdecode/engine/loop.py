@@ -1,13 +1,13 @@
 """The decode loop: one loop for every method.
 
-    prefill -> repeat: emit (cut at a stop) -> tell the drafter, draft -> score pending token +
-               draft in one pass -> verify -> keep the accepted path in the KV cache
+    prefill -> start the drafter -> repeat: emit (cut at a stop) -> offer a draft -> cut it to
+               what pays -> score pending token + draft in one pass -> verify -> keep the
+               accepted path in the KV cache -> the drafter hears the pass
 
 Plain decoding is the same loop with a drafter that never drafts. A draft is a chain, or a tree
 (`Draft.parents`): a tree is scored in the same single pass with a tree attention mask, and the
-cache keeps only its accepted path. The drafter and the verifiers come in as arguments (the
-engine depends on their interfaces only): `leapdecode.drafters.base` and
-`leapdecode.verifiers.verdict`.
+cache keeps only its accepted path. The drafter and the verifiers come in as arguments, through
+the engine's own contract (`engine.drafting`: four calls; `engine.verdict`).
 
 Per step the loop does work proportional to the draft, never to the context, and makes one
 device-to-host transfer (inside the verifier). A `SequenceRun` is one generation's side of the
@@ -17,20 +17,20 @@ batch of one) as for many.
 
 from __future__ import annotations
 
-from collections.abc import Generator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 import torch
 
 from leapdecode.engine.backend import Backend, CacheState, Scores
+from leapdecode.engine.drafting import Draft, DraftContext, Drafter, Offer, PassResult, Request, Rounds
 from leapdecode.engine.stopping import StopCriteria
 from leapdecode.engine.tree import TreeLayout, compile_tree
+from leapdecode.engine.verdict import TokenLogprob, Verdict
 
 if TYPE_CHECKING:
-    from leapdecode.drafters.base import Draft, Drafter, DraftFeed, Offer
-    from leapdecode.engine.cost import PassCost
-    from leapdecode.verifiers.verdict import TokenLogprob, Verdict
+    from leapdecode.engine.drafting import PassCost
 
 
 class Verifier(Protocol):
@@ -46,18 +46,6 @@ class TreeVerifier(Protocol):
     """(drafted tokens [D], their tree, target logits [D+1, vocab]) -> Verdict; `position` as above."""
 
     def __call__(self, draft: Sequence[int], tree: TreeLayout, logits: torch.Tensor, *, position: int) -> Verdict: ...
-
-
-@dataclass(frozen=True)
-class PassResult:
-    """What a drafter hears of one target pass (or of the prefill), in one event: everything the
-    pass produced that a drafter may learn from (`Drafter.hear`)."""
-
-    tokens: Sequence[int]  # emitted: the accepted drafted tokens, then the target's own (bonus) token
-    accepted: int  # drafted tokens the target kept
-    features: torch.Tensor | None  # [rows, F] the target's states (`feature_layers`): the prompt's, or the kept rows'
-    predicted: Sequence[int] | None  # [D+1] the target's greedy token per scored row (`observes_target`)
-    candidates: Sequence[Sequence[int]] | None  # [D+1][k] its k best per row (`candidates`), greedy only
 
 
 @dataclass(frozen=True)
@@ -78,7 +66,7 @@ class SequenceRun:
     (`engine.scheduler`) for several in one pass. It owns the request's drafter, verifiers and
     stop criteria; the caller owns the passes.
 
-        begin(prefill's scores) -> Step;  then repeat:  propose -> plan -> (a pass) -> settle -> Step
+        begin(prefill's scores) -> Step;  then repeat:  offer -> plan (the kept part) -> (a pass) -> settle -> Step
     """
 
     def __init__(
@@ -94,13 +82,15 @@ class SequenceRun:
         self.stop = stop
         self.verifier = verifier
         self.tree_verifier = tree_verifier
-        # trained heads draft from the target's own states (feature_layers); others ask for none
-        self.features: tuple[int, ...] = drafter.feature_layers
+        # trained heads draft from the target's own states; others ask for none
+        self.features: tuple[int, ...] = drafter.needs.features
+        self.predictions = drafter.needs.predictions
         self.seq: CacheState | None = None
         self.generated: list[int] = []
         self.done = False
         self._verdict: Verdict | None = None
         self._draft: Draft | None = None
+        self._kept: Sequence[int] = ()  # the offered tokens the planned pass scores
         self._tree: TreeLayout | None = None
         self._start = 0
 
@@ -108,11 +98,9 @@ class SequenceRun:
         """The prompt was prefilled into `seq` (`scores`: its last row, and features if wanted)."""
         self.seq = seq
         self._verdict = self.verifier((), scores.logits[-1:], None, position=0)
-        self.drafter.reset(self.prompt_ids)
-        self.drafter.horizon(self.stop.max_new_tokens)
-        self.drafter.attach(backend, seq)
         states = wanted_features(scores) if self.features else None  # [prompt, F]
-        self.drafter.hear(PassResult(self._verdict.tokens, 0, states, None, None))
+        prefill = PassResult(self._verdict.tokens, 0, None, states)
+        self.drafter.start(Request(self.prompt_ids, self.stop.max_new_tokens, backend, seq, prefill))
         return self._emit((), None)
 
     @property
@@ -120,34 +108,19 @@ class SequenceRun:
         """The most tokens the next draft may hold: what is left, less the bonus token."""
         return self.stop.max_new_tokens - len(self.generated) - 1
 
-    def propose(self, exact: int | None) -> Draft:
-        """Tell the drafter what was emitted and ask for a draft (the deepest branch of a tree
-        counts) within the budget and `exact`, the most drafted tokens the backend verifies
-        exactly (a tree's nodes all count there: a wider tree keeps its first nodes)."""
-        draft = self.drafter.propose(self._limit(exact))
-        if exact is None or len(draft) <= exact:
-            return draft
-        # the loop's cut is a cut like any other: a drafter that keeps per-row state hears which
-        # of its tokens will be scored (a tree's first nodes keep their parents)
-        self.drafter.cut(range(exact))
-        return draft.first(exact)
+    def offer(self, exact: int | None, batch: int = 1, cost: PassCost | None = None) -> Rounds:
+        """The drafter's offer for the next pass (its rounds, started by the scheduler): within
+        the budget (the deepest branch of a tree counts) and `exact`, the most drafted tokens the
+        backend verifies exactly; `batch` sequences share the pass, its rows costing `cost`
+        (None: a pass of this request's own)."""
+        return self.drafter.offer(DraftContext(self._limit(exact), batch, cost))
 
-    def offer_rounds(
-        self, exact: int | None, batch: int = 1, cost: PassCost | None = None
-    ) -> Generator[DraftFeed, tuple[CacheState, Scores], Offer]:
-        """As `propose`, for passes shared by `batch` sequences costing `cost` by rows: the whole draft, with
-        each token's reach when the drafter estimates it, for the scheduler to cut (`take`); as
-        the drafter's rounds over its own draft model (`Drafter.offer_rounds`), started by the scheduler."""
-        return self.drafter.offer_rounds(self._limit(exact), batch, cost)
-
-    def take(self, offer: Offer, kept: Sequence[int]) -> Draft:
-        """The part of `offer` the scheduler kept (ascending indices, parents kept)."""
-        return self.drafter.take(offer, kept)
-
-    def plan(self, draft: Draft) -> tuple[list[int], TreeLayout | None]:
-        """The next pass's tokens, [pending token, *draft], and their tree (None: a chain)."""
+    def plan(self, offer: Offer, kept: Sequence[int]) -> tuple[list[int], TreeLayout | None]:
+        """The next pass's tokens, [pending token, *the kept part of `offer`] (ascending indices,
+        parents kept: the scheduler's cut), and their tree (None: a chain)."""
         assert self.seq is not None, "plan before begin"
-        self._draft, self._start = draft, self.seq.length
+        draft = offer.draft.subset(kept)
+        self._draft, self._kept, self._start = draft, tuple(kept), self.seq.length
         self._tree = compile_tree(draft.parents) if draft.parents is not None else None
         return [self._last_verdict().tokens[-1], *draft.tokens], self._tree
 
@@ -169,11 +142,9 @@ class SequenceRun:
         # 7. The drafter hears the pass in one event: what was emitted and accepted, the target's
         #    states at the kept rows (trained heads), its predictions (Jacobi-style, recycling).
         states = wanted_features(scores)[kept] if self.features else None  # [1 + accepted, F]
-        observed = self.drafter.observes_target
-        predicted = verdict.predicted if observed else None  # [D+1]
-        self.drafter.hear(
-            PassResult(verdict.tokens, len(verdict.path), states, predicted, verdict.candidates if observed else None)
-        )
+        predicted = verdict.predicted if self.predictions else None  # [D+1]
+        candidates = verdict.candidates if self.predictions else None  # [D+1][k]
+        self.drafter.hear(PassResult(verdict.tokens, len(verdict.path), self._kept, states, predicted, candidates))
         self._draft = None
         return self._emit(tuple(draft.tokens), draft.parents)
 
@@ -200,6 +171,6 @@ class SequenceRun:
 
 
 def wanted_features(scores: Scores) -> torch.Tensor:
-    """The states a drafter with `feature_layers` asked the pass for."""
+    """The states a drafter's needs asked the pass for."""
     assert scores.features is not None, "a pass asked for states returned none"
     return scores.features

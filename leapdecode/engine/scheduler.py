@@ -30,8 +30,9 @@ thins. One pass is `step()`; the server's worker thread and the benchmark call i
 It is the only driver: a request alone is a batch of one (`engine.alone`), and a request that cannot
 share passes (a backend that cannot pack sequences: llama.cpp, a method that runs the target's
 layers its own way) runs in passes of its own, taking turns with the shared pass. Such a pass is
-the decode loop's step for one request (`_alone_pass`): the whole prompt, or the request's own
-cut draft, on its own backend.
+the same pass with one member (`_pass`) on the request's own backend, its offer cut by the curve
+its drafter priced it with; only its prompt goes in whole, through its backend's own prefill
+(llama.cpp and the layered backends take no prompt chunks).
 """
 
 from __future__ import annotations
@@ -47,9 +48,9 @@ from typing import TYPE_CHECKING, TypeVar
 
 import torch
 
-from leapdecode.engine.backend import TorchBackend
 from leapdecode.engine.batch import BatchItem, forward_batch
-from leapdecode.engine.cost import PassCost, efficient_rows
+from leapdecode.engine.cost import efficient_rows
+from leapdecode.engine.drafting import PassCost
 from leapdecode.engine.loop import Step
 from leapdecode.engine.pass_plan import cut_drafts, features_for, plan_offers
 from leapdecode.engine.prefills import hand_over, leader_of, prompt_chunks
@@ -64,11 +65,11 @@ T = TypeVar("T")
 WAIT_TOKENS = 16  # a joining request waits for a prompt being prefilled that will give it this many more tokens
 
 if TYPE_CHECKING:
-    from leapdecode.engine.backend import Backend, CacheState, Scores
+    from leapdecode.engine.backend import Backend, CacheState, Packer, Scores
 
 
 class BatchScheduler:
-    """Runs submitted requests in shared passes on one `TorchBackend`, or one request at a time in
+    """Runs submitted requests in shared passes on one backend that packs them (`Packer`), or one request at a time in
     passes of its own on any `Backend` (see the module doc)."""
 
     def __init__(
@@ -85,7 +86,7 @@ class BatchScheduler:
         """`cost`: the measured cost of a shared pass by rows on `backend`, which must pack
         sequences; None: requests never share passes (any backend). `prefix_cache`: where requests
         on `backend`'s model leave their caches and start from kept prefixes, where that model is
-        row-exact (`TorchBackend.batchable` None), and start from running requests' caches too
+        row-exact (`Backend.batchable` None), and start from running requests' caches too
         (waiting for a prompt being prefilled that will give `wait_tokens` more); None: each prompt
         is prefilled whole."""
         if cost is not None and backend.batchable is not None:
@@ -100,7 +101,7 @@ class BatchScheduler:
         self.backend = backend
         self.cost = cost
         # requests on a backend that packs sequences share passes on it; the others run alone
-        self.packing = backend if cost is not None and isinstance(backend, TorchBackend) else None
+        self.packing = backend.packer if cost is not None else None
         self.max_batch = max_batch
         self.max_rows = max_rows
         self.clock = clock
@@ -108,7 +109,7 @@ class BatchScheduler:
         # it prompt rows cost as much each, and the decoding requests would wait longer per token
         self.busy_rows = efficient_rows(cost, max_rows) if cost is not None else max_rows
         # the model whose requests keep and take prefixes: one whose every row is bitwise its own pass
-        self.reusing = backend if isinstance(backend, TorchBackend) and backend.batchable is None else None
+        self.reusing = backend.packer if backend.batchable is None else None
         self.prefix_cache = prefix_cache if self.reusing is not None else None
         self.reuse = PrefixReuse(self.prefix_cache, wait_tokens) if self.prefix_cache is not None else None
         self.waiting: deque[Submission] = deque()
@@ -129,16 +130,15 @@ class BatchScheduler:
             raise InputError("a request needs at least one prompt token")
         backend = submission.backend if submission.backend is not None else self.backend
         # it shares passes only over the same model, on a backend that packs sequences
-        same_model = (
-            isinstance(backend, TorchBackend) and self.packing is not None and backend.model is self.packing.model
-        )
+        packer = backend.packer
+        same_model = packer is not None and self.packing is not None and packer.model is self.packing.model
         submission.alone = not same_model or backend.batchable is not None
         # its cache is bitwise what a prefill of its tokens gives: it may start from a kept prefix and leave one
         submission.keeps_prefix = (
             self.prefix_cache is not None
             and self.reusing is not None
-            and isinstance(backend, TorchBackend)
-            and backend.model is self.reusing.model
+            and packer is not None
+            and packer.model is self.reusing.model
             and backend.batchable is None
             and not submission.run.features  # a drafter that reads the target's states needs the whole prompt's
         )
@@ -181,51 +181,39 @@ class BatchScheduler:
             rows = self.max_rows - len(decoding)  # for prompt chunks
             if decoding:  # a pass no bigger than pays per row: the decoding requests wait less per token
                 rows = min(rows, max(1, self.busy_rows - len(decoding)))
-            report = self._pass(decoding, prompt_chunks(self.prefilling, rows))
+            report = self._pass(decoding, prompt_chunks(self.prefilling, rows), self._packer())
         return dataclasses.replace(report, seconds=self.clock() - start) if report is not None else None
 
-    def _alone_pass(self, submission: Submission) -> PassReport:
-        """One pass of a request that does not share: the decode loop's step on its own backend."""
+    def _alone_pass(self, submission: Submission) -> PassReport | None:
+        """One pass of a request that does not share, on its own backend: its prompt, or the
+        shared pass's steps with it the only member."""
         run = submission.run
         backend = submission.backend if submission.backend is not None else self.backend
-        if run.seq is None:
-            # 1. Prefill: the prompt's pass also gives the first new token.
-            def prefill() -> int:
-                seq, scores = self._prefill_alone(submission, backend)
-                submission.decoding_at = self.clock()
-                return self._deliver(submission, run.begin(backend, seq, scores))  # 2. emit
+        if run.seq is not None:
+            return self._pass([submission], [], backend)
 
-            emitted = self._isolated(submission, prefill) or 0
-            rows = len(run.prompt_ids) - submission.cached_tokens
-            return PassReport(1, rows, rows, 0, emitted, 0.0)
-        drafted = 0
+        # 1. Prefill: the prompt's pass also gives the first new token.
+        def prefill() -> int:
+            seq, scores = self._prefill_alone(submission, backend)
+            submission.decoding_at = self.clock()
+            return self._deliver(submission, run.begin(backend, seq, scores))  # 2. emit
 
-        def decode_step() -> int:
-            nonlocal drafted
-            assert run.seq is not None
-            # 3. Tell the drafter; ask for a draft no longer than what is left and than the
-            #    backend verifies exactly (the drafter's own cut: it is alone in the pass).
-            tokens, tree = run.plan(run.propose(backend.draft_limit(run.seq)))
-            drafted = len(tokens) - 1
-            # 4. Score the pending token (emitted, not yet cached) and the draft in one pass.
-            scores = backend.forward(run.seq, tokens, tree=tree, features=run.features)
-            # 5-7. Verify, keep the accepted path in the cache, let the drafter learn; 2. emit.
-            return self._deliver(submission, run.settle(backend, scores))
-
-        emitted = self._isolated(submission, decode_step) or 0
-        return PassReport(1, 1 + drafted, 0, drafted, emitted, 0.0)
+        emitted = self._isolated(submission, prefill) or 0
+        rows = len(run.prompt_ids) - submission.cached_tokens
+        return PassReport(1, rows, rows, 0, emitted, 0.0)
 
     def _prefill_alone(self, submission: Submission, backend: Backend) -> tuple[CacheState, Scores]:
         """A request's prompt in a pass of its own: from a copy of its longest kept prefix where
         there is one, else whole."""
         run = submission.run
-        if isinstance(backend, TorchBackend) and self.reuse is not None and submission.keeps_prefix:
-            taken = self.reuse.kept_prefix(submission, backend.fork)
+        packer = backend.packer
+        if packer is not None and self.reuse is not None and submission.keeps_prefix:
+            taken = self.reuse.kept_prefix(submission, packer.fork)
             if taken is not None:
-                return backend.prefill(run.prompt_ids, cached=taken)
+                return packer.prefill(run.prompt_ids, cached=taken)
         return backend.prefill(run.prompt_ids, features=run.features)
 
-    def _packer(self) -> TorchBackend:
+    def _packer(self) -> Packer:
         """The backend of the shared passes (only requests that share reach them)."""
         assert self.packing is not None, "a shared pass on a scheduler that does not share"
         return self.packing
@@ -240,21 +228,31 @@ class BatchScheduler:
             submission.error = error
             self._end(submission, "error")
 
-    def _pass(self, decoding: list[Submission], chunks: list[tuple[Submission, BatchItem]]) -> PassReport | None:
-        """Plan, score and settle one shared pass; a request whose drafting, verifying or
-        callbacks fail leaves with its error, the others go on (a failed forward ends them all)."""
-        batch = sum(not s.alone for s in self.running)
-        planned = plan_offers(decoding, self._packer(), batch, self.cost, self._isolated)
+    def _pass(
+        self, decoding: list[Submission], chunks: list[tuple[Submission, BatchItem]], backend: Backend
+    ) -> PassReport | None:
+        """Plan, score and settle one pass on `backend`: the shared pass (the packer), or a pass
+        of one request's own (one member, no chunks). The loop's steps, for every member:
+        3. offer a draft; 4. cut the offers to what the pass's cost says pays; 5. score every
+        member's pending token and kept draft, and the prompt chunks, in one forward; 6-8. verify,
+        keep the accepted path in the cache, the drafter hears the pass, emit (`SequenceRun.settle`).
+        A request whose drafting, verifying or callbacks fail leaves with its error, the others go
+        on (a failed forward ends them all)."""
+        shared = backend is self.packing
+        cost = self.cost if shared else None
+        batch = sum(not s.alone for s in self.running) if shared else 1
+        planned = plan_offers(decoding, backend, batch, cost, self._isolated)  # 3.
         prefill = sum(len(item.tokens) for _, item in chunks)
-        assert self.cost is not None, "shared passes are cut by their measured cost"
-        drafting = cut_drafts(planned, len(planned) + prefill, self.cost, self.max_rows, self._isolated)
+        drafting = cut_drafts(
+            planned, len(planned) + prefill, cost, self.max_rows if shared else None, self._isolated
+        )  # 4.
         members = [s for s, _ in drafting] + [s for s, _ in chunks]
         items = [item for _, item in drafting] + [item for _, item in chunks]
         if not items:
             return None
         wanted = tuple(sorted({layer for s in members for layer in s.run.features}))
         try:
-            scores = forward_batch(self._packer(), items, wanted)
+            scores = self._score(backend, items, wanted)  # 5.
         except Exception as exc:  # noqa: BLE001 - the pass failed: each of its requests ends with the error
             followers = [
                 f for s, _ in chunks for f in self.prefilling.pop(s).followers
@@ -265,7 +263,8 @@ class BatchScheduler:
             return None
         emitted = 0
         for (submission, _), score in zip(drafting, scores):
-            emitted += self._isolated(submission, functools.partial(self._settled, submission, score, wanted)) or 0
+            settle = functools.partial(self._settled, submission, backend, score, wanted)
+            emitted += self._isolated(submission, settle) or 0  # 6-8.
         for (submission, item), score in zip(chunks, scores[len(drafting) :]):
             try:
                 emitted += self._prefilled(submission, len(item.tokens), features_for(submission.run, score, wanted))
@@ -277,11 +276,17 @@ class BatchScheduler:
         rows = sum(len(item.tokens) for item in items)
         return PassReport(len(items), rows, prefill, rows - prefill - len(drafting), emitted, 0.0)
 
-    def _settled(self, submission: Submission, scores: Scores, wanted: tuple[int, ...]) -> int:
+    def _score(self, backend: Backend, items: list[BatchItem], wanted: tuple[int, ...]) -> list[Scores]:
+        """One forward over the pass's items: packed on the shared pass's backend, else the one
+        member's own forward."""
+        if backend is self.packing:
+            return forward_batch(self.packing, items, wanted)
+        (item,) = items
+        return [backend.forward(item.seq, list(item.tokens), tree=item.tree, features=wanted)]
+
+    def _settled(self, submission: Submission, backend: Backend, scores: Scores, wanted: tuple[int, ...]) -> int:
         """A decoding request's rows were scored: verify, keep, emit."""
-        return self._deliver(
-            submission, submission.run.settle(self._packer(), features_for(submission.run, scores, wanted))
-        )
+        return self._deliver(submission, submission.run.settle(backend, features_for(submission.run, scores, wanted)))
 
     def _prefilled(self, submission: Submission, rows: int, scores: Scores) -> int:
         """A chunk of `submission`'s prompt was scored; once the whole prompt is in, it and the

@@ -17,6 +17,9 @@ n-gram table, a suffix automaton), so each row must find *its own request's* dra
   called, so a shared suffix index keeps their output), and at most `capacity` are kept (oldest
   use dropped first): memory is bounded.
 
+Each drafter is driven by the engine's contract (`engine.drafting`): started with the row's
+tokens, then per step an offer, and the next step's new tokens heard as its pass's result.
+
 A request is never served another request's drafter unless both hold the same first and last
 tokens at the same length — and even then only the drafts differ: the engine verifies every
 drafted token, so the output cannot.
@@ -29,7 +32,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from leapdecode.drafters.base import Drafter
+from leapdecode.engine.batch import drive_rounds
+from leapdecode.engine.drafting import DraftContext, Drafter, PassResult, Request
+from leapdecode.engine.pass_plan import cut_offers
 from leapdecode.integrations.step_cost import StepCost
 
 HEAD = 32  # tokens compared at a row's start
@@ -46,6 +51,8 @@ class _Tracked:
     tail: np.ndarray  # [min(length, TAIL)]
     last_draft: list[int] = field(default_factory=list)
     last_step: int = 0
+    offered: bool = False  # an offer whose pass it has not heard of yet
+    kept: list[int] = field(default_factory=list)  # the tokens of that offer drafted to the engine
 
     def serves(self, row: np.ndarray, num_tokens: int) -> bool:
         """Whether `row[:num_tokens]` continues exactly what this drafter was fed (by its ends)."""
@@ -60,11 +67,18 @@ class _Tracked:
         """Give the drafter the row's tokens it has not seen; those it drafted last time and
         that came back first were accepted."""
         new = row[self.length : num_tokens].tolist()
-        if new:
+        if new and self.offered:
             accepted = 0
             while accepted < min(len(self.last_draft), len(new) - 1) and self.last_draft[accepted] == new[accepted]:
                 accepted += 1
-            self.drafter.update(new, accepted)
+            # the engine scored the draft it was given (a chain: the part kept of the offer)
+            self.drafter.hear(PassResult(new, accepted, self.kept))
+        elif new or self.offered:
+            # tokens it never offered for, or an offer whose row came back as it was (another
+            # request holding the same tokens took this drafter): it ends, and starts from the row
+            self.drafter.finish()
+            self.drafter.start(Request(row[:num_tokens].tolist()))
+        self.offered = False
         self.length = num_tokens
         if len(self.head) < HEAD:
             self.head = row[: min(num_tokens, HEAD)].copy()
@@ -136,7 +150,14 @@ class SlotDrafters:
                 drafts.append([])
                 continue
             tracked, room = row
-            tracked.last_draft = list(tracked.drafter.propose(room).tokens[:room])
+            (offer,) = drive_rounds(tracked.drafter.needs.draft_backend, [tracked.drafter.offer(DraftContext(room))])
+            if isinstance(offer, Exception):
+                raise offer
+            # cut as the scheduler cuts a pass of one request's own: by the curve the offer was
+            # priced with (a cost-aware drafter's: the step cost fitted here), within the room
+            (tracked.kept,) = cut_offers([offer], [min(len(offer.draft), room)], 1, None, None)
+            tracked.last_draft = list(offer.draft.subset(tracked.kept).tokens)
+            tracked.offered = True
             drafts.append(tracked.last_draft)
         self._evict(claimed)
         if self.cost is not None:
@@ -152,7 +173,7 @@ class SlotDrafters:
             tracked = max(fits, key=lambda t: t.length) if fits else None
         if tracked is None:
             drafter = self.new_drafter()
-            drafter.reset(row[:n].tolist())
+            drafter.start(Request(row[:n].tolist()))
             tracked = _Tracked(drafter, n, row[: min(n, HEAD)].copy(), row[max(0, n - TAIL) : n].copy())
             self.tracked.append(tracked)
             self.built += 1

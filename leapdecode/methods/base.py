@@ -22,9 +22,9 @@ from typing import TYPE_CHECKING, ClassVar, Literal
 from leapdecode.errors import MethodError
 
 if TYPE_CHECKING:
-    from leapdecode.drafters.base import Drafter
     from leapdecode.engine.backend import Backend
-    from leapdecode.engine.cost import ForwardCost, PassCost
+    from leapdecode.engine.cost import ForwardCost
+    from leapdecode.engine.drafting import Drafter, PassCost
     from leapdecode.engine.noise import PositionNoise
     from leapdecode.engine.sampling import SamplingParams
     from leapdecode.models.loading import LoadedModel
@@ -49,7 +49,6 @@ class Capabilities:
     drafts: DraftShape = "none"  # what one pass verifies: nothing, a chain or a tree
     cost_aware: bool = False  # each draft cut to what pays under the measured pass cost (`Method.prepare`)
     head: str | None = None  # a trained head it drafts with: where it is ("": the one trained here); None: no head
-    own_layers: bool = False  # runs the target's layers its own way (`make_backend`): its requests cannot share passes
     coupled: bool = True  # sampled drafts use the target's per-position uniforms (False: only the distribution is kept)
 
 
@@ -58,7 +57,6 @@ class Method:
     name: ClassVar[str]
     summary: ClassVar[str]
     shape: ClassVar[DraftShape] = "none"  # what one pass verifies, unless `capabilities` says per instance
-    length_field: ClassVar[str] = ""  # chains: the parameter that bounds the draft length (K)
     lossless: ClassVar[bool] = True
     peer: ClassVar[bool] = False  # runs another library's generate instead of the engine
     loads_files: ClassVar[bool] = False  # loads a model or data named by its parameters
@@ -109,13 +107,17 @@ class Method:
         return backend_for(target)
 
     @property
+    def chain_length(self) -> int:
+        """The parameter that bounds a chain's length (K); a method that drafts chains overrides
+        it with its field. 0: no chain of its own."""
+        return 0
+
+    @property
     def draft_length(self) -> int:
-        """Most tokens of a chain drafted per pass (K), for the alpha*K+1 bound: the value of
-        `length_field`. 0 when nothing is drafted, and for trees (whose alpha counts every node,
-        so the bound does not apply)."""
-        if self.drafts != "chain":
-            return 0
-        return int(getattr(self, self.length_field))
+        """Most tokens of a chain drafted per pass (K), for the alpha*K+1 bound: `chain_length`.
+        0 when nothing is drafted, and for trees (whose alpha counts every node, so the bound does
+        not apply)."""
+        return self.chain_length if self.drafts == "chain" else 0
 
     @property
     def pass_size(self) -> int:
@@ -190,7 +192,7 @@ def model_key(lm: LoadedModel, backend: Backend) -> str:
 
 def measure_cost(backend: Backend, max_tokens: int, log: Log, *, tree: bool = False) -> ForwardCost:
     """The backend's cost of passes over 1..max_tokens tokens (chains, or trees), measured now."""
-    from leapdecode.engine.cost import measure_forward_cost
+    from leapdecode.engine.cost_measure import measure_forward_cost
 
     log(f"measuring the forward cost of 1..{max_tokens} tokens ({'trees' if tree else 'chains'})")
     cost = measure_forward_cost(backend, max_tokens, tree=tree)

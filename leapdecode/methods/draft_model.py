@@ -19,9 +19,9 @@ from leapdecode.methods.base import (
 )
 
 if TYPE_CHECKING:
-    from leapdecode.drafters.base import Drafter
     from leapdecode.engine.backend import Backend, TorchBackend
     from leapdecode.engine.cost import ForwardCost
+    from leapdecode.engine.drafting import Drafter
     from leapdecode.engine.noise import PositionNoise
     from leapdecode.engine.sampling import SamplingParams
     from leapdecode.models.loading import LoadedModel
@@ -43,7 +43,6 @@ class DraftModel(Method):
     name: ClassVar[str] = "draft"
     summary: ClassVar[str] = "draft-model speculative decoding: a smaller model with the same tokenizer drafts k tokens"
     shape: ClassVar[DraftShape] = "chain"
-    length_field: ClassVar[str] = "k"
     loads_files: ClassVar[bool] = True
     model: str = ""
     k: int = 5
@@ -84,6 +83,10 @@ class DraftModel(Method):
     # prompt and answer did (a chat's next turn) starts the draft model from that prefix, whole,
     # and it reads only the rest (at most `window` of it); 0: none
     prefix_cache: int = 8192
+
+    @property
+    def chain_length(self) -> int:
+        return self.k
 
     @property
     def capabilities(self) -> Capabilities:
@@ -145,13 +148,8 @@ class DraftModel(Method):
         from leapdecode.drafters.draft_model import DraftModelDrafter
         from leapdecode.drafters.draft_pricing import DraftCost
         from leapdecode.drafters.suffix import SuffixDrafter
-        from leapdecode.engine.cost import (
-            ForwardCost,
-            LiveCost,
-            measure_batch_cost,
-            measure_forward_cost,
-            measure_prefill_cost,
-        )
+        from leapdecode.engine.cost import ForwardCost, LiveCost
+        from leapdecode.engine.cost_measure import measure_batch_cost, measure_forward_cost, measure_prefill_cost
         from leapdecode.engine.cost_store import CurveKey, default_store
         from leapdecode.engine.prefix_cache import PrefixCache
 

@@ -9,7 +9,7 @@ from leapdecode.errors import MethodError
 from leapdecode.methods.base import Capabilities, DrafterFactory, Log, Method
 
 if TYPE_CHECKING:
-    from leapdecode.drafters.base import Drafter
+    from leapdecode.engine.drafting import Drafter
     from leapdecode.engine.noise import PositionNoise
     from leapdecode.engine.sampling import SamplingParams
     from leapdecode.models.loading import LoadedModel
@@ -20,12 +20,15 @@ class _HeadMethod(Method):
     here), a chain (width 1) or a tree of `nodes`, cut to what is worth its cost."""
 
     loads_files: ClassVar[bool] = True
-    length_field: ClassVar[str] = "depth"
     head: str
     depth: int
     width: int
     nodes: int
     cost_aware: bool
+
+    @property
+    def chain_length(self) -> int:
+        return self.depth
 
     def _check_shape(self, max_depth: int = 16) -> None:
         self._require(1 <= self.depth <= max_depth, f"depth must be between 1 and {max_depth}, got {self.depth}")

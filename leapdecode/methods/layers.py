@@ -11,8 +11,8 @@ from leapdecode.errors import MethodError
 from leapdecode.methods.base import Capabilities, DrafterFactory, DraftShape, Log, Method, logger
 
 if TYPE_CHECKING:
-    from leapdecode.drafters.base import Drafter
     from leapdecode.engine.backend import Backend
+    from leapdecode.engine.drafting import Drafter
     from leapdecode.models.loading import LoadedModel
 
 
@@ -30,14 +30,17 @@ class _OwnLayerDrafting(Method):
     own layers (its backend says which), stopping after a token its draft doubts."""
 
     shape: ClassVar[DraftShape] = "chain"
-    length_field: ClassVar[str] = "k"
     k: int  # fields of the dataclasses below
     threshold: float
     coupled: bool
 
     @property
+    def chain_length(self) -> int:
+        return self.k
+
+    @property
     def capabilities(self) -> Capabilities:
-        return Capabilities("chain", own_layers=True, coupled=self.coupled)
+        return Capabilities("chain", coupled=self.coupled)
 
     def _check_drafting(self) -> None:
         self._require(1 <= self.k <= 64, f"k must be between 1 and 64, got {self.k}")
@@ -147,10 +150,6 @@ class Calm(Method):
     measure: str = "softmax"  # softmax: top-1 minus top-2 probability; state: cosine to the previous layer
     first: int = 0  # first layer after which a token may exit (0-based)
     every: int = 1  # check confidence every this many layers
-
-    @property
-    def capabilities(self) -> Capabilities:
-        return Capabilities("none", own_layers=True)
 
     def __post_init__(self) -> None:
         self._require(0.0 <= self.threshold <= 1.0, f"threshold must be in [0, 1], got {self.threshold}")

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, ClassVar
 from leapdecode.methods.base import MAX_DRAFT, Capabilities, DraftShape, Method
 
 if TYPE_CHECKING:
-    from leapdecode.drafters.base import Drafter
+    from leapdecode.engine.drafting import Drafter
 
 
 @dataclass(frozen=True)
@@ -18,12 +18,15 @@ class Anpd(Method):
     name: ClassVar[str] = "anpd"
     summary: ClassVar[str] = "Adaptive N-gram Parallel Decoding: n-gram table from prompt and output, MLN fallback"
     shape: ClassVar[DraftShape] = "chain"
-    length_field: ClassVar[str] = "k"
     n: int = 5
     k: int = 7
     # Keep only the part of each draft worth its measured cost: on by default, as it never lost to
     # plain decoding on any Spec-Bench category on either backend and the uncut draft did (docs/benchmarks.md).
     cost_aware: bool = True
+
+    @property
+    def chain_length(self) -> int:
+        return self.k
 
     @property
     def capabilities(self) -> Capabilities:
@@ -49,11 +52,14 @@ class PromptLookup(Method):
     name: ClassVar[str] = "pld"
     summary: ClassVar[str] = "prompt lookup: copy what followed the latest earlier occurrence of the last tokens"
     shape: ClassVar[DraftShape] = "chain"
-    length_field: ClassVar[str] = "k"
     k: int = 10
     max_ngram: int = 3
     min_ngram: int = 1
     cost_aware: bool = False  # keep only the part of each draft worth its measured cost
+
+    @property
+    def chain_length(self) -> int:
+        return self.k
 
     @property
     def capabilities(self) -> Capabilities:

@@ -9,7 +9,7 @@ from leapdecode.choices import JACOBI_INITS, JACOBI_MODES
 from leapdecode.methods.base import DraftShape, Method
 
 if TYPE_CHECKING:
-    from leapdecode.drafters.base import Drafter
+    from leapdecode.engine.drafting import Drafter
 
 
 @dataclass(frozen=True)
@@ -19,10 +19,13 @@ class Jacobi(Method):
     name: ClassVar[str] = "jacobi"
     summary: ClassVar[str] = "Jacobi decoding: a block of guesses refined by the model's own predictions each pass"
     shape: ClassVar[DraftShape] = "chain"
-    length_field: ClassVar[str] = "block"
     block: int = 3
     mode: str = "sliding"
     init: str = "repeat"
+
+    @property
+    def chain_length(self) -> int:
+        return self.block
 
     def __post_init__(self) -> None:
         self._require(1 <= self.block <= 64, f"block must be between 1 and 64, got {self.block}")

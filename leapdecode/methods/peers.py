@@ -27,9 +27,12 @@ class _PromptLookupPeer(Method):
 
     peer: ClassVar[bool] = True
     shape: ClassVar[DraftShape] = "chain"
-    length_field: ClassVar[str] = "tokens"
     tokens: int  # fields of the dataclasses below
     max_ngram: int
+
+    @property
+    def chain_length(self) -> int:
+        return self.tokens
 
     def __post_init__(self) -> None:
         self._require(1 <= self.tokens <= MAX_TOKENS, f"tokens must be between 1 and {MAX_TOKENS}, got {self.tokens}")
@@ -51,11 +54,14 @@ class HfAssisted(Method):
     loads_files: ClassVar[bool] = True
     peer: ClassVar[bool] = True
     shape: ClassVar[DraftShape] = "chain"
-    length_field: ClassVar[str] = "tokens"
     model: str = ""
     tokens: int = 20  # transformers' defaults: num_assistant_tokens,
     schedule: str = "constant"  # num_assistant_tokens_schedule,
     threshold: float = 0.4  # assistant_confidence_threshold
+
+    @property
+    def chain_length(self) -> int:
+        return self.tokens
 
     def __post_init__(self) -> None:
         self._require(bool(self.model), "needs model=NAME (a preset, folder, .gguf or hub id) for the draft model")
@@ -94,10 +100,13 @@ class LlamaCppSpeculative(Method):
     loads_files: ClassVar[bool] = True
     peer: ClassVar[bool] = True
     shape: ClassVar[DraftShape] = "chain"
-    length_field: ClassVar[str] = "k"
     model: str = ""  # the draft model: a preset or .gguf
     k: int = 3  # --spec-draft-n-max, its default
     p_min: float = 0.0  # --spec-draft-p-min: stop a draft at a token the draft gives less (its default: never)
+
+    @property
+    def chain_length(self) -> int:
+        return self.k
 
     def __post_init__(self) -> None:
         self._require(bool(self.model), "needs model=NAME (a preset or .gguf) for the draft model")

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, ClassVar
 from leapdecode.methods.base import Method
 
 if TYPE_CHECKING:
-    from leapdecode.drafters.base import Drafter
+    from leapdecode.engine.drafting import Drafter
 
 
 @dataclass(frozen=True)

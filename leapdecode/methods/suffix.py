@@ -53,7 +53,6 @@ class Suffix(Method):
     summary: ClassVar[str] = (
         "suffix automaton: a tree of what most often followed an earlier match (any length), optionally across requests"
     )
-    length_field: ClassVar[str] = "k"
     k: int = 16  # most tokens drafted per pass (the tree's nodes)
     factor: float = 1.0  # draft at most factor × match length + offset tokens
     offset: float = 0.0
@@ -65,6 +64,10 @@ class Suffix(Method):
     shared: bool = False
     index_tokens: int = 1 << 16  # tokens the shared index keeps, oldest outputs dropped first
     cost_aware: bool = True
+
+    @property
+    def chain_length(self) -> int:
+        return self.k
 
     def __post_init__(self) -> None:
         self._require(1 <= self.k <= MAX_DRAFT, f"k must be between 1 and {MAX_DRAFT}, got {self.k}")

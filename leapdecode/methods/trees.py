@@ -10,7 +10,7 @@ from leapdecode.methods.base import Capabilities, DrafterFactory, DraftShape, Lo
 from leapdecode.methods.suffix import check_suffix_fields
 
 if TYPE_CHECKING:
-    from leapdecode.drafters.base import Drafter
+    from leapdecode.engine.drafting import Drafter
     from leapdecode.models.loading import LoadedModel
 
 

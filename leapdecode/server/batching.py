@@ -18,8 +18,9 @@ from typing import Protocol
 
 import torch
 
-from leapdecode.engine.backend import Backend, TorchBackend
-from leapdecode.engine.cost import ForwardCost, measure_batch_cost
+from leapdecode.engine.backend import Backend, Packer
+from leapdecode.engine.cost import ForwardCost
+from leapdecode.engine.cost_measure import measure_batch_cost
 from leapdecode.engine.cost_store import CurveKey, default_store
 from leapdecode.engine.loop import Step
 from leapdecode.engine.prefix_cache import PrefixCache
@@ -122,19 +123,20 @@ def start_batching(lm: LoadedModel, config: ServerConfig, metrics: Metrics) -> B
     """The worker for `config.max_batch` (None: from the measured cost curve): shared passes where
     the model packs sequences and more than one request pays, else one request at a time."""
     backend: Backend = backend_for(lm)
+    packer = backend.packer
     tokens = config.prefix_cache_tokens
     if tokens is None:
-        tokens = default_prefix_cache_tokens(backend) if isinstance(backend, TorchBackend) else 0
+        tokens = default_prefix_cache_tokens(packer) if packer is not None else 0
     prefix_cache = PrefixCache(tokens) if tokens else None
     if config.max_batch == 1:
         return one_at_a_time(backend, metrics, "--max-batch 1", prefix_cache)
     reason = backend.batchable
-    if reason is not None or not isinstance(backend, TorchBackend):
+    if reason is not None or packer is None:
         if config.max_batch is not None:
             raise InputError(f"--max-batch {config.max_batch}: {reason}")
         return one_at_a_time(backend, metrics, str(reason), prefix_cache)
     sequences = config.max_batch or 8  # the curve is by rows; eight sequences share them as a busy batch would
-    cost = shared_pass_cost(lm, backend, config.max_pass_rows, sequences)
+    cost = shared_pass_cost(lm, packer, config.max_pass_rows, sequences)
     max_batch = config.max_batch or min(default_max_batch(cost), config.max_pass_rows)
     if max_batch == 1:
         return one_at_a_time(
@@ -155,7 +157,7 @@ def start_batching(lm: LoadedModel, config: ServerConfig, metrics: Metrics) -> B
     return BatchWorker(scheduler, metrics)
 
 
-def shared_pass_cost(lm: LoadedModel, backend: TorchBackend, rows: int, sequences: int) -> ForwardCost:
+def shared_pass_cost(lm: LoadedModel, backend: Packer, rows: int, sequences: int) -> ForwardCost:
     """The cost of shared passes by their rows (1..`rows` over up to `sequences` requests):
     measured once per model on this machine, then read back (`engine.cost_store`)."""
     key = CurveKey(model_key(lm, backend), f"shared passes of {sequences} requests", torch.get_num_threads())
@@ -165,12 +167,12 @@ def shared_pass_cost(lm: LoadedModel, backend: TorchBackend, rows: int, sequence
     return ForwardCost(seconds[:rows])
 
 
-def measure_shared_pass_cost(backend: TorchBackend, rows: int, sequences: int) -> ForwardCost:
+def measure_shared_pass_cost(backend: Packer, rows: int, sequences: int) -> ForwardCost:
     logger.info("measuring the cost of shared passes (1..%d tokens over up to %d requests)", rows, sequences)
     return measure_batch_cost(backend, rows, sequences)
 
 
-def default_prefix_cache_tokens(backend: TorchBackend) -> int:
+def default_prefix_cache_tokens(backend: Packer) -> int:
     """`PREFIX_CACHE_TOKENS`, or fewer where a token's keys and values are large (measured: one
     token prefilled): a 7B model without grouped-query attention keeps 0.5-1 MiB a token, so 8,192
     of them would take gigabytes a user never asked for."""

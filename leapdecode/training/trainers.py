@@ -18,7 +18,7 @@ import torch
 from leapdecode.errors import InputError
 
 if TYPE_CHECKING:
-    from leapdecode.drafters.base import Drafter
+    from leapdecode.engine.drafting import Drafter
     from leapdecode.heads.vocabulary import DraftVocabulary
     from leapdecode.models.loading import LoadedModel
     from leapdecode.training.data import Conversation

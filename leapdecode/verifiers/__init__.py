@@ -4,10 +4,10 @@
 """
 
 from leapdecode.engine.sampling import SamplingParams, logits_to_probs
+from leapdecode.engine.verdict import TokenLogprob, Verdict
 from leapdecode.verifiers.greedy import verify_greedy
 from leapdecode.verifiers.sampling import verify_speculative
 from leapdecode.verifiers.tree import verify_tree_greedy, verify_tree_speculative
-from leapdecode.verifiers.verdict import TokenLogprob, Verdict
 
 __all__ = [
     "SamplingParams",

@@ -9,8 +9,8 @@ from collections.abc import Sequence
 
 import torch
 
+from leapdecode.engine.verdict import Verdict
 from leapdecode.verifiers.verdict import (
-    Verdict,
     emitted_logprobs,
     greedy_transfer,
     host_tokens,

@@ -28,7 +28,8 @@ import torch
 
 from leapdecode.engine.noise import PositionNoise, Stream, choose
 from leapdecode.engine.sampling import SamplingParams, logits_to_probs
-from leapdecode.verifiers.verdict import Verdict, emitted_logprobs, host_tokens, log_probs, top_logprobs
+from leapdecode.engine.verdict import Verdict
+from leapdecode.verifiers.verdict import emitted_logprobs, host_tokens, log_probs, top_logprobs
 
 __all__ = ["SamplingParams", "logits_to_probs", "verify_speculative"]
 

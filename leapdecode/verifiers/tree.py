@@ -18,8 +18,8 @@ import torch
 from leapdecode.engine.noise import PositionNoise, Stream, choose
 from leapdecode.engine.sampling import SamplingParams, logits_to_probs
 from leapdecode.engine.tree import TreeLayout
+from leapdecode.engine.verdict import Verdict
 from leapdecode.verifiers.verdict import (
-    Verdict,
     emitted_logprobs,
     greedy_transfer,
     host_tokens,

@@ -1,4 +1,4 @@
-"""What a verifier returns: the verdict on one pass, already on the host.
+"""The verdict on one pass (`engine.verdict`, the engine's type) and the helpers every verifier shares.
 
 Names used by every verifier in this package:
 - p: the target model's distribution at each scored position (from `target_logits`);
@@ -23,33 +23,12 @@ temperature, top-k or top-p), as vLLM reports them by default.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import NamedTuple
 
 import torch
 
+from leapdecode.engine.verdict import TokenLogprob
+
 MAX_TOP_LOGPROBS = 20  # the OpenAI API's bound on top_logprobs
-
-
-class TokenLogprob(NamedTuple):
-    """One emitted token's log-probability, with the `top` most likely tokens at its position."""
-
-    token: int
-    logprob: float
-    top: tuple[tuple[int, float], ...]  # (token, logprob), most likely first
-
-
-class Verdict(NamedTuple):
-    path: list[int]  # indices of the accepted drafted tokens, root first (a chain: 0..A-1)
-    tokens: list[int]  # emitted: the accepted tokens, then the bonus token ([A+1])
-    predicted: list[int]  # the target's greedy token after each scored row ([D+1])
-    logprobs: list[TokenLogprob] | None = None  # one per emitted token, when asked for ([A+1])
-    candidates: list[list[int]] | None = (
-        None  # the target's top-k token ids at every scored row, when asked for ([D+1][k])
-    )
-
-    @property
-    def num_accepted(self) -> int:
-        return len(self.path)
 
 
 def host_tokens(draft_tokens: Sequence[int] | torch.Tensor) -> list[int]:
