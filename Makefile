@@ -101,11 +101,11 @@ $(VLLM_VENV)/.installed: pyproject.toml
 	$(VLLM_VENV)/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec
 	touch $@
 
-# ruff (lint and the format check) over the code and the tests; mypy over the package, strict on
-# the core (engine, verifiers, drafters, methods: pyproject.toml).
+# ruff (lint and the format check) over the code, the tests and the scripts of docs/results; mypy
+# over the package, strict on the core (engine, verifiers, drafters, methods: pyproject.toml).
 lint: setup
-	$(BIN)/ruff check leapdecode tests
-	$(BIN)/ruff format --check leapdecode tests
+	$(BIN)/ruff check leapdecode tests docs/results
+	$(BIN)/ruff format --check leapdecode tests docs/results
 	$(BIN)/mypy leapdecode/engine leapdecode/verifiers leapdecode/drafters leapdecode/methods
 
 # The whole suite. Its set-up steps run side by side (compiling keeps the two cores busy while the
@@ -117,9 +117,10 @@ test: test-setup
 test-setup: setup
 	$(MAKE) --no-print-directory -j 4 --output-sync=target lint kernels test-models browser llamacpp llamacpp-tools peers vllm
 
-# The tiny-model tests only (minutes): no real model, no optional backend, no browser.
+# The tiny-model tests only (about five minutes on two cores): no real model, no server or command
+# on one, no optional backend, no browser; two workers, one thread each, as `test` runs them.
 test-fast: setup
-	$(PY) -m pytest -q -m "not real_model and not llamacpp and not vllm and not peers and not browser"
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n 2 --dist loadfile -m "not real_model and not llamacpp and not vllm and not peers and not browser"
 
 # The documentation site (mkdocs-material), built strictly: a broken link fails.
 docs: setup

@@ -277,17 +277,15 @@ def start(
 
 def offer_alone(drafter: Drafter, max_tokens: int, exact: int | None = None, batch: int = 1, cost=None):
     """The drafter's offer for a pass (of its own: `cost` None) and the part the scheduler keeps
-    (`engine.pass_plan.cut_offers`, as in a pass with it the only member): (offer, kept, draft)."""
-    from leapdecode.engine.batch import drive_rounds
+    (`engine.pass_plan.offer_alone`; for passes of `batch` sequences costing `cost` by rows, the
+    whole offer up to `exact`): (offer, kept, draft)."""
+    from leapdecode.engine import pass_plan
     from leapdecode.engine.drafting import DraftContext
-    from leapdecode.engine.pass_plan import cut_offers
 
     limit = max_tokens if exact is None else min(max_tokens, exact)
-    (offer,) = drive_rounds(drafter.needs.draft_backend, [drafter.offer(DraftContext(limit, batch, cost))])
-    if isinstance(offer, Exception):
-        raise offer
-    cap = len(offer.draft) if exact is None else min(len(offer.draft), exact)
-    kept = cut_offers([offer], [cap], 1, None, None)[0] if cost is None else list(range(cap))
+    offer, kept = pass_plan.offer_alone(drafter, DraftContext(limit, batch, cost), exact)
+    if cost is not None:
+        kept = list(range(len(offer.draft) if exact is None else min(len(offer.draft), exact)))
     return offer, kept, offer.draft.subset(kept)
 
 

@@ -13,6 +13,7 @@ from leapdecode.engine import cost_measure as cost_module
 from leapdecode.engine.backend import CacheState
 from leapdecode.engine.cost import ForwardCost, nondecreasing_fit
 from leapdecode.engine.cost_measure import measure_forward_cost
+from leapdecode.engine.drafting import Evidence
 from tests.helpers import GREEDY, draft_alone, hear_pass, start
 
 
@@ -49,6 +50,9 @@ def test_acceptance_estimate_learns_and_forgets() -> None:
     assert est.rate("a") < 0.15  # recent rejections outweigh old acceptances
 
 
+NINE = Evidence("test", 9)  # one kind of evidence
+
+
 class FixedDrafter(StreamDrafter):
     def __init__(self, tokens: list[int], evidence: tuple[int, ...] | None = None) -> None:
         self.tokens, self.evidence_ = tokens, evidence
@@ -66,7 +70,7 @@ class FixedDrafter(StreamDrafter):
 
 def test_cost_aware_drafter_stops_drafting_when_drafts_fail_and_learns_from_dropped_tokens() -> None:
     cost = ForwardCost((0.047, 0.070, 0.093, 0.115, 0.155))
-    inner = FixedDrafter([5, 6, 7, 8], evidence=(9, 9, 9, 9))
+    inner = FixedDrafter([5, 6, 7, 8], evidence=(NINE,) * 4)
     drafter = CostAwareDrafter(inner, cost)
     start(drafter, [1, 2])
     first = draft_alone(drafter, 10)
@@ -90,7 +94,7 @@ def test_a_decoders_greedy_requests_share_what_cutting_learned() -> None:
 
     cost = ForwardCost((0.047, 0.070, 0.093, 0.115, 0.155))
     greedy, sampled = SamplingParams(), SamplingParams(temperature=0.8)
-    factory = cost_aware_factory(lambda sampling, noise: FixedDrafter([5, 6, 7, 8], evidence=(9, 9, 9, 9)), cost)
+    factory = cost_aware_factory(lambda sampling, noise: FixedDrafter([5, 6, 7, 8], evidence=(NINE,) * 4), cost)
     first = factory(greedy, None)
     start(first, [1, 2])
     assert len(draft_alone(first, 10)) > 0  # the prior is worth a token or two
@@ -200,14 +204,14 @@ def test_a_request_whose_drafts_fail_stops_drafting_though_earlier_requests_did_
     cost = ForwardCost((0.047, 0.070, 0.093, 0.115, 0.155))
     shared = AcceptanceEstimate()
     for _ in range(200):
-        shared.observe(("evidence", 9), True)
-    drafter = CostAwareDrafter(FixedDrafter([5, 6, 7, 8], evidence=(9, 9, 9, 9)), cost, shared)
+        shared.observe(NINE, True)
+    drafter = CostAwareDrafter(FixedDrafter([5, 6, 7, 8], evidence=(NINE,) * 4), cost, shared)
     start(drafter, [1, 2])
     assert len(draft_alone(drafter, 10)) >= 3  # the decoder's experience: draft most of it
     for _ in range(12):  # this request's target never agrees
         hear_pass(drafter, [99], 0)
         draft = draft_alone(drafter, 10)
-    assert len(draft) == 0 and shared.rate(("evidence", 9)) > 0.8  # cut here, the shared rate still high
-    fresh = CostAwareDrafter(FixedDrafter([5, 6, 7, 8], evidence=(9, 9, 9, 9)), cost, shared)
+    assert len(draft) == 0 and shared.rate(NINE) > 0.8  # cut here, the shared rate still high
+    fresh = CostAwareDrafter(FixedDrafter([5, 6, 7, 8], evidence=(NINE,) * 4), cost, shared)
     start(fresh, [3, 4])
     assert len(draft_alone(fresh, 10)) > 0  # the next request starts from the shared rate again

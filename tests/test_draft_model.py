@@ -184,7 +184,7 @@ def test_sampled_drafts_carry_q_rows_of_the_draft_distribution(tiny_model) -> No
     assert all(float(draft.q[i, t]) > 0 for i, t in enumerate(draft.tokens))
 
 
-def offer_rounds(drafter, max_tokens: int, batch: int = 1, cost=None):
+def whole_offer(drafter, max_tokens: int, batch: int = 1, cost=None):
     """The drafter's whole offer, before any cut: its rounds run alone (`cost` None: for a pass of
     its own; else for passes of `batch` sequences whose rows cost `cost`)."""
     return offer_alone(drafter, max_tokens, batch=batch, cost=cost)[0]
@@ -494,7 +494,7 @@ def test_alone_the_draft_is_cut_by_the_shared_passes_rule(tiny_model) -> None:
     start(shared, prompt)
     with torch.inference_mode():
         draft = draft_alone(alone, 10)
-        offer = offer_rounds(shared, 10)
+        offer = whole_offer(shared, 10)
     # the third drafted as its depth promised; its calibrated chance then stops the drafting
     assert len(offer.draft) == 3 and offer.reach is not None and offer.reach[2] < 0.05
     (keep,) = allocate([offer], [3], 1, 1, cost.target, 4)
@@ -522,9 +522,9 @@ def test_a_probe_is_verified_whole_alone_and_in_a_shared_pass(tiny_model) -> Non
         assert len(probe) == 1 and len(drafter.buckets) == 1  # kept, though its chance is ~0
         drafter.update([*probe.tokens, 3], 1)
         drafter.silent = PROBE_EVERY
-        early = offer_rounds(drafter, 10, 4)
+        early = whole_offer(drafter, 10, 4)
         drafter.silent = 4 * PROBE_EVERY
-        offer = offer_rounds(drafter, 10, 4)
+        offer = whole_offer(drafter, 10, 4)
     assert len(early.draft) == 0  # one of four: not yet
     assert len(offer.draft) == 1 and offer.reach is None
     assert allocate([offer], [1], 4, 4, cost.target, 8) == [[0]]  # a shared pass keeps it too
@@ -549,7 +549,7 @@ def test_a_probe_never_feeds_a_long_catch_up(tiny_model) -> None:
         for token in range(4, 4 + PROBE_LAG):  # silent steps: the cache lags behind
             drafter.update([token], 0)
         drafter.silent = 4 * PROBE_EVERY
-        offer = offer_rounds(drafter, 10, 4)
+        offer = whole_offer(drafter, 10, 4)
         alone = draft_alone(drafter, 10)
     assert len(offer.draft) == 0 and len(alone) == 0 and drafter.draft_passes == passes
 
@@ -567,7 +567,7 @@ def test_in_a_batch_a_drafted_token_costs_a_row_per_sequence(tiny_model) -> None
         drafter = DraftModelDrafter(TorchBackend(tiny_model), k=4, cost=cost, estimate=estimate)
         start(drafter, prompts(1, seed=2)[0])
         with torch.inference_mode():
-            offer = offer_rounds(drafter, 10, batch)
+            offer = whole_offer(drafter, 10, batch)
         lengths.append(len(offer.draft))
     assert lengths == [4, 1, 0]
 
@@ -585,7 +585,7 @@ def test_in_shared_passes_rows_are_priced_by_the_schedulers_curve(tiny_model) ->
         drafter = DraftModelDrafter(TorchBackend(tiny_model), k=4, cost=cost, estimate=estimate)
         start(drafter, prompts(1, seed=2)[0])
         with torch.inference_mode():
-            offer = offer_rounds(drafter, 10, 8, shared)
+            offer = whole_offer(drafter, 10, 8, shared)
         lengths.append(len(offer.draft))
     assert lengths == [4, 0]
 
@@ -713,7 +713,7 @@ def test_in_a_batch_the_draft_models_prefill_is_charged_to_the_whole_pass(tiny_m
         with torch.inference_mode():
             if fed:  # the draft model's cache holds all but the last token (as after a step)
                 drafter.seq, _ = drafter.backend.prefill(prompt[:-1])
-            offer = offer_rounds(drafter, 4, batch, cost.target)
+            offer = whole_offer(drafter, 4, batch, cost.target)
         return len(offer.draft)
 
     assert offered(1, fed=False) > 0  # alone: 7.8 ms more a step repays
@@ -928,12 +928,12 @@ def test_a_cost_aware_draft_offers_each_token_with_its_reach_for_the_shared_cut(
     cheap = DraftCost(ForwardCost((1e-4,)), ForwardCost(tuple(0.01 for _ in range(64))))
     drafter = DraftModelDrafter(backend, k=4, cost=cheap)
     start(drafter, prompts(1, seed=6)[0])
-    offer = offer_rounds(drafter, 4)
+    offer = whole_offer(drafter, 4)
     assert len(offer.draft) > 0 and offer.reach is not None and len(offer.reach) == len(offer.draft)
     assert all(0.0 < b <= a <= 1.0 for a, b in zip((1.0, *offer.reach), offer.reach))
     plain = DraftModelDrafter(backend, k=4)  # no costs: no estimate, the draft is taken whole
     start(plain, prompts(1, seed=6)[0])
-    whole = offer_rounds(plain, 4)
+    whole = whole_offer(plain, 4)
     assert whole.reach is None and len(whole.draft) == 4
 
 

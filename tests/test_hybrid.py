@@ -12,11 +12,12 @@ from leapdecode import wrap
 from leapdecode.drafters import Draft, NoDrafter
 from leapdecode.drafters.base import StreamDrafter
 from leapdecode.drafters.cost_aware import CostAwareDrafter
-from leapdecode.drafters.hybrid import SUFFIX_EVIDENCE, HybridDrafter, graft
+from leapdecode.drafters.hybrid import HybridDrafter, graft
 from leapdecode.drafters.recycle import RecycleDrafter, RecycleTable
 from leapdecode.drafters.suffix import SuffixDrafter, SuffixIndex
 from leapdecode.engine import StopCriteria, TorchBackend, compile_tree, decode
 from leapdecode.engine.cost import ForwardCost
+from leapdecode.engine.drafting import Evidence
 from leapdecode.methods import parse_method
 from leapdecode.verifiers import SamplingParams, verify_greedy, verify_tree_greedy
 from tests.helpers import (
@@ -67,7 +68,9 @@ class FixedTree(StreamDrafter):
 
 def test_cost_aware_cutting_keeps_a_tree_and_learns_which_branches_win() -> None:
     # root children 5 (evidence 1) and 6 (evidence 2); 5 -> 7 (evidence 3)
-    inner = FixedTree(Draft([5, 6, 7], parents=(-1, -1, 0), evidence=(1, 2, 3)))
+    inner = FixedTree(
+        Draft([5, 6, 7], parents=(-1, -1, 0), evidence=(Evidence("test", 1), Evidence("test", 2), Evidence("test", 3)))
+    )
     drafter = CostAwareDrafter(inner, STEEP)
     start(drafter, [1])
     for _ in range(30):  # the target always goes 6 then 9: branch 6 right, branch 5 wrong
@@ -77,7 +80,7 @@ def test_cost_aware_cutting_keeps_a_tree_and_learns_which_branches_win() -> None
         accepted = 1 if 6 in draft.tokens else 0
         hear_pass(drafter, [6, 9] if accepted else [6], accepted)
     assert draft.tokens == [6]  # only the winning branch is worth its cost
-    assert drafter.estimate.rate(("evidence", 2)) > 0.9 > 0.1 > drafter.estimate.rate(("evidence", 1))
+    assert drafter.estimate.rate(Evidence("test", 2)) > 0.9 > 0.1 > drafter.estimate.rate(Evidence("test", 1))
     flat = CostAwareDrafter(FixedTree(Draft([5, 6, 7], parents=(-1, -1, 0))), FLAT)
     start(flat, [1])
     assert draft_alone(flat, 8).tokens == [5, 6, 7]  # free passes: keep everything
@@ -107,7 +110,7 @@ def test_the_hybrid_tree_holds_the_suffix_chain_and_the_recycled_branches() -> N
     compile_tree(draft.parents)
     assert draft.tokens[:2] == [4, 9]  # the recycled root candidates; 4 shared with the chain
     assert draft.tokens[2:] == ([4, 5, 1, 2, 3] * 3)[1:12]  # factor 4 × a 3-token match, less the shared 4
-    assert draft.evidence[0] >= SUFFIX_EVIDENCE > draft.evidence[1]
+    assert draft.evidence[0].source == "suffix" and draft.evidence[1].source == "recycle"
     assert drafter.recycle.rows == [3, *draft.tokens]
 
 

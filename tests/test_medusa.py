@@ -19,7 +19,7 @@ from leapdecode.drafters import CostAwareDrafter, NoDrafter
 from leapdecode.drafters.medusa import MedusaDrafter
 from leapdecode.engine import StopCriteria, TorchBackend, decode
 from leapdecode.engine.cost import ForwardCost
-from leapdecode.engine.drafting import PassResult
+from leapdecode.engine.drafting import Evidence, PassResult
 from leapdecode.errors import ModelLoadError
 from leapdecode.heads.medusa import MedusaConfig, MedusaHeads, random_medusa
 from leapdecode.heads.medusa_format import load_medusa, save_medusa
@@ -129,7 +129,7 @@ def test_drafts_follow_the_heads_and_their_bounds() -> None:
         probs = heads(state[-1:])[:, 0].softmax(-1)  # [num_heads, vocab]
     draft = chain.propose(10)
     assert draft.tokens == probs.argmax(-1).tolist() and draft.q is None and draft.parents is None
-    assert draft.evidence == tuple(min(9, int(10 * float(p))) for p in probs.max(-1).values)
+    assert draft.evidence == tuple(Evidence("head", min(9, int(10 * float(p)))) for p in probs.max(-1).values)
     assert len(chain.propose(2)) == 2
     for max_tokens in (1, 2, 10):
         draft = tree.propose(max_tokens)
@@ -139,7 +139,7 @@ def test_drafts_follow_the_heads_and_their_bounds() -> None:
             assert parent < i
             level.append(0 if parent < 0 else level[parent] + 1)
             assert token in probs[level[-1]].topk(3).indices.tolist()
-            assert draft.evidence[i] == min(9, int(10 * float(probs[level[-1], token])))
+            assert draft.evidence[i] == Evidence("head", min(9, int(10 * float(probs[level[-1], token]))))
         assert max(level) < min(max_tokens, CONFIG.num_heads)
         children = [(p, t) for t, p in zip(draft.tokens, draft.parents)]
         assert len(set(children)) == len(children)  # siblings differ

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from leapdecode.drafters.base import StreamDrafter
-from leapdecode.engine.drafting import Draft
+from leapdecode.engine.drafting import Draft, Evidence
 from leapdecode.errors import MethodError
 
 _request_ids = itertools.count()
@@ -80,7 +80,7 @@ class ArcticSuffixDrafter(StreamDrafter):
         if not tokens:
             return Draft()
         # evidence for cost-aware cutting: their estimated probability, in tenths
-        evidence = tuple(min(int(p * 10), 10) for p in draft.probs)
+        evidence = tuple(Evidence("arctic", min(int(p * 10), 10)) for p in draft.probs)
         return Draft(tokens, parents=tuple(draft.parents) if self.tree else None, evidence=evidence)
 
     def finish(self) -> None:

@@ -16,7 +16,6 @@ from leapdecode.engine.drafting import (
     Draft,
     DraftContext,
     Drafter,
-    Needs,
     Offer,
     PassResult,
     Request,
@@ -56,7 +55,10 @@ class StreamDrafter(Drafter):
 
 class Composite(Drafter):
     """Two drafters run side by side, their drafts merged into one (`merge`): both start, hear
-    every pass (the cut indexes the merged draft) and finish."""
+    every pass (the cut indexes the merged draft) and finish. The merged draft is offered unpriced
+    (a cost-aware wrapper prices it by its evidence), so a child must neither price its own draft
+    nor keep state by its own draft's rows, unless `merge` maps them (`HybridDrafter` hands the
+    merged rows to its recycling child)."""
 
     def __init__(self, first: Drafter, second: Drafter) -> None:
         self.children = (first, second)
@@ -86,8 +88,6 @@ class Composite(Drafter):
 
 class NoDrafter(StreamDrafter):
     """Plain autoregressive decoding: never drafts, so each pass emits exactly one token."""
-
-    needs = Needs()
 
     def reset(self, prompt_ids: Sequence[int]) -> None:
         pass

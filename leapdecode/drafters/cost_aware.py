@@ -4,10 +4,11 @@ Wraps any drafter, of chains or of trees. For each drafted token it estimates th
 acceptance given that its parent was accepted, from the recent acceptance of tokens with the
 same evidence — the drafter's own confidence when it reports one (`Draft.evidence`: ANPD's
 n-gram order and count, a suffix match's length, a recycled candidate's rank), else the token's
-depth. A token is accepted with the product of the estimates along its path; the kept part is
-the most probable tokens (a child is never more probable than its parent, so it is a tree)
-in the number that maximises expected tokens per second under the backend's measured
-`ForwardCost` (or, inside vLLM, its fitted step cost). Zero kept tokens is plain decoding.
+depth. A token is accepted with the product of the estimates along its path (its reach, in the
+offer); the pass keeps the most probable tokens (a child is never more probable than its parent,
+so it is a tree) in the number that maximises expected tokens per second (`engine.cost.allocate`)
+under the backend's measured `ForwardCost` for a pass of the request's own (or, inside vLLM, the
+fitted step cost), or the scheduler's curve for a shared pass. Zero kept tokens is plain decoding.
 
 Dropped tokens still teach: after the pass, a dropped token whose parent was accepted would have
 been accepted exactly when it equals the target's token there (greedy), so the estimates keep
@@ -127,7 +128,8 @@ class RequestEstimate:
 
 
 class CostAwareDrafter(Delegating):
-    """Cuts the inner drafter's chain or tree to the part with the best expected tokens per second."""
+    """Prices each token of the inner drafter's chain or tree by its reach, so that the pass keeps
+    the part with the best expected tokens per second; learns from every drafted token, kept or not."""
 
     def __init__(self, inner: Drafter, cost: PassCost, estimate: AcceptanceEstimate | None = None) -> None:
         super().__init__(inner)
@@ -147,7 +149,7 @@ class CostAwareDrafter(Delegating):
 
     def buckets(self, draft: Draft, parents: Sequence[int]) -> list[Hashable]:
         if draft.evidence is not None:
-            return [("evidence", e) for e in draft.evidence]
+            return list(draft.evidence)
         depth: list[int] = []
         for p in parents:
             depth.append(depth[p] + 1 if p >= 0 else 0)

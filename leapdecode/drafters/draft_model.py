@@ -34,7 +34,6 @@ from collections.abc import Callable, Generator, Hashable, Sequence
 
 import torch
 
-from leapdecode.choices import DRAFT_SCHEDULES
 from leapdecode.drafters.cost_aware import AcceptanceEstimate, LengthEstimate, RequestEstimate, judged
 from leapdecode.drafters.draft_pricing import (
     PROBE_EVERY,
@@ -74,7 +73,8 @@ logger = logging.getLogger("leapdecode")
 
 
 class DraftModelDrafter(Drafter):
-    """Drafts up to K tokens with a draft model's own decoding, KV cache kept across steps."""
+    """Drafts up to K tokens with a draft model's own decoding, KV cache kept across steps; its
+    settings are checked once, where the method string is parsed (`methods.draft_model`)."""
 
     def __init__(
         self,
@@ -95,10 +95,6 @@ class DraftModelDrafter(Drafter):
         prefix_cache: PrefixCache | None = None,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
-        if k < 1:
-            raise ValueError(f"k must be >= 1, got {k}")
-        if schedule not in DRAFT_SCHEDULES:
-            raise ValueError(f"schedule must be one of {DRAFT_SCHEDULES}, got {schedule!r}")
         self.backend = backend
         self.needs = Needs(draft_backend=backend)  # requests of one method draft in shared passes of it
         self.k = k

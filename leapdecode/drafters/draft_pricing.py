@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from leapdecode.drafters.cost_aware import LengthEstimate
 from leapdecode.engine.cost import LiveCost, cut_alone, scale_of
-from leapdecode.engine.drafting import Draft, Offer, PassCost
+from leapdecode.engine.drafting import Draft, Evidence, Offer, PassCost
 
 PROBE_EVERY = 8  # silent steps (no draft: the first token did not pay) before one token is drafted anyway
 PROBE_LAG = PROBE_EVERY + 2  # the most tokens a probe feeds: a request alone's since its last probe's verdict
@@ -130,9 +130,9 @@ def model_rate(cost: DraftCost, rate: Callable[[Hashable], float], budget: int, 
 def match_buckets(match: Draft) -> tuple[tuple[int, ...], list[Hashable]]:
     """A suffix match's parents (a chain's where it has none) and each token's rate bucket: its
     match evidence."""
-    evidence = match.evidence or (0,) * len(match)
+    evidence = match.evidence or (Evidence("suffix", 0),) * len(match)
     parents = match.parents if match.parents is not None else tuple(range(-1, len(match) - 1))
-    return parents, [("suffix", e) for e in evidence]
+    return parents, list(evidence)
 
 
 def match_cut(

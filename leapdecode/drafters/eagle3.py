@@ -28,7 +28,7 @@ from collections.abc import Sequence
 import torch
 
 from leapdecode.drafters.base import StreamDrafter
-from leapdecode.engine.drafting import Draft, Needs, PassResult
+from leapdecode.engine.drafting import Draft, Evidence, Needs, PassResult
 from leapdecode.heads.eagle3 import Eagle3Head, HeadCache
 
 
@@ -157,7 +157,7 @@ class Eagle3Drafter(StreamDrafter):
                 where[c] = len(kept)
                 kept.append(c)
         ids = [int(token[c]) for c in kept]
-        evidence = tuple(min(9, int(10 * prob[c])) for c in kept)
+        evidence = tuple(Evidence("head", min(9, int(10 * prob[c]))) for c in kept)
         if self.width == 1:
             return Draft(ids, evidence=evidence)
         tree = tuple(-1 if parent[c] < 0 else where[int(parent[c])] for c in kept)

@@ -4,7 +4,7 @@ The head (EAGLE-3, Medusa) drafts from the target's states everywhere, right les
 the text is copied; a suffix match (`suffix`) drafts long sure branches where it is copied and
 nothing elsewhere. Each pass grafts the match's continuations onto the head's draft (shared
 prefixes merged, as `hybrid` does with recycled trees), every token keeping its evidence (the
-head's confidence in tenths, or the match's length above those), and cost-aware cutting keeps
+head's confidence in tenths, or the match's length: two kinds of evidence), and cost-aware cutting keeps
 the part worth its cost.
 """
 
@@ -16,8 +16,6 @@ from leapdecode.drafters.base import Composite
 from leapdecode.drafters.hybrid import graft
 from leapdecode.drafters.suffix import SuffixDrafter
 from leapdecode.engine.drafting import Draft, Drafter
-
-SUFFIX_EVIDENCE = 16  # added to the suffix branch's evidence: above every head token's (0-9)
 
 
 class HeadWithSuffix(Composite):
@@ -31,5 +29,4 @@ class HeadWithSuffix(Composite):
     def merge(self, first: Draft, second: Draft) -> Draft:
         if first.tokens and first.parents is None:  # a chain, as a tree
             first = dataclasses.replace(first, parents=tuple(range(-1, len(first) - 1)))
-        marks = tuple(SUFFIX_EVIDENCE + e for e in second.evidence or (0,) * len(second))
-        return graft(first, dataclasses.replace(second, evidence=marks))
+        return graft(first, second)

@@ -21,18 +21,18 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 
-from leapdecode.choices import JACOBI_INITS, JACOBI_MODES
 from leapdecode.drafters.base import StreamDrafter
 from leapdecode.drafters.ngram import NGramModule
 from leapdecode.engine.drafting import Draft, Needs, PassResult
 
 
 class JacobiDrafter(StreamDrafter):
+    """Guesses a block and replaces each guess by the target's prediction there (module doc); its
+    settings are checked once, where the method string is parsed (`methods.parallel.Jacobi`)."""
+
     needs = Needs(predictions=True)
 
     def __init__(self, block: int = 3, mode: str = "sliding", init: str = "repeat", seed: int = 0) -> None:
-        if mode not in JACOBI_MODES or init not in JACOBI_INITS or block < 1:
-            raise ValueError(f"bad Jacobi settings: block={block}, mode={mode!r}, init={init!r}")
         self.block = block
         self.mode = mode
         self.init = init

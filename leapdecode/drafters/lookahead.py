@@ -48,11 +48,12 @@ def lookahead_paths(levels: Sequence[Sequence[int]]) -> list[list[int]]:
 
 
 class LookaheadDrafter(StreamDrafter):
+    """A Jacobi window and its n-gram pool in one tree per pass (module doc); its settings are
+    checked once, where the method string is parsed (`methods.parallel.Lookahead`)."""
+
     needs = Needs(predictions=True)
 
     def __init__(self, w: int = 2, n: int = 3, g: int = 2, anpd: bool = False, seed: int = 0) -> None:
-        if w < 2 or n < 2 or g < 0:
-            raise ValueError(f"bad lookahead settings: w={w}, n={n}, g={g}")
         self.w = w
         self.n = n
         self.g = g

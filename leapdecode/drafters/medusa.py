@@ -21,13 +21,13 @@ import torch
 
 from leapdecode.drafters.base import StreamDrafter
 from leapdecode.drafters.tree_builder import best_first_tree
-from leapdecode.engine.drafting import Draft, Needs, PassResult
+from leapdecode.engine.drafting import Draft, Evidence, Needs, PassResult
 from leapdecode.heads.medusa import MedusaHeads
 
 
-def _bucket(prob: float) -> int:
-    """A probability's evidence bucket: one per tenth."""
-    return min(9, int(10 * prob))
+def _bucket(prob: float) -> Evidence:
+    """A probability's evidence: one level per tenth."""
+    return Evidence("head", min(9, int(10 * prob)))
 
 
 class MedusaDrafter(StreamDrafter):
@@ -103,7 +103,7 @@ class MedusaDrafter(StreamDrafter):
             return Draft()
         prob_of = [dict(zip(ids[level], probs[level])) for level in range(depth)]
         levels: list[int] = []
-        evidence: list[int] = []
+        evidence: list[Evidence] = []
         for token, parent in zip(draft.tokens, draft.parents):
             levels.append(0 if parent < 0 else levels[parent] + 1)
             evidence.append(_bucket(prob_of[levels[-1]][token]))

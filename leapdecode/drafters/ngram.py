@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from leapdecode.drafters.base import StreamDrafter
-from leapdecode.engine.drafting import Draft
+from leapdecode.engine.drafting import Draft, Evidence
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,7 +153,9 @@ class AnpdDrafter(StreamDrafter):
         tokens = self.module.tokens
         chain = self.module.predictions(tokens[-(self.module.n - 1) :], min(self.k, max_tokens))
         # evidence: the matched order, and whether the context was seen followed by it more than once
-        return Draft([p.token for p in chain], evidence=tuple(p.order * 2 + (p.count > 1) for p in chain))
+        return Draft(
+            [p.token for p in chain], evidence=tuple(Evidence("ngram", p.order * 2 + (p.count > 1)) for p in chain)
+        )
 
     def update(self, tokens: Sequence[int], num_accepted: int) -> None:
         self.module.extend(tokens)

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from leapdecode.drafters.base import StreamDrafter
-from leapdecode.engine.drafting import Draft, Needs, PassResult
+from leapdecode.engine.drafting import Draft, Evidence, Needs, PassResult
 
 
 class RecycleTable:
@@ -60,7 +60,7 @@ class RecycleDrafter(StreamDrafter):
     def propose(self, max_tokens: int) -> Draft:
         tokens: list[int] = []
         parents: list[int] = []
-        evidence: list[int] = []  # the candidate's rank among its siblings, and its depth
+        evidence: list[Evidence] = []  # the candidate's rank among its siblings, and its depth
         level = [(-1, self.stream[-1])]  # (index of the node, its token); the root is the pending token
         for depth in range(min(self.depth, max_tokens)):
             width = max(1, self.width >> depth)  # wide near the root, a chain further down
@@ -71,7 +71,7 @@ class RecycleDrafter(StreamDrafter):
                         break
                     parents.append(index)
                     tokens.append(successor)
-                    evidence.append(min(rank, 7) * 8 + min(depth, 7))
+                    evidence.append(Evidence("recycle", min(rank, 7) * 8 + min(depth, 7)))
                     below.append((len(tokens) - 1, successor))
             if not below or len(tokens) == self.nodes:
                 break

@@ -34,7 +34,7 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 from leapdecode.drafters.base import StreamDrafter
-from leapdecode.engine.drafting import Draft
+from leapdecode.engine.drafting import Draft, Evidence
 
 # Occurrence counts are kept up to date by walking the new position's suffix-link path, at most
 # this many states: only long runs of one repeated token make the path longer, and then the
@@ -321,7 +321,7 @@ class SuffixDrafter(StreamDrafter):
                 length, best, shared = other_length, other, True
         if not best.tokens:
             return Draft()
-        evidence = tuple(match_evidence(length, ratio, shared) for ratio in best.ratios)
+        evidence = tuple(Evidence("suffix", match_evidence(length, ratio, shared)) for ratio in best.ratios)
         if not self.tree:
             return Draft(best.tokens, evidence=evidence)
         return Draft(best.tokens, parents=tuple(best.parents), evidence=evidence)

@@ -52,10 +52,6 @@ class CalmBackend(LayerBackend):
 
     def __init__(self, model: Any, measure: str, threshold: float, first: int = 0, every: int = 1) -> None:
         super().__init__(model)
-        if measure not in CALM_MEASURES:
-            raise MethodError(f"calm: measure must be one of {', '.join(CALM_MEASURES)}, got {measure!r}")
-        if not 0 <= first < self.runner.num_layers:
-            raise MethodError(f"calm: first must be a layer in 0..{self.runner.num_layers - 1}, got {first}")
         self.measure = measure
         self.threshold = threshold
         self.candidates = frozenset(exit_candidates(self.runner.num_layers, first, every))

@@ -120,7 +120,7 @@ def allocate(
     where `base_rows` rows (pending tokens, prompts) are there anyway and are worth `decoding`
     tokens (a pending token one, and a prompt row one to the scheduler: work needed either way). An
     offer without reach is kept whole up to its cap and the budget, before any other (None: no draft). One offer with
-    one pending row is cost-aware drafting's cut for a request alone (`CostAwareDrafter`)."""
+    one pending row is the cut of a pass of one request's own (`engine.pass_plan.cut_offers`)."""
     kept: list[list[int]] = [[] for _ in offers]
     rows = base_rows
     candidates: list[tuple[float, int, int]] = []
@@ -155,7 +155,8 @@ def allocate(
 
 
 def cut_alone(offer: Offer, cost: PassCost) -> list[int]:
-    """`allocate` for a request alone in its pass: its one offer, the pending row there anyway."""
+    """`allocate` for one offer alone in a pass, the pending row there anyway (a draft model's
+    suffix match priced against its own draft, `drafters.draft_pricing.match_cut`)."""
     size = len(offer.draft)
     return allocate([offer], [size], 1, 1, cost, 1 + size)[0]
 

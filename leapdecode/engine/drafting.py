@@ -23,7 +23,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 import torch
 
@@ -39,6 +39,15 @@ class PassCost(Protocol):
     def of(self, tokens: int) -> float: ...
 
 
+class Evidence(NamedTuple):
+    """Why a drafter drafted a token, for cost-aware drafting to learn how often each kind of
+    evidence holds: where it came from (`source`: "ngram", "suffix", "recycle", "head"...) and a
+    small level within that source (a match's length, a probability's tenth, a rank and depth)."""
+
+    source: str
+    level: int
+
+
 @dataclass(frozen=True)
 class Draft:
     """A proposed chain, or tree, of tokens.
@@ -52,9 +61,9 @@ class Draft:
     tokens: list[int] = field(default_factory=list)
     q: torch.Tensor | None = None  # [len(tokens), vocab]
     parents: tuple[int, ...] | None = None
-    # Optional, per drafted token: the drafter's evidence for it (a small int, e.g. how long a
-    # match it came from), so that cost-aware drafting can learn acceptance per kind of evidence.
-    evidence: tuple[int, ...] | None = None
+    # Optional, per drafted token: the drafter's evidence for it (e.g. how long a match it came
+    # from), so that cost-aware drafting can learn acceptance per kind of evidence.
+    evidence: tuple[Evidence, ...] | None = None
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -199,9 +208,10 @@ class Drafter(ABC):
         they learned with later requests commit it here."""
 
 
-def offered(draft: Draft, reach: tuple[float, ...] | None = None, cost: PassCost | None = None) -> Rounds:
-    """An offer that asks for no pass of a draft model: `yield from offered(...)` returns it."""
-    return Offer(draft, reach, cost)
+def offered(draft: Draft) -> Rounds:
+    """A draft offered whole, without asking for a pass of a draft model (a generator that returns
+    at once)."""
+    return Offer(draft)
     yield  # a generator
 
 

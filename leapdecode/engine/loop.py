@@ -19,18 +19,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import torch
 
 from leapdecode.engine.backend import Backend, CacheState, Scores
-from leapdecode.engine.drafting import Draft, DraftContext, Drafter, Offer, PassResult, Request, Rounds
+from leapdecode.engine.drafting import Draft, DraftContext, Drafter, Offer, PassCost, PassResult, Request, Rounds
 from leapdecode.engine.stopping import StopCriteria
 from leapdecode.engine.tree import TreeLayout, compile_tree
 from leapdecode.engine.verdict import TokenLogprob, Verdict
-
-if TYPE_CHECKING:
-    from leapdecode.engine.drafting import PassCost
 
 
 class Verifier(Protocol):
@@ -85,6 +82,7 @@ class SequenceRun:
         # trained heads draft from the target's own states; others ask for none
         self.features: tuple[int, ...] = drafter.needs.features
         self.predictions = drafter.needs.predictions
+        self.candidates = drafter.needs.candidates > 0
         self.seq: CacheState | None = None
         self.generated: list[int] = []
         self.done = False
@@ -143,7 +141,7 @@ class SequenceRun:
         #    states at the kept rows (trained heads), its predictions (Jacobi-style, recycling).
         states = wanted_features(scores)[kept] if self.features else None  # [1 + accepted, F]
         predicted = verdict.predicted if self.predictions else None  # [D+1]
-        candidates = verdict.candidates if self.predictions else None  # [D+1][k]
+        candidates = verdict.candidates if self.candidates else None  # [D+1][k]
         self.drafter.hear(PassResult(verdict.tokens, len(verdict.path), self._kept, states, predicted, candidates))
         self._draft = None
         return self._emit(tuple(draft.tokens), draft.parents)

@@ -18,13 +18,12 @@ import torch
 
 from leapdecode.engine.batch import BatchItem, drive_rounds
 from leapdecode.engine.cost import allocate
-from leapdecode.engine.drafting import Offer, PassCost, Rounds
+from leapdecode.engine.drafting import DraftContext, Drafter, Offer, PassCost, Rounds
 from leapdecode.engine.submission import Submission
 
 if TYPE_CHECKING:
     from leapdecode.engine.backend import Backend, Scores
     from leapdecode.engine.loop import SequenceRun
-    from leapdecode.engine.tree import TreeLayout
 
 T = TypeVar("T")
 Planned = tuple[Submission, tuple[Offer, int]]  # a request, its offer and the most its pass verifies exactly
@@ -91,7 +90,7 @@ def cut_drafts(
     items: list[tuple[Submission, BatchItem]] = []
     for (submission, (offer, _)), keep in zip(planned, kept):
         run = submission.run
-        plan = isolated(submission, functools.partial(taken_plan, run, offer, keep))
+        plan = isolated(submission, functools.partial(run.plan, offer, keep))
         if plan is not None and run.seq is not None:
             items.append((submission, BatchItem(run.seq, plan[0], plan[1])))
     return items
@@ -115,9 +114,15 @@ def cut_offers(
     return allocate(offers, caps, base, base, cost, budget)
 
 
-def taken_plan(run: SequenceRun, offer: Offer, kept: Sequence[int]) -> tuple[list[int], TreeLayout | None]:
-    """The pass's tokens and tree for the part of `offer` the scheduler kept."""
-    return run.plan(offer, kept)
+def offer_alone(drafter: Drafter, context: DraftContext, cap: int | None = None) -> tuple[Offer, list[int]]:
+    """A drafter's offer for a pass of its own (its rounds, if any, over its own draft model) and the
+    part that pass keeps, at most `cap` tokens (None: all), cut as `cut_offers` cuts one offer: for
+    a driver that runs one request's passes itself (vLLM's slots) and for tests."""
+    (offer,) = drive_rounds(drafter.needs.draft_backend, [drafter.offer(context)])
+    if isinstance(offer, Exception):
+        raise offer
+    size = len(offer.draft) if cap is None else min(len(offer.draft), cap)
+    return offer, cut_offers([offer], [size], 1, None, None)[0]
 
 
 def features_for(run: SequenceRun, scores: Scores, wanted: tuple[int, ...]) -> Scores:

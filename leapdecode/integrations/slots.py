@@ -32,9 +32,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from leapdecode.engine.batch import drive_rounds
 from leapdecode.engine.drafting import DraftContext, Drafter, PassResult, Request
-from leapdecode.engine.pass_plan import cut_offers
+from leapdecode.engine.pass_plan import offer_alone
 from leapdecode.integrations.step_cost import StepCost
 
 HEAD = 32  # tokens compared at a row's start
@@ -52,7 +51,7 @@ class _Tracked:
     last_draft: list[int] = field(default_factory=list)
     last_step: int = 0
     offered: bool = False  # an offer whose pass it has not heard of yet
-    kept: list[int] = field(default_factory=list)  # the tokens of that offer drafted to the engine
+    kept: list[int] = field(default_factory=list)  # the indices of that offer's tokens drafted to the engine
 
     def serves(self, row: np.ndarray, num_tokens: int) -> bool:
         """Whether `row[:num_tokens]` continues exactly what this drafter was fed (by its ends)."""
@@ -150,12 +149,9 @@ class SlotDrafters:
                 drafts.append([])
                 continue
             tracked, room = row
-            (offer,) = drive_rounds(tracked.drafter.needs.draft_backend, [tracked.drafter.offer(DraftContext(room))])
-            if isinstance(offer, Exception):
-                raise offer
             # cut as the scheduler cuts a pass of one request's own: by the curve the offer was
             # priced with (a cost-aware drafter's: the step cost fitted here), within the room
-            (tracked.kept,) = cut_offers([offer], [min(len(offer.draft), room)], 1, None, None)
+            offer, tracked.kept = offer_alone(tracked.drafter, DraftContext(room), room)
             tracked.last_draft = list(offer.draft.subset(tracked.kept).tokens)
             tracked.offered = True
             drafts.append(tracked.last_draft)

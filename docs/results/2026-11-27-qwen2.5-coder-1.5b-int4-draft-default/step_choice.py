@@ -65,5 +65,7 @@ for method in sys.argv[2:]:
         out = decoder.generate(text, max_new_tokens=128, chat=prompt.chat)
         print(f"{method} {prompt.id}: {time.perf_counter() - start:.2f} s, {out.stats.new_tokens} tokens")
         for plan, drafted, accepted, ms, target, draft in steps:
-            print(f"  {plan} drafted {drafted:2d} accepted {accepted:2d}: {1000 * ms:5.0f} ms "
-                  f"(target {1000 * target:5.0f}, draft {1000 * draft:5.0f})")
+            print(
+                f"  {plan} drafted {drafted:2d} accepted {accepted:2d}: {1000 * ms:5.0f} ms "
+                f"(target {1000 * target:5.0f}, draft {1000 * draft:5.0f})"
+            )

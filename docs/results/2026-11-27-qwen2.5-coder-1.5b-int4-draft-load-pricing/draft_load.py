@@ -53,10 +53,17 @@ def counted_pays(self, drafted, reach, expected, batch, *rest):
 dm.DraftModelDrafter.reset, dm.DraftModelDrafter._pays = counted_reset, counted_pays
 for label, decoder in (("ar", plain), ("draft", dec), ("ar again", plain)):
     r = run_concurrent(decoder, cost, ids, 96, N, ref, 128)
-    print(f"{label}: {r.new_tokens / r.wall_s:.1f} tok/s, {r.wall_s:.1f} s, {r.passes} passes, {r.rows} rows, "
-          f"{r.identical}/{len(ids)} identical")
-print("draft-model passes", sum(d.draft_passes for d in drafters), "steps drafted by the suffix match",
-      sum(d.retrieved_steps for d in drafters), "requests that started the draft model",
-      sum(d.seq is not None for d in drafters))
+    print(
+        f"{label}: {r.new_tokens / r.wall_s:.1f} tok/s, {r.wall_s:.1f} s, {r.passes} passes, {r.rows} rows, "
+        f"{r.identical}/{len(ids)} identical"
+    )
+print(
+    "draft-model passes",
+    sum(d.draft_passes for d in drafters),
+    "steps drafted by the suffix match",
+    sum(d.retrieved_steps for d in drafters),
+    "requests that started the draft model",
+    sum(d.seq is not None for d in drafters),
+)
 for key, n in sorted(counts.items(), key=lambda kv: -kv[1]):
     print(key, n)

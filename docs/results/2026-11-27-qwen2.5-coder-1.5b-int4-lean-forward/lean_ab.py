@@ -23,7 +23,10 @@ method = DraftModel(model="qwen2.5-coder-0.5b")
 draft = method.load_draft(target, quiet)
 lean_draft = method.draft_backend(target, draft, quiet)
 backends = {
-    "1.5B": (TorchBackend(target.model, target.exact_tokens, lean=False), TorchBackend(target.model, target.exact_tokens)),
+    "1.5B": (
+        TorchBackend(target.model, target.exact_tokens, lean=False),
+        TorchBackend(target.model, target.exact_tokens),
+    ),
     "0.5B draft": (
         DraftHeadBackend(draft.model, lean_draft.ids.tolist(), draft.exact_tokens, lean=False),
         lean_draft,
@@ -47,14 +50,14 @@ def median_ms(backend, rows: int) -> float:
     return 1000 * sorted(times)[REPEATS // 2]
 
 
-print(f"| model | rows | own forward, ms | lean forward, ms | lean / own |\n|---|---:|---:|---:|---:|")
+print("| model | rows | own forward, ms | lean forward, ms | lean / own |\n|---|---:|---:|---:|---:|")
 with torch.inference_mode():
     for name, (own, lean) in backends.items():
         assert lean.lean is not None and lean.lean.native is not None, lean.lean_reason
         for rows in (1, 2, 4, 8) if name == "1.5B" else (1, 4):
             pairs = [(median_ms(own, rows), median_ms(lean, rows)) for _ in range(2)]
-            o, l = min(p[0] for p in pairs), min(p[1] for p in pairs)
-            print(f"| {name} | {rows} | {o:.1f} | {l:.1f} | {l / o:.2f} |", flush=True)
+            own_ms, lean_ms = min(p[0] for p in pairs), min(p[1] for p in pairs)
+            print(f"| {name} | {rows} | {own_ms:.1f} | {lean_ms:.1f} | {lean_ms / own_ms:.2f} |", flush=True)
 
 print("\n| model | prefill of 128 tokens | own forward, ms a token | lean forward, ms a token |\n|---|---|---:|---:|")
 with torch.inference_mode():

@@ -52,8 +52,13 @@ for method in ("ar", "draft:model=qwen2.5-coder-0.5b"):
         total += time.perf_counter() - start
         steps += out.stats.forward_passes - 1
         tokens += out.stats.new_tokens
-    print(f"\n{method}: {tokens} tokens, {steps} steps, {1000 * total / steps:.1f} ms a step, {tokens / total:.1f} tok/s")
+    print(
+        f"\n{method}: {tokens} tokens, {steps} steps, {1000 * total / steps:.1f} ms a step, {tokens / total:.1f} tok/s"
+    )
     for key in sorted(spent):
-        print(f"  {key}: {calls[key]} calls, {1000 * spent[key] / calls[key]:.1f} ms a call, {1000 * spent[key] / steps:.1f} ms a step")
+        print(
+            f"  {key}: {calls[key]} calls, {1000 * spent[key] / calls[key]:.1f} ms a call, "
+            f"{1000 * spent[key] / steps:.1f} ms a step"
+        )
     other = total - sum(spent.values())
     print(f"  rest: {1000 * other / steps:.1f} ms a step")

@@ -58,7 +58,10 @@ def main() -> None:
     quiet = lambda message: None  # noqa: E731
     rows = {}
     target = load_model("qwen2.5-coder-1.5b", log=quiet)
-    rows["1.5B target, the GGUF's int4 blocks"] = (pass_ms(TorchBackend(target.model, exact_tokens=target.exact_tokens)), pass_bytes(target.model))
+    rows["1.5B target, the GGUF's int4 blocks"] = (
+        pass_ms(TorchBackend(target.model, exact_tokens=target.exact_tokens)),
+        pass_bytes(target.model),
+    )
     own = load_model("qwen2.5-coder-0.5b", log=quiet)
     rows["0.5B, the GGUF's blocks (5-bit at 8 bits)"] = (pass_ms(TorchBackend(own.model)), pass_bytes(own.model))
     del own
@@ -67,7 +70,10 @@ def main() -> None:
     size = draft.model.config.get_text_config().vocab_size
     vocab, source = draft_vocabulary(target.tokenizer, 32768, size, sorted(target.eos_token_ids), default_cache_dir())
     trimmed = DraftHeadBackend(draft.model, vocab.ids)
-    rows[f"0.5B int4, 32,768-token draft vocabulary ({source})"] = (pass_ms(trimmed), pass_bytes(draft.model, trimmed.head))
+    rows[f"0.5B int4, 32,768-token draft vocabulary ({source})"] = (
+        pass_ms(trimmed),
+        pass_bytes(draft.model, trimmed.head),
+    )
     base = next(iter(rows.values()))[0]
     print("| path | ms a pass | × the target's | MB a pass | GB/s |")
     print("|---|---:|---:|---:|---:|")

@@ -13,8 +13,8 @@ import sys
 import time
 
 import torch
-from base_build import extension_at
 
+from leapdecode.bench.ab import extension_at
 from leapdecode.models import row_exact
 
 HEADS, KV_HEADS, DIM = 12, 2, 128

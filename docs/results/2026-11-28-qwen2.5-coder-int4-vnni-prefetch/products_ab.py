@@ -18,8 +18,8 @@ import time
 from typing import Any
 
 import torch
-from base_build import extension_at
 
+from leapdecode.bench.ab import extension_at
 from leapdecode.engine.backend import TorchBackend
 from leapdecode.models import load_model
 from leapdecode.models.quantize import QuantizedLinear, kernel

@@ -7,6 +7,7 @@ before: live costs and kept draft caches), then one round of eight closed-loop c
 (`run_concurrent`), with the draft rounds (`drive_rounds`), the draft model's packed feeds and
 the target's shared passes timed and counted in place. Every output must equal plain decoding's.
 """
+
 import sys
 import time
 
@@ -21,10 +22,24 @@ from leapdecode.engine import batch, pass_plan, scheduler
 from leapdecode.engine.cost import measure_batch_cost
 from leapdecode.methods import backend_for
 
-tally = {"draft_s": 0.0, "rounds": 0, "feeds": 0, "feed_tokens": 0, "long_feeds": 0, "long_tokens": 0,
-         "target_s": 0.0, "passes": 0, "rows": 0, "offers": 0, "drafted": 0, "unpriced": 0}
+tally = {
+    "draft_s": 0.0,
+    "rounds": 0,
+    "feeds": 0,
+    "feed_tokens": 0,
+    "long_feeds": 0,
+    "long_tokens": 0,
+    "target_s": 0.0,
+    "passes": 0,
+    "rows": 0,
+    "offers": 0,
+    "drafted": 0,
+    "unpriced": 0,
+}
 
 orig_drive = pass_plan.drive_rounds
+
+
 def drive(backend, rounds):
     start = time.perf_counter()
     out = orig_drive(backend, rounds)
@@ -35,9 +50,13 @@ def drive(backend, rounds):
             tally["drafted"] += len(o.draft)
             tally["unpriced"] += o.reach is None and len(o.draft) > 0
     return out
+
+
 pass_plan.drive_rounds = drive
 
 orig_packed = batch._packed_answers
+
+
 def packed(backend, feeds):
     tally["rounds"] += 1
     for f in feeds.values():
@@ -48,9 +67,13 @@ def packed(backend, feeds):
             tally["long_feeds"] += 1
             tally["long_tokens"] += n
     return orig_packed(backend, feeds)
+
+
 batch._packed_answers = packed
 
 orig_fb = scheduler.forward_batch
+
+
 def fb(backend, items, wanted=()):
     start = time.perf_counter()
     out = orig_fb(backend, items, wanted)
@@ -58,6 +81,8 @@ def fb(backend, items, wanted=()):
     tally["passes"] += 1
     tally["rows"] += sum(len(i.tokens) for i in items)
     return out
+
+
 scheduler.forward_batch = fb
 
 torch.set_num_threads(2)

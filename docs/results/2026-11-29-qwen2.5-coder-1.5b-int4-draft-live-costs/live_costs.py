@@ -44,7 +44,10 @@ def main() -> None:
     new_tokens = int(sys.argv[2]) if len(sys.argv) > 2 else 64
     target = leapdecode.load_model("qwen2.5-coder-1.5b")
     plain = leapdecode.wrap(target, "ar")
-    decoders = {"clean live": leapdecode.wrap(target, METHOD), "clean fixed": leapdecode.wrap(target, METHOD + ",live_cost=false")}
+    decoders = {
+        "clean live": leapdecode.wrap(target, METHOD),
+        "clean fixed": leapdecode.wrap(target, METHOD + ",live_cost=false"),
+    }
     spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
         decoders["burst live"] = leapdecode.wrap(target, METHOD)
@@ -75,7 +78,9 @@ def main() -> None:
             assert result.token_ids == reference.token_ids, f"{side} differs from plain decoding on {prompt.id}"
             s = result.stats
             cells[side] = (s.wall_time_s, s.drafted_tokens, s.accepted_tokens)
-            for i, v in enumerate((s.wall_time_s, len(result.token_ids), s.forward_passes, s.drafted_tokens, s.accepted_tokens)):
+            for i, v in enumerate(
+                (s.wall_time_s, len(result.token_ids), s.forward_passes, s.drafted_tokens, s.accepted_tokens)
+            ):
                 totals[side][i] += v
         row = " ".join(f"{t:>13.2f} {a:>3}/{d:<3}" for t, d, a in (cells[side] for side in SIDES))
         print(f"{prompt.id:<10} {stats.wall_time_s:>7.2f} {row}", flush=True)

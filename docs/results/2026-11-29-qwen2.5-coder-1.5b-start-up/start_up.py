@@ -45,7 +45,10 @@ def generate(home: Path, *method: str) -> tuple[float, float]:
     start = time.perf_counter()
     out = subprocess.run(
         [CLI, "generate", "-m", MODEL, PROMPT, "-n", "24", "--chat", "--threads", "2", *method],
-        env=env, capture_output=True, text=True, check=True,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
     )
     wall = time.perf_counter() - start
     decoding = float(re.search(r"tokens in ([0-9.]+) s", out.stdout + out.stderr).group(1))
@@ -60,7 +63,9 @@ def serve(home: Path) -> float:
     start = time.perf_counter()
     proc = subprocess.Popen(
         [CLI, "serve", "-m", MODEL, "--port", str(port), "--threads", "2"],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     try:
         while True:

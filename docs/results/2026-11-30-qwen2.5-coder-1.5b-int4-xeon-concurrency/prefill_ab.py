@@ -9,12 +9,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-from fc_ab import REPO, alternate, env_for  # the script beside this one
+from leapdecode.bench.ab import REPO, alternate, env_for
 
 SCRIPT = "docs/results/2026-11-27-qwen2.5-coder-1.5b-int4-forward-cost-huge-pages/prefill.py"
 
 
 def prefill(tree: Path) -> dict[int, float]:
+    """Milliseconds a prompt token by prompt length, as `SCRIPT` prints them for `tree`'s package."""
     done = subprocess.run(
         [sys.executable, str(REPO / SCRIPT)], env=env_for(tree), capture_output=True, text=True, check=True, cwd=tree
     )

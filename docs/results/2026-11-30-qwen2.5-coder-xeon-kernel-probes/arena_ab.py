@@ -13,8 +13,8 @@ import sys
 import time
 
 import torch
-from draft_pass import CONTEXT
 
+from leapdecode.bench.probes import CONTEXT
 from leapdecode.engine.backend import TorchBackend
 from leapdecode.models import load_model, quantize
 from leapdecode.models.quantize import QuantizedLinear

@@ -12,23 +12,11 @@ import statistics
 import sys
 import time
 
-START = time.perf_counter()
+START = time.perf_counter()  # before the imports below: the load is timed from here
 
 import torch  # noqa: E402
 
-from leapdecode.engine.backend import TorchBackend  # noqa: E402
-from leapdecode.methods import DraftModel  # noqa: E402
-from leapdecode.models import LoadedModel, load_model  # noqa: E402
-
-CONTEXT = [1000 + (i * 37) % 20000 for i in range(300)]  # the cached tokens every timed pass follows
-
-
-def draft_path() -> tuple[LoadedModel, TorchBackend]:
-    """The 1.5B as loaded by default, and the 0.5B's backend on its draft path for it."""
-    quiet = lambda message: None  # noqa: E731
-    target = load_model("qwen2.5-coder-1.5b", log=quiet)
-    method = DraftModel(model="qwen2.5-coder-0.5b")
-    return target, method.draft_backend(target, method.load_draft(target, quiet), quiet)
+from leapdecode.bench.probes import CONTEXT, draft_path  # noqa: E402
 
 
 def main() -> None:

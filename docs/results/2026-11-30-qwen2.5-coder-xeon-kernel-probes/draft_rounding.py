@@ -15,20 +15,15 @@ idea, here unweighted; then the same super-block factors).
 
 from __future__ import annotations
 
-import json
 import sys
-import tempfile
 import time
-from pathlib import Path
 
 import torch
 
-from leapdecode import wrap
-from leapdecode.bench.datasets import load_dataset
+from leapdecode.bench.probes import answers
 from leapdecode.models import load_model, quantize
 from leapdecode.models import rounding as R
 
-CATEGORIES = ["multi-turn", "translation", "qa", "math_reasoning", "summarization", "rag"]
 CHUNK = 1024  # output rows fitted at a time (the temporaries stay in cache)
 
 
@@ -57,7 +52,7 @@ def fit_groups(w: torch.Tensor, steps: int = 20) -> tuple[torch.Tensor, torch.Te
     return best_s, best_m
 
 
-def least_squares_super(weight: torch.Tensor, bits: int):  # noqa: ANN201
+def least_squares_super(weight: torch.Tensor, bits: int) -> tuple[torch.Tensor, R.SuperScales]:
     """`rounding.quantize_weight_super` with fitted group scales and minimums (int4 only)."""
     if bits != 4:
         return CURRENT(weight, bits)
@@ -73,19 +68,6 @@ def least_squares_super(weight: torch.Tensor, bits: int):  # noqa: ANN201
 
 
 CURRENT = R.quantize_weight_super
-
-
-def answers(per_category: int) -> list[dict]:
-    path = Path(tempfile.gettempdir()) / f"draft-rounding-answers-{per_category}.json"  # outside the tree
-    if not path.exists():
-        decoder = wrap(load_model("qwen2.5-coder-1.5b", log=lambda message: None), "ar")
-        rows = []
-        for category in CATEGORIES:
-            for prompt in load_dataset(f"spec-bench:{category}", per_category):
-                out = decoder.generate([{"role": "user", "content": prompt.text}], max_new_tokens=96, chat=True)
-                rows.append({"category": category, "prompt": list(out.prompt_ids), "answer": list(out.token_ids)})
-        path.write_text(json.dumps(rows))
-    return json.loads(path.read_text())
 
 
 def main() -> None:

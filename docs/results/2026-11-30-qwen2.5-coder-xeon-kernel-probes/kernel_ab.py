@@ -11,17 +11,14 @@ from __future__ import annotations
 
 import statistics
 import sys
-import tempfile
 import time
-from pathlib import Path
+from types import ModuleType
 
 import torch
-from torch.utils import cpp_extension
 
+from leapdecode.bench.ab import build_variant
 from leapdecode.models import quantize
 from leapdecode.models.quantize import GROUP, QuantizedLinear, SuperScales
-
-SOURCE = Path(quantize.__file__).with_name("quant.cpp")
 
 SIX_BIT_DOT = """    I dot[MB];
     if constexpr (BITS == 6) {  // the halves' exact dot: sc_a * (even - 32 sum(x_a)) + sc_b * (odd - 32 sum(x_b))
@@ -68,6 +65,7 @@ ROWS = "row_blocks<kRowBlockVnni>(M, [&](auto rows, int64_t m0) { block_vnni<"
 
 
 def six_bit_rows(rows: int) -> list[tuple[str, str]]:
+    """The 6-bit kernel's row blocks of `rows` (other bits keep the tree's)."""
     return [(ROWS, f"row_blocks<(BITS == 6 ? {rows} : kRowBlockVnni)>(M, [&](auto rows, int64_t m0) {{ block_vnni<")]
 
 
@@ -81,39 +79,18 @@ VARIANTS: dict[str, list[tuple[str, str]]] = {
 SAME_BITS = {"prefetch-l2", "six-bit-rows-4", "six-bit-rows-6", "vector-stores"}
 
 
-def build_variant(  # noqa: ANN201
-    module: str,
-    changes: list[tuple[str, str]],
-    sources: tuple[str, ...] = ("quant.cpp",),
-    defines: tuple[str, ...] = (),
-):
-    """The extension `module` built from the tree's `sources` (beside `quant.cpp`) with `changes`
-    made to `quant.cpp`, each (the tree's text, the variant's)."""
-    text = SOURCE.read_text()
-    for old, new in changes:
-        assert old in text, f"{module}: the tree's kernel no longer has what this variant changes"
-        text = text.replace(old, new)
-    folder = Path(tempfile.mkdtemp())
-    for name in {*sources, "simd.h"} - {"quant.cpp"}:
-        (folder / name).write_text(SOURCE.with_name(name).read_text())
-    (folder / "quant.cpp").write_text(text)
-    return cpp_extension.load(
-        name=module,
-        sources=[str(folder / source) for source in sources],
-        extra_cflags=["-O3", "-fopenmp", *(f"-D{macro}" for macro in defines)],
-        extra_ldflags=["-fopenmp"],
-    )
-
-
-def variant_module(name: str):  # noqa: ANN201
+def variant_module(name: str) -> ModuleType:
+    """The kernel with variant `name`'s changes, as an extension of its own."""
     return build_variant(f"quant_{name.replace('-', '_')}", VARIANTS[name])
 
 
 def four_bit(k: int, n: int, bias: bool = False) -> QuantizedLinear:
+    """A random int4 layer of `k` inputs and `n` outputs."""
     return QuantizedLinear.from_weight(torch.randn(n, k) * 0.02, 4, torch.randn(n) if bias else None)
 
 
 def six_bit(k: int, n: int) -> QuantizedLinear:
+    """A random 6-bit layer of `k` inputs and `n` outputs, in the super-block form."""
     groups = k // GROUP
     q = torch.randint(0, 64, (n, k)).to(torch.uint8)
     sc = torch.randint(-128, 128, (n, 2 * groups)).to(torch.int8)
@@ -122,7 +99,7 @@ def six_bit(k: int, n: int) -> QuantizedLinear:
     )
 
 
-def call(module, layer: QuantizedLinear, x: torch.Tensor) -> torch.Tensor:  # noqa: ANN001
+def call(module: ModuleType, layer: QuantizedLinear, x: torch.Tensor) -> torch.Tensor:
     """`layer`'s product through `module`'s kernel (the tree's or a variant's)."""
     return module.quantized_linear(x, layer.packed, layer.bits, layer.super_blocks, layer.out_features, layer.bias, -1)
 

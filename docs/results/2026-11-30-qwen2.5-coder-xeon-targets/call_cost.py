@@ -9,20 +9,17 @@ same failing call with empty lists; medians of 2,000 each, after 300 cached toke
 from __future__ import annotations
 
 import statistics
-import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent.parent / "2026-11-30-qwen2.5-coder-xeon-kernel-probes"))
-from draft_pass import CONTEXT, draft_path  # noqa: E402
-
-from leapdecode.engine.cache import cache_room  # noqa: E402
+from leapdecode.bench.probes import CONTEXT, draft_path
+from leapdecode.engine.cache import cache_room
 
 
 def median_us(call: Callable[[], object], times: int = 2000) -> float:
+    """Median microseconds of `times` calls of `call`, each failing with a RuntimeError or not."""
     seconds = []
     for _ in range(times):
         start = time.perf_counter()

@@ -1,8 +1,9 @@
 """How well the 0.5B drafts for the 1.5B with one of its decoder layers left out (the draft's
 numerics never change the output, so a shallower draft would stay lossless and cost less a
-pass): the same measure as `draft_rounding.py` (the kernel probes' folder, whose 1.5B answers it
-reuses): the 0.5B on the draft path's int4 scores each prompt and answer in one pass; counted, its
-top-1 agreement with the 1.5B's token and the mean probability it gives it.
+pass): the same measure as `draft_rounding.py` (the kernel probes' folder), on the same 1.5B
+answers (`leapdecode.bench.probes.answers`): the 0.5B on the draft path's int4 scores each prompt
+and answer in one pass; counted, its top-1 agreement with the 1.5B's token and the mean
+probability it gives it.
 
     python layer_skip.py single            # each layer left out in turn
     python layer_skip.py "3,9;4,6,9"       # the given sets (";" between sets)
@@ -12,15 +13,12 @@ from __future__ import annotations
 
 import sys
 import time
-from pathlib import Path
 
 import torch
 from torch import nn
 
-sys.path.insert(0, str(Path(__file__).parent.parent / "2026-11-30-qwen2.5-coder-xeon-kernel-probes"))
-from draft_rounding import answers  # noqa: E402
-
-from leapdecode.models import load_model, quantize  # noqa: E402
+from leapdecode.bench.probes import answers
+from leapdecode.models import load_model, quantize
 
 
 def main() -> None:

@@ -17,16 +17,13 @@ import gc
 import statistics
 import sys
 import time
-from pathlib import Path
-from typing import Any
+from types import ModuleType
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent.parent / "2026-11-30-qwen2.5-coder-xeon-kernel-probes"))
-from draft_pass import CONTEXT, draft_path  # noqa: E402
-from kernel_ab import build_variant  # noqa: E402
-
-from leapdecode.engine.backend import TorchBackend  # noqa: E402
+from leapdecode.bench.ab import build_variant
+from leapdecode.bench.probes import CONTEXT, draft_path
+from leapdecode.engine.backend import TorchBackend
 
 SPLIT = """  at::parallel_for(0, first.back(), 4, [&](int64_t b0, int64_t b1) {
     for (size_t i = 0; i < ps.size(); ++i) {"""
@@ -59,7 +56,8 @@ VARIANTS: dict[str, list[tuple[str, str]]] = {
 }
 
 
-def variant_module(name: str) -> Any:
+def variant_module(name: str) -> ModuleType:
+    """The lean pass's extension (`lean.cpp` with the kernels it calls) with variant `name`'s changes."""
     sources, defines = ("lean.cpp", "quant.cpp", "row_exact.cpp"), ("LEAPDECODE_NO_MODULE",)
     return build_variant(f"lean_{name.replace('-', '_')}", VARIANTS[name], sources, defines)
 

@@ -27,7 +27,8 @@ from leapdecode.models.loading import load_model
 lm = load_model(sys.argv[1], log=lambda m: None)
 seconds = time.perf_counter() - started
 # the peak as VmHWM (this process's own): getrusage's maxrss would keep the forking parent's
-peak = next(int(l.split()[1]) * 1024 for l in Path("/proc/self/status").read_text().splitlines() if l.startswith("VmHWM"))
+status = Path("/proc/self/status").read_text().splitlines()
+peak = next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmHWM"))
 print(json.dumps({"seconds": seconds, "peak_bytes": peak, "describe": lm.describe}))
 """
 
