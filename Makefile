@@ -117,7 +117,7 @@ test: test-setup
 test-setup: setup
 	$(MAKE) --no-print-directory -j 4 --output-sync=target lint kernels test-models browser llamacpp llamacpp-tools peers vllm
 
-# The tiny-model tests only (about five minutes on two cores): no real model, no server or command
+# The tiny-model tests only (under six minutes on two cores): no real model, no server or command
 # on one, no optional backend, no browser; two workers, one thread each, as `test` runs them.
 test-fast: setup
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n 2 --dist loadfile -m "not real_model and not llamacpp and not vllm and not peers and not browser"

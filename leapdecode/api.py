@@ -37,8 +37,8 @@ from leapdecode.gc_pause import gc_paused
 from leapdecode.methods import Method, parse_method
 from leapdecode.methods.defaults import default_method
 from leapdecode.models import LoadedModel
+from leapdecode.request import DEFAULT_MAX_NEW_TOKENS, RequestSpec
 from leapdecode.verifiers import verify_greedy, verify_speculative, verify_tree_greedy, verify_tree_speculative
-from leapdecode.verifiers.verdict import MAX_TOP_LOGPROBS
 
 if TYPE_CHECKING:
     from leapdecode.engine.cost import ForwardCost
@@ -125,20 +125,6 @@ def encode_prompt(lm: LoadedModel, prompt: Prompt, *, chat: bool = False) -> lis
     return list(ids)
 
 
-def check_request(lm: LoadedModel, prompt_ids: list[int], max_new_tokens: int) -> None:
-    """Raise InputError unless the prompt and max_new_tokens fit the model's context."""
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens <= 0:
-        raise InputError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
-    limit = lm.max_context
-    if len(prompt_ids) >= limit:
-        raise InputError(f"the prompt has {len(prompt_ids)} tokens; model {lm.name!r} takes at most {limit - 1}")
-    if len(prompt_ids) + max_new_tokens > limit:
-        raise InputError(
-            f"prompt ({len(prompt_ids)} tokens) + max_new_tokens ({max_new_tokens}) exceeds the context of "
-            f"{limit}; ask for at most {limit - len(prompt_ids)} new tokens"
-        )
-
-
 class Decoder:
     """A loaded model wrapped with one method; reusable across prompts."""
 
@@ -169,7 +155,7 @@ class Decoder:
             (log or logger.info)(f"method: {choice.method} ({choice.reason})")
             method = choice.method
         self.method = parse_method(method)
-        if self.method.peer:
+        if self.method.capabilities.peer:
             raise InputError(f"{self.method.name!r} is a benchmark peer (Hugging Face generate), not an engine method")
         self.backend = self.method.make_backend(lm)
         self.prefix_cache = PrefixCache(prefix_cache_tokens) if prefix_cache_tokens else None
@@ -184,10 +170,6 @@ class Decoder:
             backend=self.backend,
             cost=cost,
         )
-
-    def check_request(self, prompt_ids: list[int], max_new_tokens: int) -> None:
-        """Raise InputError unless the prompt and max_new_tokens fit the model."""
-        check_request(self.lm, prompt_ids, max_new_tokens)
 
     @staticmethod
     def _verifiers(
@@ -216,7 +198,7 @@ class Decoder:
         self,
         prompt: Prompt,
         *,
-        max_new_tokens: int = 128,
+        max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
         stop: Sequence[str] = (),
         chat: bool = False,
         temperature: float = 0.0,
@@ -256,25 +238,31 @@ class Decoder:
     def start(self, prompt: Prompt, **options: Unpack[GenerationOptions]) -> SequenceRun:
         """The generation as a `SequenceRun` that has not run yet, for a batch scheduler
         (`leapdecode.engine.scheduler`) to drive with others; `stream` drives one alone. Takes
-        `stream`'s options, checked here."""
-        sampling = SamplingParams(
-            options.get("temperature", 0.0), options.get("top_k", 0), options.get("top_p", 1.0), options.get("seed")
+        `stream`'s options, checked here (`RequestSpec`)."""
+        spec = RequestSpec.of(
+            max_new_tokens=options.get("max_new_tokens", DEFAULT_MAX_NEW_TOKENS),
+            stop=options.get("stop", ()),
+            temperature=options.get("temperature", 0.0),
+            top_k=options.get("top_k", 0),
+            top_p=options.get("top_p", 1.0),
+            seed=options.get("seed"),
+            logprobs=options.get("logprobs"),
         )
-        logprobs = options.get("logprobs")
-        if logprobs is not None and (
-            isinstance(logprobs, bool) or not isinstance(logprobs, int) or not 0 <= logprobs <= MAX_TOP_LOGPROBS
-        ):
-            raise InputError(f"logprobs must be an integer from 0 to {MAX_TOP_LOGPROBS} or None, got {logprobs!r}")
-        max_new_tokens = options.get("max_new_tokens", 128)
         prompt_ids = encode_prompt(self.lm, prompt, chat=options.get("chat", False))
-        self.check_request(prompt_ids, max_new_tokens)
-        criteria = StopCriteria(self.lm.eos_token_ids, max_new_tokens, options.get("stop", ()), self.lm.tokenizer)
+        return self.run_for(prompt_ids, spec, options.get("generator"))
+
+    def run_for(
+        self, prompt_ids: list[int], spec: RequestSpec, generator: torch.Generator | None = None
+    ) -> SequenceRun:
+        """`start` for a prompt already encoded and options already checked (the server's
+        requests): the prompt and the budget are fitted to the model's context here."""
+        spec.fit(self.lm, prompt_ids)
+        sampling = spec.sampling
+        criteria = StopCriteria(self.lm.eos_token_ids, spec.max_new_tokens, spec.stop, self.lm.tokenizer)
         # greedy draws nothing: no seed is taken from torch's global generator
-        noise = (
-            PositionNoise(0) if sampling.greedy else PositionNoise.for_request(sampling.seed, options.get("generator"))
-        )
+        noise = PositionNoise(0) if sampling.greedy else PositionNoise.for_request(sampling.seed, generator)
         drafter = self._new_drafter(sampling, noise)
-        verifier, tree_verifier = self._verifiers(sampling, noise, logprobs, drafter.needs.candidates)
+        verifier, tree_verifier = self._verifiers(sampling, noise, spec.logprobs, drafter.needs.candidates)
         return SequenceRun(prompt_ids, drafter, criteria, verifier, tree_verifier)
 
     def _run(self, run: SequenceRun) -> Iterator[Step]:

@@ -17,3 +17,13 @@ class MethodError(LeapDecodeError, ValueError):
 
 class InputError(LeapDecodeError, ValueError):
     """A prompt or generation setting that cannot be used (empty, too long, max_new_tokens <= 0)."""
+
+
+class RequestError(InputError):
+    """A generation option that cannot be used: `param` names it (the library's name), `code`
+    (where set) says why in the OpenAI API's words (`context_length_exceeded`)."""
+
+    def __init__(self, message: str, param: str, code: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+        self.code = code

@@ -32,6 +32,7 @@ LAYERS = {
     "drafters": 4,
     "methods": 5,
     "api": 6,
+    "request": 6,
     "bench": 7,
     "server": 7,
     "integrations": 7,

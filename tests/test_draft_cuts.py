@@ -31,7 +31,9 @@ LONG = {
     "layerskip": "layerskip:exit=1,k=6",
     "arctic-suffix": pytest.param("arctic-suffix", marks=pytest.mark.peers),
 }  # the tiny models have two layers
-FILE_FREE = [LONG.get(m.name, m.name) for m in METHODS if m.lossless and not m.peer and not m.loads_files]
+FILE_FREE = [
+    LONG.get(m.name, m.name) for m in METHODS if m.kind.lossless and not m.kind.peer and not m.kind.loads_files
+]
 EXTRA = ["hybrid", "jacobi:block=6", "lookahead:w=4,n=4"]  # cost-aware hybrid; longer Jacobi and Lookahead windows
 
 

@@ -72,11 +72,11 @@ def _medusa(tmp: Path, target: LoadedModel) -> tuple[str, LoadedModel | None]:
 FIXTURES: dict[str, Fixture] = {"draft": _draft, "rest": _rest, "eagle3": _eagle3, "medusa": _medusa}
 # Methods that need a parameter to run on a two-layer model.
 EXAMPLES = {"layerskip": "layerskip:exit=1", "self-spec": "self-spec:skip=1"}
-ENGINE = [m for m in METHODS if not m.peer]
+ENGINE = [m for m in METHODS if not m.kind.peer]
 
 
 def example(cls: type[Method], tmp: Path, target: LoadedModel) -> tuple[Method, LoadedModel | None]:
-    if cls.loads_files:
+    if cls.kind.loads_files:
         assert cls.name in FIXTURES, f"{cls.name} loads files: give it a fixture in FIXTURES so it is tested"
         spec, draft = FIXTURES[cls.name](tmp, target)
         return parse_method(spec), draft
@@ -106,28 +106,28 @@ def test_every_method_decodes_as_plain_decoding_or_reports_its_agreement(cls, ti
         expected = greedy_reference(tiny_model, prompt, 24)
         out = decoder.generate(prompt, max_new_tokens=24)
         assert len(out.token_ids) == 24 and out.stats.forward_passes >= 1
-        if method.lossless:
+        if method.capabilities.lossless:
             assert out.token_ids == expected, f"{method}: greedy output differs from plain decoding's"
         else:
             agreement.append(sum(a == b for a, b in zip(out.token_ids, expected)) / len(expected))
-        if method.lossless and method.capabilities.coupled:
+        if method.capabilities.lossless and method.capabilities.coupled:
             for seed in (3, 4):
                 sampled = decoder.generate(prompt, max_new_tokens=16, temperature=0.9, top_p=0.95, seed=seed)
                 want = plain.generate(prompt, max_new_tokens=16, temperature=0.9, top_p=0.95, seed=seed)
                 assert sampled.token_ids == want.token_ids, f"{method}: seeded sampling differs from plain sampling's"
     assert checked and all(d.state == "done" for d in checked)  # every request ended with `finish`
-    if not method.lossless:
+    if not method.capabilities.lossless:
         assert all(0.0 <= a <= 1.0 for a in agreement)
         print(f"{method}: agreement with plain greedy decoding {sum(agreement) / len(agreement):.2f}")
 
 
 def test_every_method_that_loads_files_has_a_fixture_and_no_fixture_is_stale() -> None:
-    loading = {m.name for m in ENGINE if m.loads_files}
+    loading = {m.name for m in ENGINE if m.kind.loads_files}
     assert loading == set(FIXTURES), "FIXTURES must name exactly the methods that load files"
     assert set(EXAMPLES) <= {m.name for m in ENGINE}
 
 
-@pytest.mark.parametrize("cls", [m for m in ENGINE if not m.lossless], ids=lambda m: m.name)
+@pytest.mark.parametrize("cls", [m for m in ENGINE if not m.kind.lossless], ids=lambda m: m.name)
 def test_a_lossy_method_at_its_exact_setting_is_plain_decoding(cls, tiny_model) -> None:
     """The lossy methods have a setting that gives up nothing (CALM: threshold 1 never exits)."""
     exact = {"calm": "calm:threshold=1"}
@@ -177,7 +177,7 @@ def test_every_method_keeps_the_call_order_and_its_output_in_shared_passes(cls, 
         scheduler.step()
     for run, out, prompt in zip(runs, outputs, prompts(3, seed=13)):
         assert run.drafter.state == "done"
-        if method.lossless:
+        if method.capabilities.lossless:
             assert out == greedy_reference(model, prompt, 20), f"{method} in shared passes"
 
 

@@ -30,7 +30,7 @@ def is_peer(label: str) -> bool:
     """Whether a result comes from a peer (another library's generator): its plain decoding has
     that library's numerics, so a difference from ours is the peer's, not a lossless failure."""
     method = method_of(label)
-    return method is not None and method.peer
+    return method is not None and method.capabilities.peer
 
 
 def short_method(method: Method) -> str:

@@ -186,7 +186,7 @@ def _identical(method: str, o: Aggregate) -> str:
     if o.mismatches == 0:
         return "all"
     parsed = method_of(method)
-    failure = parsed is None or (parsed.lossless and not parsed.peer)
+    failure = parsed is None or (parsed.capabilities.lossless and not parsed.capabilities.peer)
     count = f"{o.prompts - o.mismatches}/{o.prompts}"
     return f"**{count}**" if failure else count
 

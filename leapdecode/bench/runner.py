@@ -144,7 +144,7 @@ def make_runner(
         draft = load_draft(method.model, lm, method)
     elif isinstance(method, HfAssisted) and method.model:
         draft = load_draft(method.model, lm)
-    if method.peer:
+    if method.capabilities.peer:
         return HfRunner(lm, method, draft, entry.label, sampling)
     return EngineRunner(lm, method, draft, entry.label, sampling)
 
@@ -283,7 +283,9 @@ def run_benchmark(
             if not sampling.greedy and not runner.method.capabilities.coupled:
                 reference = None  # min(1, p/q) keeps the distribution, not plain sampling's tokens
             diff = None if reference is None else first_difference(reference.token_ids, out.token_ids)
-            agreed = None if runner.method.lossless else token_agreement(runner.lm, prompt_ids, out.token_ids)
+            agreed = (
+                None if runner.method.capabilities.lossless else token_agreement(runner.lm, prompt_ids, out.token_ids)
+            )
             s = out.stats
             wall = statistics.median(times[label])
             sample = Sample(
@@ -300,7 +302,7 @@ def run_benchmark(
                 tau=s.tau,
                 alpha=s.alpha,
                 tokens_per_s=s.new_tokens / wall if wall > 0 else 0.0,
-                lossless=runner.method.lossless,
+                lossless=runner.method.capabilities.lossless,
                 equal_to_plain=None if reference is None else diff is None,
                 first_difference=diff,
                 token_ids=out.token_ids,

@@ -145,7 +145,7 @@ def bench(
         raise InputError("--concurrency measures greedy decoding; leave out --temperature")
     serves = any(isinstance(e.method, LlamaCppServer) for e in chosen)
     if clients is not None and any(
-        "@" in e.label or (e.method.peer and not isinstance(e.method, LlamaCppServer)) for e in chosen
+        "@" in e.label or (e.method.capabilities.peer and not isinstance(e.method, LlamaCppServer)) for e in chosen
     ):
         raise InputError(
             "--concurrency runs engine methods on the loaded model and llama-server: leave out other peers and "

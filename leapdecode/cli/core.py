@@ -103,7 +103,7 @@ def generate(
         )
         err_console.print(f"plain decoding: {plain.stats.summary()}")
         err_console.print(f"speed-up {speedup:.2f}x over plain decoding; output {verdict}")
-        if not decoder.method.lossless:
+        if not decoder.method.capabilities.lossless:
             from leapdecode.bench.runner import token_agreement
 
             agreed = token_agreement(lm, plain.prompt_ids, token_ids)
@@ -114,7 +114,7 @@ def generate(
             err_console.print(
                 "[dim]sampled runs keep the distribution, not the tokens: different tokens are expected[/]"
             )
-        elif not same and decoder.method.lossless:
+        elif not same and decoder.method.capabilities.lossless:
             raise typer.Exit(1)
 
 
@@ -209,8 +209,8 @@ def methods() -> None:
     table.add_column("parameters (defaults) and what it does")
     for cls in METHODS:
         params = ", ".join(f"{f.name}={f.default}" for f in dataclasses.fields(cls)) or "-"
-        kind = "peer" if cls.peer else ("lossless" if cls.lossless else "[yellow]lossy[/]")
-        table.add_row(f"[bold]{cls.name}[/]\n{kind}", f"{params}\n[dim]{cls.summary}[/]")
+        label = "peer" if cls.kind.peer else ("lossless" if cls.kind.lossless else "[yellow]lossy[/]")
+        table.add_row(f"[bold]{cls.name}[/]\n{label}", f"{params}\n[dim]{cls.summary}[/]")
     console.print(table)
 
 

@@ -53,7 +53,8 @@ class CurveKey:
 def machine_id() -> str:
     """A short hash of what a pass's speed depends on besides the model: the CPU (its name and
     feature flags), the cores this process may use, the torch and leapdecode versions, the C++
-    kernels' sources and the measuring code's (`engine/cost.py`). Computed once a process."""
+    kernels' sources and the code that measures and fits a curve (`engine/cost_measure.py`,
+    `engine/cost.py`). Computed once a process."""
     from leapdecode.models import hardware
     from leapdecode.models.hardware import cpu_flags, cpu_name
 
@@ -68,7 +69,8 @@ def machine_id() -> str:
     kernels = Path(hardware.__file__).parent  # a changed kernel runs at its own speed
     for source in sorted([*kernels.glob("*.cpp"), *kernels.glob("*.h")]):
         digest.update(source.read_bytes())
-    digest.update(Path(__file__).with_name("cost_measure.py").read_bytes())  # how a curve is measured
+    for measuring in ("cost_measure.py", "cost.py"):  # how a curve is measured and fitted
+        digest.update(Path(__file__).with_name(measuring).read_bytes())
     return digest.hexdigest()[:16]
 
 

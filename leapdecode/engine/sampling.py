@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from leapdecode.errors import InputError
+from leapdecode.errors import RequestError
 
 # Below this a temperature is greedy decoding (vLLM's rule): logits divided by a tinier one
 # overflow float32, and a distribution of NaNs would sample a token that does not exist.
@@ -29,13 +29,13 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         if not (isinstance(self.temperature, (int, float)) and 0.0 <= self.temperature <= 100.0):
-            raise InputError(f"temperature must be between 0 and 100, got {self.temperature!r}")
+            raise RequestError(f"temperature must be between 0 and 100, got {self.temperature!r}", "temperature")
         if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
-            raise InputError(f"top_k must be a non-negative integer, got {self.top_k!r}")
+            raise RequestError(f"top_k must be a non-negative integer, got {self.top_k!r}", "top_k")
         if not (isinstance(self.top_p, (int, float)) and 0.0 < self.top_p <= 1.0):
-            raise InputError(f"top_p must be in (0, 1], got {self.top_p!r}")
+            raise RequestError(f"top_p must be in (0, 1], got {self.top_p!r}", "top_p")
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
-            raise InputError(f"seed must be an integer, got {self.seed!r}")
+            raise RequestError(f"seed must be an integer, got {self.seed!r}", "seed")
 
     @property
     def greedy(self) -> bool:

@@ -50,21 +50,22 @@ class Capabilities:
     cost_aware: bool = False  # each draft cut to what pays under the measured pass cost (`Method.prepare`)
     head: str | None = None  # a trained head it drafts with: where it is ("": the one trained here); None: no head
     coupled: bool = True  # sampled drafts use the target's per-position uniforms (False: only the distribution is kept)
+    lossless: bool = True  # greedy output is plain decoding's token for token (else lossy: its agreement is measured)
+    peer: bool = False  # runs another library's generate instead of the engine (a benchmark baseline)
+    loads_files: bool = False  # loads a model or data named by its parameters
 
 
 @dataclass(frozen=True)
 class Method:
     name: ClassVar[str]
     summary: ClassVar[str]
-    shape: ClassVar[DraftShape] = "none"  # what one pass verifies, unless `capabilities` says per instance
-    lossless: ClassVar[bool] = True
-    peer: ClassVar[bool] = False  # runs another library's generate instead of the engine
-    loads_files: ClassVar[bool] = False  # loads a model or data named by its parameters
+    # what every method of the class does; `capabilities` refines it where parameters change it
+    kind: ClassVar[Capabilities] = Capabilities()
 
     @property
     def capabilities(self) -> Capabilities:
-        """What this method does; a method whose parameters change it overrides this."""
-        return Capabilities(self.shape)
+        """What this method does: its class's `kind`, refined by a method whose parameters change it."""
+        return self.kind
 
     @property
     def drafts(self) -> DraftShape:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, ClassVar
 
 from leapdecode.choices import DRAFT_SCHEDULES
@@ -10,7 +10,6 @@ from leapdecode.errors import MethodError, ModelLoadError
 from leapdecode.methods.base import (
     Capabilities,
     DrafterFactory,
-    DraftShape,
     Log,
     Method,
     cached_cost,
@@ -42,8 +41,7 @@ class DraftModel(Method):
 
     name: ClassVar[str] = "draft"
     summary: ClassVar[str] = "draft-model speculative decoding: a smaller model with the same tokenizer drafts k tokens"
-    shape: ClassVar[DraftShape] = "chain"
-    loads_files: ClassVar[bool] = True
+    kind: ClassVar[Capabilities] = Capabilities("chain", loads_files=True)
     model: str = ""
     k: int = 5
     schedule: str = "constant"  # or "heuristic": adapt k from the last verdict
@@ -90,7 +88,7 @@ class DraftModel(Method):
 
     @property
     def capabilities(self) -> Capabilities:
-        return Capabilities("chain", cost_aware=self.cost_aware, coupled=self.coupled)
+        return replace(self.kind, drafts="chain", cost_aware=self.cost_aware, coupled=self.coupled)
 
     @property
     def draft_length(self) -> int:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from leapdecode.errors import MethodError
@@ -19,7 +19,7 @@ class _HeadMethod(Method):
     """What both share: a head named by `head` (a folder, a hub id, or "" for the one trained
     here), a chain (width 1) or a tree of `nodes`, cut to what is worth its cost."""
 
-    loads_files: ClassVar[bool] = True
+    kind: ClassVar[Capabilities] = Capabilities(loads_files=True)
     head: str
     depth: int
     width: int
@@ -37,7 +37,9 @@ class _HeadMethod(Method):
 
     @property
     def capabilities(self) -> Capabilities:
-        return Capabilities("chain" if self.width == 1 else "tree", cost_aware=self.cost_aware, head=self.head)
+        return replace(
+            self.kind, drafts="chain" if self.width == 1 else "tree", cost_aware=self.cost_aware, head=self.head
+        )
 
     @property
     def tree_nodes(self) -> int:
@@ -88,8 +90,11 @@ class Eagle3(_HeadMethod):
 
     @property
     def capabilities(self) -> Capabilities:
-        return Capabilities(
-            "tree" if self.suffix or self.width > 1 else "chain", cost_aware=self.cost_aware, head=self.head
+        return replace(
+            self.kind,
+            drafts="tree" if self.suffix or self.width > 1 else "chain",
+            cost_aware=self.cost_aware,
+            head=self.head,
         )
 
     @property

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, ClassVar
 
 from leapdecode.choices import CALM_MEASURES
 from leapdecode.early_exit.layer_sets import format_layer_set, parse_layer_set
 from leapdecode.errors import MethodError
-from leapdecode.methods.base import Capabilities, DrafterFactory, DraftShape, Log, Method, logger
+from leapdecode.methods.base import Capabilities, DrafterFactory, Log, Method, logger
 
 if TYPE_CHECKING:
     from leapdecode.engine.backend import Backend
@@ -29,7 +29,7 @@ class _OwnLayerDrafting(Method):
     """What self-spec and layerskip share: the target drafts up to k tokens with a subset of its
     own layers (its backend says which), stopping after a token its draft doubts."""
 
-    shape: ClassVar[DraftShape] = "chain"
+    kind: ClassVar[Capabilities] = Capabilities("chain")
     k: int  # fields of the dataclasses below
     threshold: float
     coupled: bool
@@ -40,7 +40,7 @@ class _OwnLayerDrafting(Method):
 
     @property
     def capabilities(self) -> Capabilities:
-        return Capabilities("chain", coupled=self.coupled)
+        return replace(self.kind, drafts="chain", coupled=self.coupled)
 
     def _check_drafting(self) -> None:
         self._require(1 <= self.k <= 64, f"k must be between 1 and 64, got {self.k}")
@@ -145,7 +145,7 @@ class Calm(Method):
     summary: ClassVar[str] = (
         "CALM early exit (lossy): a token exits at the first layer whose confidence passes threshold"
     )
-    lossless: ClassVar[bool] = False
+    kind: ClassVar[Capabilities] = Capabilities(lossless=False)
     threshold: float = 0.9  # 1 never exits (plain decoding)
     measure: str = "softmax"  # softmax: top-1 minus top-2 probability; state: cosine to the previous layer
     first: int = 0  # first layer after which a token may exit (0-based)

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, ClassVar
 
-from leapdecode.methods.base import MAX_DRAFT, Capabilities, DraftShape, Method
+from leapdecode.methods.base import MAX_DRAFT, Capabilities, Method
 
 if TYPE_CHECKING:
     from leapdecode.engine.drafting import Drafter
@@ -17,7 +17,7 @@ class Anpd(Method):
 
     name: ClassVar[str] = "anpd"
     summary: ClassVar[str] = "Adaptive N-gram Parallel Decoding: n-gram table from prompt and output, MLN fallback"
-    shape: ClassVar[DraftShape] = "chain"
+    kind: ClassVar[Capabilities] = Capabilities("chain")
     n: int = 5
     k: int = 7
     # Keep only the part of each draft worth its measured cost: on by default, as it never lost to
@@ -30,7 +30,7 @@ class Anpd(Method):
 
     @property
     def capabilities(self) -> Capabilities:
-        return Capabilities("chain", cost_aware=self.cost_aware)
+        return replace(self.kind, drafts="chain", cost_aware=self.cost_aware)
 
     def __post_init__(self) -> None:
         self._require(self.n >= 2, f"n must be >= 2 (an n-gram needs context), got {self.n}")
@@ -51,7 +51,7 @@ class PromptLookup(Method):
 
     name: ClassVar[str] = "pld"
     summary: ClassVar[str] = "prompt lookup: copy what followed the latest earlier occurrence of the last tokens"
-    shape: ClassVar[DraftShape] = "chain"
+    kind: ClassVar[Capabilities] = Capabilities("chain")
     k: int = 10
     max_ngram: int = 3
     min_ngram: int = 1
@@ -63,7 +63,7 @@ class PromptLookup(Method):
 
     @property
     def capabilities(self) -> Capabilities:
-        return Capabilities("chain", cost_aware=self.cost_aware)
+        return replace(self.kind, drafts="chain", cost_aware=self.cost_aware)
 
     def __post_init__(self) -> None:
         self._require(self.k >= 1, f"k must be >= 1, got {self.k}")

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 from leapdecode.choices import JACOBI_INITS, JACOBI_MODES
-from leapdecode.methods.base import DraftShape, Method
+from leapdecode.methods.base import Capabilities, Method
 
 if TYPE_CHECKING:
     from leapdecode.engine.drafting import Drafter
@@ -18,7 +18,7 @@ class Jacobi(Method):
 
     name: ClassVar[str] = "jacobi"
     summary: ClassVar[str] = "Jacobi decoding: a block of guesses refined by the model's own predictions each pass"
-    shape: ClassVar[DraftShape] = "chain"
+    kind: ClassVar[Capabilities] = Capabilities("chain")
     block: int = 3
     mode: str = "sliding"
     init: str = "repeat"
@@ -46,7 +46,7 @@ class Lookahead(Method):
     summary: ClassVar[str] = (
         "Lookahead decoding: Jacobi window (w x n-1) fills an n-gram pool; g n-grams verified per pass"
     )
-    shape: ClassVar[DraftShape] = "tree"
+    kind: ClassVar[Capabilities] = Capabilities("tree")
     w: int = 2
     n: int = 3
     g: int = 2

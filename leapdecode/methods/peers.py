@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from leapdecode.methods.base import DraftShape, Method
+from leapdecode.methods.base import Capabilities, Method
 
 MAX_TOKENS = 128
 
@@ -18,15 +18,14 @@ MAX_TOKENS = 128
 class HfGenerate(Method):
     name: ClassVar[str] = "hf"
     summary: ClassVar[str] = "peer: Hugging Face generate(do_sample=False)"
-    peer: ClassVar[bool] = True
+    kind: ClassVar[Capabilities] = Capabilities(peer=True)
 
 
 class _PromptLookupPeer(Method):
     """What the two peers' prompt lookups share: `tokens` drafted from the latest match of up to
     `max_ngram` tokens."""
 
-    peer: ClassVar[bool] = True
-    shape: ClassVar[DraftShape] = "chain"
+    kind: ClassVar[Capabilities] = Capabilities("chain", peer=True)
     tokens: int  # fields of the dataclasses below
     max_ngram: int
 
@@ -51,9 +50,7 @@ class HfPromptLookup(_PromptLookupPeer):
 class HfAssisted(Method):
     name: ClassVar[str] = "hf-assisted"
     summary: ClassVar[str] = "peer: Hugging Face generate(assistant_model=model), a draft model"
-    loads_files: ClassVar[bool] = True
-    peer: ClassVar[bool] = True
-    shape: ClassVar[DraftShape] = "chain"
+    kind: ClassVar[Capabilities] = Capabilities("chain", peer=True, loads_files=True)
     model: str = ""
     tokens: int = 20  # transformers' defaults: num_assistant_tokens,
     schedule: str = "constant"  # num_assistant_tokens_schedule,
@@ -76,7 +73,7 @@ class HfAssisted(Method):
 class LlamaCppPlain(Method):
     name: ClassVar[str] = "llama-cpp"
     summary: ClassVar[str] = "peer: llama-cpp-python's own greedy generation (--backend llama.cpp)"
-    peer: ClassVar[bool] = True
+    kind: ClassVar[Capabilities] = Capabilities(peer=True)
 
 
 @dataclass(frozen=True)
@@ -97,9 +94,7 @@ class LlamaCppSpeculative(Method):
     summary: ClassVar[str] = (
         "peer: llama.cpp's draft-model speculative decoding (llama-speculative-simple, --backend llama.cpp)"
     )
-    loads_files: ClassVar[bool] = True
-    peer: ClassVar[bool] = True
-    shape: ClassVar[DraftShape] = "chain"
+    kind: ClassVar[Capabilities] = Capabilities("chain", peer=True, loads_files=True)
     model: str = ""  # the draft model: a preset or .gguf
     k: int = 3  # --spec-draft-n-max, its default
     p_min: float = 0.0  # --spec-draft-p-min: stop a draft at a token the draft gives less (its default: never)
@@ -122,4 +117,4 @@ class LlamaCppServer(Method):
 
     name: ClassVar[str] = "llama-server"
     summary: ClassVar[str] = "peer: llama.cpp's server, a slot per client (bench --concurrency only)"
-    peer: ClassVar[bool] = True
+    kind: ClassVar[Capabilities] = Capabilities(peer=True)

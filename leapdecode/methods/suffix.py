@@ -7,10 +7,10 @@ the family modules importing each other.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, ClassVar, Protocol
 
-from leapdecode.methods.base import MAX_DRAFT, Capabilities, DrafterFactory, DraftShape, Log, Method
+from leapdecode.methods.base import MAX_DRAFT, Capabilities, DrafterFactory, Log, Method
 
 if TYPE_CHECKING:
     from leapdecode.models.loading import LoadedModel
@@ -76,7 +76,7 @@ class Suffix(Method):
 
     @property
     def capabilities(self) -> Capabilities:
-        return Capabilities("tree" if self.tree else "chain", cost_aware=self.cost_aware)
+        return replace(self.kind, drafts="tree" if self.tree else "chain", cost_aware=self.cost_aware)
 
     @property
     def pass_size(self) -> int:
@@ -103,7 +103,7 @@ class ArcticSuffix(Method):
 
     name: ClassVar[str] = "arctic-suffix"
     summary: ClassVar[str] = "peer: SuffixDecoding by arctic-inference (`make peers`), verified by this engine"
-    shape: ClassVar[DraftShape] = "tree"
+    kind: ClassVar[Capabilities] = Capabilities("tree")
     k: int = 16  # most tokens drafted per pass (their max_spec_tokens)
     depth: int = 24  # their suffix trees' depth: the longest match
     factor: float = 1.0
@@ -115,7 +115,7 @@ class ArcticSuffix(Method):
 
     @property
     def capabilities(self) -> Capabilities:
-        return Capabilities("tree" if self.tree else "chain", cost_aware=self.cost_aware)
+        return replace(self.kind, drafts="tree" if self.tree else "chain", cost_aware=self.cost_aware)
 
     def __post_init__(self) -> None:
         self._require(1 <= self.k <= 128, f"k must be between 1 and 128, got {self.k}")

@@ -3,10 +3,10 @@ recycled candidates, and recycled candidates with a suffix match (hybrid)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, ClassVar
 
-from leapdecode.methods.base import Capabilities, DrafterFactory, DraftShape, Log, Method
+from leapdecode.methods.base import Capabilities, DrafterFactory, Log, Method
 from leapdecode.methods.suffix import check_suffix_fields
 
 if TYPE_CHECKING:
@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 class _TreeMethod(Method):
     """Shared checks of a tree's size."""
 
-    shape: ClassVar[DraftShape] = "tree"
+    kind: ClassVar[Capabilities] = Capabilities("tree")
     nodes: int  # fields of the dataclasses below
     depth: int
 
@@ -84,7 +84,7 @@ class Rest(_TreeMethod):
 
     name: ClassVar[str] = "rest"
     summary: ClassVar[str] = "REST: continuations retrieved from a datastore (suffix array) merged into a tree"
-    loads_files: ClassVar[bool] = True
+    kind: ClassVar[Capabilities] = Capabilities("tree", loads_files=True)
     datastore: str = ""
     nodes: int = 8
     depth: int = 4
@@ -133,7 +133,7 @@ class Recycle(_TreeMethod):
 
     @property
     def capabilities(self) -> Capabilities:
-        return Capabilities("tree", cost_aware=self.cost_aware)
+        return replace(self.kind, drafts="tree", cost_aware=self.cost_aware)
 
     def __post_init__(self) -> None:
         self._check_tree()

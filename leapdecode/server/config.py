@@ -34,7 +34,7 @@ class ServerConfig:
 
 def default_allowed_methods(served: Method) -> tuple[str, ...]:
     """The served method, plus the lossless engine methods that load no files or models."""
-    names = [m.name for m in METHODS if m.lossless and not m.peer and not m.loads_files]
+    names = [m.name for m in METHODS if m.kind.lossless and not m.kind.peer and not m.kind.loads_files]
     return tuple(dict.fromkeys([served.name, *names]))
 
 

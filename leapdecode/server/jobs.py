@@ -15,6 +15,7 @@ from leapdecode.api import Decoder
 from leapdecode.engine.backend import Backend
 from leapdecode.engine.loop import SequenceRun
 from leapdecode.methods import Method
+from leapdecode.request import RequestSpec
 
 
 @dataclass
@@ -28,13 +29,8 @@ class Job:
     method: Method
     decoder_for: Callable[[Method], Decoder]
     prompt_ids: list[int]
-    max_tokens: int
-    stop: list[str]
-    temperature: float
-    top_p: float
-    seed: int | None
+    spec: RequestSpec  # its options and limits, checked when the route made it
     timeout_s: float
-    logprobs: int | None = None  # alternatives per token to report; None: no log-probabilities
     cancel: threading.Event = field(default_factory=threading.Event)
     finish_reason: str = "length"
     timed_out: bool = False
@@ -44,26 +40,21 @@ class Job:
     def siblings(self, n: int) -> list[Job]:
         """This job as `n` choices sharing one cancel: choice i samples with seed + i (choice 0
         is the n=1 response; without a seed each draws its own), greedy choices are equal."""
-        seeds = [
-            None if self.seed is None else (self.seed + i + 2**63) % 2**64 - 2**63 for i in range(n)
-        ]  # wrapped to int64
-        return [self if i == 0 else dataclasses.replace(self, seed=seed) for i, seed in enumerate(seeds)]
+        seed = self.spec.sampling.seed
+        seeds = [None if seed is None else (seed + i + 2**63) % 2**64 - 2**63 for i in range(n)]  # wrapped to int64
+        return [self if i == 0 else self._seeded(s) for i, s in enumerate(seeds)]
+
+    def _seeded(self, seed: int | None) -> Job:
+        """This job with another seed (a sibling choice)."""
+        sampling = dataclasses.replace(self.spec.sampling, seed=seed)
+        return dataclasses.replace(self, spec=dataclasses.replace(self.spec, sampling=sampling))
 
     def start(self) -> tuple[SequenceRun, Backend]:
         """The generation as a run, and the backend it was made for (a method that runs the
         target's layers its own way has its own: it does not share passes); raises on bad input."""
         decoder = self.decoder_for(self.method)
         self.method_name = str(decoder.method)
-        run = decoder.start(
-            self.prompt_ids,
-            max_new_tokens=self.max_tokens,
-            stop=self.stop,
-            temperature=self.temperature,
-            top_p=self.top_p,
-            seed=self.seed,
-            logprobs=self.logprobs,
-        )
-        return run, decoder.backend
+        return decoder.run_for(self.prompt_ids, self.spec), decoder.backend
 
     def ended(self, reason: str, cached_tokens: int = 0) -> None:
         """Record how the generation ended (the scheduler's reason) and how much of its prompt

@@ -14,7 +14,9 @@ from fastapi import APIRouter, Request
 from fastapi.responses import PlainTextResponse, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from leapdecode.api import check_request, encode_prompt
+from leapdecode.api import encode_prompt
+from leapdecode.errors import RequestError
+from leapdecode.request import RequestSpec
 from leapdecode.server.errors import ApiError
 from leapdecode.server.jobs import Job
 from leapdecode.server.openai_format import ChatFormat, Choice, CompletionFormat, StreamText, final_text, finish_reason
@@ -64,42 +66,34 @@ def check_body(state: ServerState, body: CompletionRequest | ChatCompletionReque
 def make_jobs(
     state: ServerState, body: CompletionRequest | ChatCompletionRequest, prompt_ids: list[int], max_tokens: int | None
 ) -> list[Job]:
-    """The request's generations (one per choice, `n`), checked against the model's context
-    before they are admitted."""
+    """The request's generations (one per choice, `n`), their options checked once
+    (`RequestSpec`, the library's rules) and fitted to the model's context before they are
+    admitted; a refusal names the OpenAI parameter it concerns."""
     lm, config = state.lm, state.config
     method = state.choose_method(body.leapdecode.method if body.leapdecode else None)
-    if len(prompt_ids) >= lm.max_context:
-        raise ApiError(
-            400,
-            f"The prompt is too long: {len(prompt_ids)} tokens; model {config.model_name!r} takes at most "
-            f"{lm.max_context - 1}.",
-            param="messages" if isinstance(body, ChatCompletionRequest) else "prompt",
-            code="context_length_exceeded",
+    if max_tokens is None:  # what the context leaves, up to a default (a prompt that fills it is refused below)
+        max_tokens = max(1, min(DEFAULT_CHAT_MAX_TOKENS, lm.max_context - len(prompt_ids)))
+    prompt = "messages" if isinstance(body, ChatCompletionRequest) else "prompt"
+    try:
+        spec = RequestSpec.of(
+            max_new_tokens=max_tokens,
+            stop=body.stop or [],
+            temperature=body.temperature,
+            top_p=body.top_p,
+            seed=body.seed,
+            logprobs=body.logprob_count,
         )
-    if max_tokens is None:
-        max_tokens = min(DEFAULT_CHAT_MAX_TOKENS, lm.max_context - len(prompt_ids))
-    if max_tokens <= 0:
-        raise ApiError(400, f"max_tokens must be at least 1, got {max_tokens}", param="max_tokens")
-    check_request(lm, prompt_ids, max_tokens)
+        spec.fit(lm, prompt_ids)
+    except RequestError as exc:
+        param = {"max_new_tokens": "max_tokens", "prompt": prompt}.get(exc.param, exc.param)
+        raise ApiError(400, str(exc).replace("max_new_tokens", "max_tokens"), param=param, code=exc.code) from exc
     if body.n > config.max_queue:
         raise ApiError(
             400,
             f"n={body.n} choices exceed what this server admits at once ({config.max_queue}, --max-queue)",
             param="n",
         )
-    job = Job(
-        method,
-        state.decoder_for,
-        prompt_ids,
-        max_tokens,
-        list(body.stop or []),
-        body.temperature,
-        body.top_p,
-        body.seed,
-        timeout_s=config.timeout_s,
-        logprobs=body.logprob_count,
-    )
-    return job.siblings(body.n)
+    return Job(method, state.decoder_for, prompt_ids, spec, timeout_s=config.timeout_s).siblings(body.n)
 
 
 async def respond(
@@ -114,14 +108,14 @@ async def respond(
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         texts = [
-            StreamText(state.lm.tokenizer, job.stop, functools.partial(form.chunk, index=i))
+            StreamText(state.lm.tokenizer, list(job.spec.stop), functools.partial(form.chunk, index=i))
             for i, job in enumerate(jobs)
         ]
         events = state.stream(jobs, texts, include_usage, endpoint)
         return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
     steps = await state.complete(jobs, endpoint, request)
     choices = [
-        Choice(final_text(state.lm.tokenizer, s, job.stop), finish_reason(job.finish_reason), s)
+        Choice(final_text(state.lm.tokenizer, s, list(job.spec.stop)), finish_reason(job.finish_reason), s)
         for job, s in zip(jobs, steps)
     ]
     return form.response(choices, len(jobs[0].prompt_ids), jobs[0].method_name, jobs[0].cached_tokens)
@@ -171,7 +165,7 @@ async def completions(body: CompletionRequest, request: Request) -> Any:
         encode_prompt, state.lm, body.prompt
     )  # a long prompt must not stall the event loop
     jobs = make_jobs(state, body, prompt_ids, body.max_tokens)
-    form = CompletionFormat(state.config.model_name, state.lm.tokenizer, jobs[0].logprobs is not None)
+    form = CompletionFormat(state.config.model_name, state.lm.tokenizer, jobs[0].spec.logprobs is not None)
     return await respond(state, jobs, body, form, "/v1/completions", request)
 
 
@@ -182,5 +176,5 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
     messages = [{"role": m.role if m.role != "developer" else "system", "content": m.text()} for m in body.messages]
     prompt_ids = await asyncio.to_thread(encode_prompt, state.lm, messages)
     jobs = make_jobs(state, body, prompt_ids, body.token_limit)
-    form = ChatFormat(state.config.model_name, state.lm.tokenizer, jobs[0].logprobs is not None)
+    form = ChatFormat(state.config.model_name, state.lm.tokenizer, jobs[0].spec.logprobs is not None)
     return await respond(state, jobs, body, form, "/v1/chat/completions", request)

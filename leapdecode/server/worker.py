@@ -88,7 +88,7 @@ class ServerState:
         parsed = parse_method(method) if method else self.served
         if str(parsed) == self.default_key:
             return parsed
-        if parsed.loads_files:
+        if parsed.capabilities.loads_files:
             # a client must not make the server load models or read paths it names
             raise MethodError(
                 f"{str(parsed)!r} loads files (a draft model or a datastore): choose it when the server starts "

@@ -4,10 +4,10 @@
 set -uo pipefail
 PY=/work/main/.venv/bin/python
 METHODS="ar,anpd:n=5,k=7,anpd:cost_aware=false,pld:k=10,max_ngram=3,suffix,recycle,hybrid,jacobi,lookahead,anpd-tree"
-for side in before after; do
+for side in after before; do
   if [ $side = before ]; then tree=/work/before; export TORCH_EXTENSIONS_DIR=/work/ab/ext-before; else tree=/work/main; unset TORCH_EXTENSIONS_DIR; fi
   cd $tree
-  PYTHONPATH=$tree $PY -m leapdecode bench -m smollm2-135m --methods "$METHODS" --limit 4 -n 128 --no-plots --out /work/ab/smol28-$side > /work/ab/smol28-$side.log 2>&1
-  echo "smol28 $side rc=$? $(date)" >> /work/ab/progress
+  PYTHONPATH=$tree $PY -m leapdecode bench -m smollm2-135m --methods "$METHODS" --limit 4 -n 128 --no-plots --out /work/ab/smol28r-$side > /work/ab/smol28r-$side.log 2>&1
+  echo "smol28r $side rc=$? $(date)" >> /work/ab/progress
 done
-echo SMOLDONE >> /work/ab/progress
+echo SMOLRDONE >> /work/ab/progress
