@@ -117,10 +117,11 @@ test: test-setup
 test-setup: setup
 	$(MAKE) --no-print-directory -j 4 --output-sync=target lint kernels test-models browser llamacpp llamacpp-tools peers vllm
 
-# The tiny-model tests only (under six minutes on two cores): no real model, no server or command
-# on one, no optional backend, no browser; two workers, one thread each, as `test` runs them.
+# The tiny-model tests only (under five minutes on two cores): no real model, no server or command
+# on one, no optional backend, no browser, no distribution test of thousands of draws and no
+# training run (`make test` runs them all); two workers, one thread each, as `test` runs them.
 test-fast: setup
-	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n 2 --dist loadfile -m "not real_model and not llamacpp and not vllm and not peers and not browser"
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n 2 --dist loadfile -m "not real_model and not llamacpp and not vllm and not peers and not browser and not slow"
 
 # The documentation site (mkdocs-material), built strictly: a broken link fails.
 docs: setup

@@ -128,6 +128,7 @@ def _noisy_copy(model, scale: float = 1.0):
     return draft
 
 
+@pytest.mark.slow  # a distribution test: thousands of sampled draws
 @pytest.mark.parametrize("coupled", [True, False])
 def test_draft_model_sampling_keeps_the_target_distribution(tiny_model, coupled: bool) -> None:
     draft = _noisy_copy(tiny_model)
@@ -355,6 +356,7 @@ def test_an_int4_or_vocabulary_cut_draft_model_decodes_as_plain_greedy(tiny_mode
         assert drafted > 0
 
 
+@pytest.mark.slow  # a distribution test: thousands of sampled draws
 def test_a_vocabulary_cut_draft_model_samples_as_plain_sampling(tiny_model) -> None:
     """Coupled: plain sampling's text, seed for seed. Uncoupled (min(1, p/q)): the target
     distribution, with q's support narrowed to the draft vocabulary."""

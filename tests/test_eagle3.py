@@ -233,6 +233,7 @@ def test_method_string_and_errors(tmp_path) -> None:
             parse_method(bad)
 
 
+@pytest.mark.slow  # two tiny models with a head and a suffix index, over many prompts
 def test_head_with_suffix_is_lossless_and_grafts(target) -> None:
     from leapdecode.drafters.head_suffix import HeadWithSuffix
     from leapdecode.drafters.suffix import SuffixDrafter

@@ -328,6 +328,7 @@ def test_calibrate_commands_on_the_real_model(real_lm, tmp_path, monkeypatch) ->
     assert bad.exit_code == 2 and "measure" in bad.stderr
 
 
+@pytest.mark.slow  # a distribution test: thousands of sampled draws
 def test_self_drafting_with_sampling_keeps_the_distribution(deep_model) -> None:
     """Sampled drafts from the skipped-layer model, verified by speculative sampling: the first
     three tokens follow the target's exact distribution."""

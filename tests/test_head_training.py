@@ -18,6 +18,8 @@ from leapdecode.training.settings import Progress, TrainSettings, lr_at
 from leapdecode.training.trainers import Eagle3Trainer, MedusaTrainer
 from tests.helpers import GREEDY, TINY_VOCAB, make_tiny_model, prompts, tiny_lm
 
+pytestmark = pytest.mark.slow  # training runs: short, but hundreds of optimiser steps each
+
 
 def bigram_model():
     """A tiny Llama whose layers add nothing: the next token depends on the current one only."""

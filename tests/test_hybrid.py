@@ -138,6 +138,7 @@ def test_greedy_hybrid_and_cut_recycling_on_tiny_models_are_plain_decoding(tiny_
     assert accepted > 0
 
 
+@pytest.mark.slow  # a distribution test: thousands of sampled draws
 def test_sampling_with_hybrid_drafts_keeps_the_distribution(tiny_model) -> None:
     prompt = [7, 8, 9, 7, 8, 9, 7, 8]
     params = SamplingParams(temperature=1.5, top_k=3)

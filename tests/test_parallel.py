@@ -143,6 +143,7 @@ def test_method_strings_and_bad_parameters() -> None:
         assert "MethodError" in type(info.value).__name__
 
 
+@pytest.mark.slow  # a distribution test: thousands of sampled draws
 @pytest.mark.parametrize("name", ["jacobi-sliding-repeat", "lookahead-3-2-2"])
 def test_sampling_with_parallel_drafts_keeps_the_distribution(tiny_model, name) -> None:
     prompt = [7, 8, 9, 7, 8, 9, 7, 8]

@@ -92,6 +92,7 @@ def test_greedy_recycling_on_tiny_models_is_plain_decoding(tiny_model, width, no
     assert accepted > 0
 
 
+@pytest.mark.slow  # a distribution test: thousands of sampled draws
 def test_sampling_with_recycled_drafts_keeps_the_distribution(tiny_model) -> None:
     prompt = [7, 8, 9, 7, 8, 9, 7, 8]
     params = SamplingParams(temperature=1.5, top_k=3)

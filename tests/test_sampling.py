@@ -117,6 +117,7 @@ def first_token_distribution(
     return counts / draws
 
 
+@pytest.mark.slow  # a distribution test: thousands of sampled draws
 @pytest.mark.parametrize("coupled", [False, True])
 def test_rejection_sampler_output_is_p_and_converges(coupled: bool) -> None:
     g = torch.Generator().manual_seed(0)
@@ -251,6 +252,7 @@ def test_sampled_text_does_not_depend_on_how_drafts_are_cut(tiny_model) -> None:
     assert len(drafted) > 1  # the runs really drafted differently
 
 
+@pytest.mark.slow  # a distribution test: thousands of sampled draws
 @pytest.mark.parametrize("drafter_kind", ["none", "anpd", "right", "wrong"])
 def test_speculative_sampling_end_to_end_keeps_the_distribution(tiny_model, drafter_kind) -> None:
     # Every token of the vocabulary appears in the prompt with a successor, so the n-gram

@@ -213,6 +213,7 @@ def run(model, prompt, drafter, n):
     return [t for s in steps for t in s.tokens], sum(s.num_accepted for s in steps)
 
 
+@pytest.mark.slow  # a distribution test: thousands of sampled draws
 def test_sampling_with_suffix_drafts_keeps_the_distribution(tiny_model) -> None:
     prompt = [7, 8, 9, 7, 8, 9, 7, 8]
     params = SamplingParams(temperature=1.5, top_k=3)

@@ -144,6 +144,7 @@ class ModelTree(StreamDrafter):
         return Draft([a, b, c], parents=(-1, -1, 0))
 
 
+@pytest.mark.slow  # a distribution test: thousands of sampled draws
 def test_tree_sampling_end_to_end_keeps_the_sequence_distribution(tiny_model) -> None:
     prompt = [7, 8, 9, 10]
     params = SamplingParams(temperature=2.0, top_k=4)
