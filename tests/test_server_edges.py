@@ -161,3 +161,28 @@ def test_a_vanishing_temperature_decodes_greedily_instead_of_sampling_nan(app_cl
     tiny = app_client.post("/v1/chat/completions", json={**body, "temperature": 1.129452337650155e-243})
     greedy = app_client.post("/v1/chat/completions", json={**body, "temperature": 0})
     assert tiny.status_code == 200 and tiny.json()["choices"][0]["message"] == greedy.json()["choices"][0]["message"]
+
+
+def test_a_trailing_slash_is_a_404_never_a_redirect_to_the_clients_host(app_client) -> None:
+    resp = app_client.post("/v1/chat/completions/", json=BODY, headers={"host": "localhost"}, follow_redirects=False)
+    assert resp.status_code == 404 and "location" not in resp.headers
+    assert resp.json()["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    "extra, param, fragment",
+    [
+        ({"prompt": [True, False]}, "prompt", ""),  # booleans are not token ids
+        ({"stream": True, "stream_options": {"include_usage": "yes"}}, "stream_options", "boolean"),
+        ({"temperature": float("nan")}, "temperature", "finite"),
+        ({"top_p": float("inf")}, "top_p", "finite"),
+    ],
+)
+def test_loose_types_are_refused_by_name(app_client, extra, param, fragment) -> None:
+    import json
+
+    body = json.dumps({**BODY, **extra})  # NaN and Infinity as a client's JSON writer sends them
+    resp = app_client.post("/v1/completions", content=body, headers={"content-type": "application/json"})
+    assert resp.status_code == 400, resp.text
+    error = resp.json()["error"]
+    assert error["param"].startswith(param) and fragment in error["message"], error

@@ -36,7 +36,9 @@ def create_app(lm: LoadedModel, config: ServerConfig) -> FastAPI:
     for name in allowed:
         method_class(name)  # unknown names fail at start, not per request
     logger.info("serving %r with %s on %s", config.model_name, served, lm.describe)
-    app = FastAPI(title="leapdecode", version="0.1.0", default_response_class=AsciiJSONResponse)
+    # no redirect for a trailing slash: Starlette builds it from the request's Host header, which
+    # a client sets (a 404 instead, as for any other path the server does not serve)
+    app = FastAPI(title="leapdecode", version="0.1.0", default_response_class=AsciiJSONResponse, redirect_slashes=False)
     metrics = Metrics()
     app.add_middleware(BodyLimit, limit=config.max_body_bytes, timeout_s=config.body_timeout_s, metrics=metrics)
     app.add_middleware(Guard, config=config, metrics=metrics)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictInt, field_validator, model_validator
 
 from leapdecode.verifiers.verdict import MAX_TOP_LOGPROBS
 
@@ -50,7 +50,7 @@ class LeapDecodeOptions(BaseModel):
 
 
 class StreamOptions(BaseModel):
-    include_usage: bool = False
+    include_usage: bool = Field(default=False, strict=True)
 
 
 class _Common(BaseModel):
@@ -60,8 +60,9 @@ class _Common(BaseModel):
 
     model: Text
     max_tokens: int | None = Field(default=None, strict=True)
-    temperature: float = Field(default=1.0, ge=0.0, le=2.0, strict=True)
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0, strict=True)
+    # a non-finite number is refused as such (NaN compares false with every bound)
+    temperature: float = Field(default=1.0, ge=0.0, le=2.0, strict=True, allow_inf_nan=False)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0, strict=True, allow_inf_nan=False)
     stop: Text | list[Text] | None = None
     seed: int | None = Field(default=None, strict=True, ge=-MAX_SEED - 1, le=MAX_SEED)
     stream: bool = Field(default=False, strict=True)
@@ -86,7 +87,7 @@ class _Common(BaseModel):
 
 
 class CompletionRequest(_Common):
-    prompt: Text | list[Text] | list[int]
+    prompt: Text | list[Text] | list[StrictInt]  # token ids are integers, never booleans
     max_tokens: int | None = Field(default=16, strict=True)  # the OpenAI default for completions
     logprobs: int | None = Field(default=None, strict=True, ge=0, le=MAX_TOP_LOGPROBS)  # the top alternatives per token
 
