@@ -690,3 +690,23 @@ def test_half_sent_bodies_time_out_and_open_connections_are_bounded(server) -> N
     assert statuses[:40] == ["408"] * 40 and set(statuses[40:]) <= {"408", "503"}, statuses
     assert 12 <= statuses.count("503") and statuses.count("408") <= 48 and time.monotonic() - start < 15
     still_serving(url)
+
+
+def test_a_request_framed_two_ways_is_refused_and_nothing_after_it_is_served(server) -> None:
+    """Content-Length and Transfer-Encoding together, with a second request hidden after the
+    chunked body: one OpenAI-style 400, the connection closed, the hidden request never served."""
+    host, port = server[0].removeprefix("http://").split(":")
+    smuggled = (
+        f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+        "Content-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n"
+        f"GET /metrics HTTP/1.1\r\nHost: {host}\r\n\r\n"
+    ).encode()
+    with socket.create_connection((host, int(port)), timeout=30) as conn:
+        conn.sendall(smuggled)
+        answer = b""
+        while chunk := conn.recv(65536):  # until the server closes the connection
+            answer += chunk
+    text = answer.decode("latin-1")
+    assert text.startswith("HTTP/1.1 400") and text.count("HTTP/1.1 ") == 1, text
+    assert '"invalid_framing"' in text and "leapdecode_requests_total" not in text
+    still_serving(server[0])

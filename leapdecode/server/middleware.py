@@ -93,7 +93,10 @@ class BodyLimit:
     """ASGI middleware: reads a request's whole body before the app does, and refuses one over
     `limit` bytes with 413 (by its Content-Length, or as a chunked body grows past it) and one
     that has not arrived whole within `timeout_s` with 408 (a client holding a half-sent body
-    holds a connection, not the server); the app then reads the body from here."""
+    holds a connection, not the server); the app then reads the body from here. A request whose
+    framing cannot be trusted (Content-Length beside Transfer-Encoding, or two Content-Lengths:
+    RFC 9112 6.1, 6.3) is refused with 400 and its connection closed, so that nothing sent after
+    it on that connection (a smuggled request) is served."""
 
     def __init__(self, app: ASGIApp, limit: int, timeout_s: float, metrics: Metrics) -> None:
         self.app, self.limit, self.timeout_s, self.metrics = app, limit, timeout_s, metrics
@@ -101,6 +104,16 @@ class BodyLimit:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
+            return
+        names = [name.lower() for name, _ in scope.get("headers") or []]
+        if names.count(b"content-length") > 1 or (b"content-length" in names and b"transfer-encoding" in names):
+            error = ApiError(
+                400,
+                "The request's framing is ambiguous (Content-Length with Transfer-Encoding, or two "
+                "Content-Lengths); the connection is closed.",
+                code="invalid_framing",
+            )
+            await self._refuse(scope, send, error)
             return
         length = dict(scope.get("headers") or []).get(b"content-length")
         if length is not None and length.isdigit() and int(length) > self.limit:
