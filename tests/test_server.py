@@ -710,3 +710,47 @@ def test_a_request_framed_two_ways_is_refused_and_nothing_after_it_is_served(ser
     assert text.startswith("HTTP/1.1 400") and text.count("HTTP/1.1 ") == 1, text
     assert '"invalid_framing"' in text and "leapdecode_requests_total" not in text
     still_serving(server[0])
+
+
+@pytest.fixture(scope="module")
+def short_headers_server():
+    url, proc = start_server("--header-timeout", "1")
+    yield url
+    proc.terminate()
+    proc.wait(timeout=30)
+
+
+def read_until_closed(conn: socket.socket) -> str:
+    answer = b""
+    while chunk := conn.recv(65536):
+        answer += chunk
+    return answer.decode("latin-1")
+
+
+def test_headers_sent_slowly_past_the_limit_get_a_408_and_the_connection_closes(short_headers_server) -> None:
+    host, port = short_headers_server.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as conn:
+        conn.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\n".encode())
+        for _ in range(4):  # a header line now and then, never the end of the headers
+            time.sleep(0.5)
+            try:
+                conn.sendall(b"X-Slow: 1\r\n")
+            except OSError:  # closed already
+                break
+        text = read_until_closed(conn)
+    assert text.startswith("HTTP/1.1 408") and '"request_timeout"' in text, text
+    still_serving(short_headers_server)
+
+
+def test_headers_sent_in_parts_within_the_limit_are_served(short_headers_server) -> None:
+    host, port = short_headers_server.removeprefix("http://").split(":")
+    body = json.dumps({"model": MODEL, "prompt": "Hi", "max_tokens": 2, "temperature": 0}).encode()
+    with socket.create_connection((host, int(port)), timeout=60) as conn:
+        conn.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\n".encode())
+        time.sleep(0.3)
+        conn.sendall(
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()
+            + body
+        )
+        text = read_until_closed(conn)
+    assert text.startswith("HTTP/1.1 200") and '"completion_tokens"' in text, text

@@ -66,6 +66,13 @@ def serve(
     max_body_bytes: Annotated[
         int, typer.Option("--max-body-bytes", help="Largest request body accepted (413 beyond it).")
     ] = 4 << 20,
+    header_timeout: Annotated[
+        float,
+        typer.Option(
+            "--header-timeout",
+            help="Seconds a request's headers may take to arrive whole (408 and the connection closed beyond it).",
+        ),
+    ] = 5.0,
     body_timeout: Annotated[
         float, typer.Option("--body-timeout", help="Seconds a request body may take to arrive whole (408 beyond it).")
     ] = 30.0,
@@ -108,6 +115,7 @@ def serve(
     import uvicorn
 
     from leapdecode.server.app import ServerConfig, create_app, is_loopback
+    from leapdecode.server.http import with_header_timeout
     from leapdecode.server.middleware import allowed_hosts
 
     if method is not None:
@@ -116,10 +124,17 @@ def serve(
     allowed = tuple(m.strip() for m in allow_methods.split(",") if m.strip()) if allow_methods is not None else None
     for name in allowed or ():
         method_class(name)
-    if max_queue < 1 or timeout <= 0 or max_body_bytes < 1024 or body_timeout <= 0 or max_connections < 1:
+    if (
+        max_queue < 1
+        or timeout <= 0
+        or max_body_bytes < 1024
+        or body_timeout <= 0
+        or header_timeout <= 0
+        or max_connections < 1
+    ):
         raise typer.BadParameter(
-            "--max-queue must be >= 1, --timeout > 0, --max-body-bytes >= 1024, --body-timeout > 0 and "
-            "--max-connections >= 1"
+            "--max-queue must be >= 1, --timeout > 0, --max-body-bytes >= 1024, --body-timeout > 0, "
+            "--header-timeout > 0 and --max-connections >= 1"
         )
     if (max_batch is not None and max_batch < 1) or not (max_batch or 1) <= max_pass_rows <= 256:
         raise typer.BadParameter("--max-batch must be >= 1, and --max-pass-rows from --max-batch to 256")
@@ -140,6 +155,7 @@ def serve(
         allowed_hosts=tuple(allowed_host or ()),
         max_body_bytes=max_body_bytes,
         body_timeout_s=body_timeout,
+        header_timeout_s=header_timeout,
         max_connections=max_connections,
         max_batch=max_batch,
         max_pass_rows=max_pass_rows,
@@ -147,7 +163,12 @@ def serve(
     )
     console.print(f"serving [bold]{config.model_name}[/] with [bold]{method}[/] on http://{host}:{port}/v1")
     uvicorn.run(
-        create_app(lm, config), host=host, port=port, log_level="warning", limit_concurrency=config.max_connections
+        create_app(lm, config),
+        host=host,
+        port=port,
+        log_level="warning",
+        limit_concurrency=config.max_connections,
+        http=with_header_timeout(config.header_timeout_s),
     )
 
 

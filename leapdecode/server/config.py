@@ -21,6 +21,7 @@ class ServerConfig:
     allowed_hosts: tuple[str, ...] = ()  # when set, the Host header must be one of these (DNS rebinding)
     max_body_bytes: int = 4 << 20
     body_timeout_s: float = 30.0  # a request body must arrive whole within this (408 beyond it)
+    header_timeout_s: float = 5.0  # a request's headers must arrive whole within this (408, connection closed)
     max_connections: int = 64  # open connections at once; beyond, 503 (uvicorn's limit_concurrency)
     # Requests decoded together in shared passes (`server.batching`); None: chosen from the
     # measured cost curve where the model can share passes, else 1 (one request at a time).
