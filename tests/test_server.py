@@ -714,7 +714,7 @@ def test_a_request_framed_two_ways_is_refused_and_nothing_after_it_is_served(ser
 
 @pytest.fixture(scope="module")
 def short_headers_server():
-    url, proc = start_server("--header-timeout", "1")
+    url, proc = start_server("--header-timeout", "1", "--max-connections", "2")
     yield url
     proc.terminate()
     proc.wait(timeout=30)
@@ -754,3 +754,37 @@ def test_headers_sent_in_parts_within_the_limit_are_served(short_headers_server)
         )
         text = read_until_closed(conn)
     assert text.startswith("HTTP/1.1 200") and '"completion_tokens"' in text, text
+
+
+def test_a_connection_past_the_limit_gets_an_openai_503_with_retry_after(short_headers_server) -> None:
+    host, port = short_headers_server.removeprefix("http://").split(":")
+    held = [socket.create_connection((host, int(port)), timeout=30) for _ in range(2)]  # the limit of 2
+    try:
+        for conn in held:
+            conn.sendall(f"GET /health HTTP/1.1\r\nHost: {host}\r\n".encode())  # headers not finished
+        with socket.create_connection((host, int(port)), timeout=30) as extra:
+            extra.sendall(f"GET /health HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())
+            text = read_until_closed(extra)
+    finally:
+        for conn in held:
+            conn.close()
+    assert text.startswith("HTTP/1.1 503") and "retry-after: 1" in text.lower(), text
+    assert '"too_many_connections"' in text
+    still_serving(short_headers_server)
+
+
+@pytest.mark.parametrize(
+    "head",
+    [
+        "POST /v1/completions HTTP/1.1\r\nHost: h\r\nContent-Length: -1\r\n\r\n",
+        "POST /v1/completions HTTP/1.1\r\nHost: h\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\n",
+        "POST /v1/completions HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: gzip\r\n\r\n",
+        "GET /health HTTP/1.1\r\n\r\n",  # no Host
+    ],
+)
+def test_a_request_the_http_layer_cannot_parse_gets_an_openai_400(short_headers_server, head) -> None:
+    host, port = short_headers_server.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as conn:
+        conn.sendall(head.encode())
+        text = read_until_closed(conn)
+    assert text.startswith("HTTP/1.1 400") and "application/json" in text and '"invalid_request"' in text, text

@@ -115,7 +115,7 @@ def serve(
     import uvicorn
 
     from leapdecode.server.app import ServerConfig, create_app, is_loopback
-    from leapdecode.server.http import with_header_timeout
+    from leapdecode.server.http import guarded_protocol
     from leapdecode.server.middleware import allowed_hosts
 
     if method is not None:
@@ -167,8 +167,7 @@ def serve(
         host=host,
         port=port,
         log_level="warning",
-        limit_concurrency=config.max_connections,
-        http=with_header_timeout(config.header_timeout_s),
+        http=guarded_protocol(config.header_timeout_s, config.max_connections),
     )
 
 

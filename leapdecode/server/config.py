@@ -22,7 +22,7 @@ class ServerConfig:
     max_body_bytes: int = 4 << 20
     body_timeout_s: float = 30.0  # a request body must arrive whole within this (408 beyond it)
     header_timeout_s: float = 5.0  # a request's headers must arrive whole within this (408, connection closed)
-    max_connections: int = 64  # open connections at once; beyond, 503 (uvicorn's limit_concurrency)
+    max_connections: int = 64  # open connections at once; beyond, an OpenAI-style 503 (`server.http`)
     # Requests decoded together in shared passes (`server.batching`); None: chosen from the
     # measured cost curve where the model can share passes, else 1 (one request at a time).
     max_batch: int | None = None
