@@ -284,3 +284,14 @@ def test_llama_server_serves_the_same_load_as_a_throughput_peer(cpp_lm, referenc
     assert gguf_of(str(cpp_lm.model.path), Path("/nonexistent")) == Path(cpp_lm.model.path)
     with pytest.raises(MethodError, match="GGUF"):
         gguf_of("some/hub-model", Path("/nonexistent"))
+
+
+def test_a_build_known_to_crash_on_this_cpu_is_refused_before_any_pass() -> None:
+    from leapdecode.errors import ModelLoadError
+    from leapdecode.models.llamacpp import refuse_known_crash
+
+    amx_build = "CPU : SSE3 = 1 | AVX512 = 1 | AMX_INT8 = 1 | OPENMP = 1 |"
+    with pytest.raises(ModelLoadError, match="make llamacpp"):
+        refuse_known_crash(amx_build, frozenset({"avx512f", "amx_tile", "amx_int8"}))
+    refuse_known_crash(amx_build, frozenset({"avx512f"}))  # no AMX on the CPU: the build's AMX never runs
+    refuse_known_crash("CPU : AVX512 = 1 | OPENMP = 1 |", frozenset({"amx_tile"}))  # built without AMX

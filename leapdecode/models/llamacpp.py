@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from leapdecode.errors import ModelLoadError
+from leapdecode.models.hardware import cpu_flags
 
 MAX_SEQUENCES = 32  # sequence ids in one context: the most branches a tree may verify in one pass
 
@@ -33,7 +34,21 @@ def import_llama_cpp() -> Any:
             "the llama.cpp backend needs llama-cpp-python: pip install 'leapdecode[llamacpp]' "
             "(builds llama.cpp from source, about four minutes on two cores)"
         ) from exc
+    refuse_known_crash(llama_cpp.llama_print_system_info().decode("utf-8", "replace"), cpu_flags())
     return llama_cpp
+
+
+def refuse_known_crash(system_info: str, flags: frozenset[str]) -> None:
+    """Refuse, before any pass, a llama.cpp build known to crash on this CPU: one compiled with AMX
+    (what pip builds for the `llamacpp` extra on a CPU that has it) dies with a general protection
+    fault in ggml's AMX matmul on its first pass; `make llamacpp` builds it without AMX."""
+    if "amx_tile" in flags and "AMX_INT8 = 1" in system_info:
+        raise ModelLoadError(
+            "this llama-cpp-python was built with AMX, and llama.cpp's AMX matmul crashes on its first pass "
+            "on this CPU: rebuild it without, with `make llamacpp` (or pip install --force-reinstall "
+            "--no-cache-dir llama-cpp-python==0.3.36 with CMAKE_ARGS='-DCMAKE_C_FLAGS=-mno-amx-tile "
+            "-mno-amx-int8 -mno-amx-bf16 -DCMAKE_CXX_FLAGS=-mno-amx-tile -mno-amx-int8 -mno-amx-bf16')"
+        )
 
 
 def _quiet(llama_cpp: Any) -> None:
