@@ -10,6 +10,8 @@ import time
 
 import pytest
 from fastapi.testclient import TestClient
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from leapdecode.server.middleware import HostPort, allowed_hosts, parse_host
 
@@ -186,3 +188,24 @@ def test_loose_types_are_refused_by_name(app_client, extra, param, fragment) -> 
     assert resp.status_code == 400, resp.text
     error = resp.json()["error"]
     assert error["param"].startswith(param) and fragment in error["message"], error
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+@given(
+    ids=st.lists(st.one_of(st.booleans(), st.integers(-3, 60_000), st.floats(allow_nan=True)), min_size=1, max_size=4)
+)
+def test_fuzzed_token_ids_are_served_only_as_integers_in_the_vocabulary(app_client, ids) -> None:
+    vocab = 49152  # smollm2-135m's
+    valid = all(type(i) is int and 0 <= i < vocab for i in ids)
+    resp = app_client.post("/v1/completions", json={**BODY, "prompt": ids})
+    assert resp.status_code == (200 if valid else 400), (ids, resp.text)
+    if not valid:
+        assert resp.json()["error"]["message"]
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+@given(flag=st.one_of(st.booleans(), st.integers(), st.text(max_size=5), st.none()))
+def test_fuzzed_include_usage_is_served_only_as_a_boolean(app_client, flag) -> None:
+    body = {**BODY, "stream": True, "stream_options": {"include_usage": flag}}
+    resp = app_client.post("/v1/completions", json=body)
+    assert resp.status_code == (200 if isinstance(flag, bool) else 400), (flag, resp.text)
