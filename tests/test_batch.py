@@ -454,12 +454,18 @@ def test_models_whose_rotary_follows_the_longest_position_are_not_batched(exact_
         config.rope_parameters = saved
 
 
-def test_a_short_prompt_behind_a_long_one_starts_within_two_passes_and_each_equals_itself_alone(exact_tiny) -> None:
+@pytest.mark.parametrize("max_batch", [1, 2, 4])
+def test_a_short_prompt_behind_a_long_one_starts_within_two_passes_and_each_equals_itself_alone(
+    exact_tiny, max_batch
+) -> None:
     """Prompt rows are shared fairly: a short request that joins while a long prompt is being
     prefilled gets its first token within two passes (oldest-first chunks held it for the long
-    prompt's whole prefill: eleven passes here), and both outputs are the requests' own."""
+    prompt's whole prefill: eleven passes here), and both outputs are the requests' own. With no
+    slot free (`max_batch` 1), the long prefill steps aside, keeping its chunks, and goes on after."""
     decoder = wrap(exact_tiny, "ar")
-    scheduler = BatchScheduler(decoder.backend, ForwardCost(tuple(0.01 for _ in range(64))), max_batch=4, max_rows=32)
+    scheduler = BatchScheduler(
+        decoder.backend, ForwardCost(tuple(0.01 for _ in range(64))), max_batch=max_batch, max_rows=32
+    )
     long_prompt = [random.Random(3).randrange(2, TINY_VOCAB) for _ in range(360)]
     outputs: dict[str, list[int]] = {"long": [], "short": []}
     first: dict[str, int] = {}
@@ -482,8 +488,38 @@ def test_a_short_prompt_behind_a_long_one_starts_within_two_passes_and_each_equa
         passes[0] += 1
     assert first["short"] - joined < 2
     assert first["long"] >= 360 // 32
+    assert not scheduler.stepped_aside and not scheduler.prefilling
     assert outputs["long"] == decoder.generate(long_prompt, max_new_tokens=6).token_ids
     assert outputs["short"] == decoder.generate([5, 6, 7, 8], max_new_tokens=6).token_ids
+
+
+def test_a_prefill_that_stepped_aside_can_be_cancelled_while_it_waits(exact_tiny) -> None:
+    """A long prompt steps aside for a short one (`max_batch` 1); cancelled while it waits for its
+    slot, it ends as cancelled, its part-prefilled cache goes, and the short request is its own."""
+    decoder = wrap(exact_tiny, "ar")
+    scheduler = BatchScheduler(decoder.backend, ForwardCost(tuple(0.01 for _ in range(64))), max_batch=1, max_rows=32)
+    ends: dict[str, str] = {}
+    short: list[int] = []
+    long_prompt = [random.Random(4).randrange(2, TINY_VOCAB) for _ in range(200)]
+    long = scheduler.submit(
+        Submission(decoder.start(long_prompt, max_new_tokens=4), lambda s: None, lambda r: ends.setdefault("long", r))
+    )
+    scheduler.step()
+    scheduler.submit(
+        Submission(
+            decoder.start([5, 6, 7], max_new_tokens=5),
+            lambda step: short.extend(step.tokens),
+            lambda r: ends.setdefault("short", r),
+        )
+    )
+    scheduler.step()
+    assert long in scheduler.stepped_aside and list(scheduler.waiting) == [long] and short
+    long.cancel()
+    while not scheduler.idle:
+        scheduler.step()
+    assert ends == {"long": "cancelled", "short": "length"}
+    assert not scheduler.stepped_aside and not scheduler.prefilling
+    assert short == decoder.generate([5, 6, 7], max_new_tokens=5).token_ids
 
 
 def test_the_time_limit_counts_decoding_and_the_prefill_has_its_own(exact_tiny) -> None:

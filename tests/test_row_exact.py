@@ -124,6 +124,10 @@ def test_linear_kernel_refuses_mixed_or_other_dtypes_and_shapes(kernel) -> None:
 # is no multiple of 8 (the 512-bit block, then the tails), four rows over fewer than 8 keys, and one
 # or two rows whose six heads a kv head shares go through together (runs of 4 + 2, 4 + 4 + 4)
 @example(rows=16, past=80, kv_heads=2, group=3, dim=128, mask="chain", dtype=torch.bfloat16, seed=1)
+# a long cache: a task takes its rows in tiles (18 to 56 rows, by the threads), chains, trees and any keys
+@example(rows=60, past=2240, kv_heads=1, group=6, dim=128, mask="chain", dtype=torch.float32, seed=7)
+@example(rows=60, past=2240, kv_heads=2, group=6, dim=128, mask="tree", dtype=torch.bfloat16, seed=8)
+@example(rows=45, past=2240, kv_heads=1, group=6, dim=128, mask="any", dtype=torch.float32, seed=9)
 @example(rows=1, past=80, kv_heads=2, group=6, dim=128, mask="chain", dtype=torch.float32, seed=5)
 @example(rows=2, past=70, kv_heads=2, group=6, dim=128, mask="tree", dtype=torch.bfloat16, seed=6)
 @example(rows=7, past=80, kv_heads=1, group=2, dim=96, mask="chain", dtype=torch.float32, seed=2)
@@ -134,9 +138,9 @@ def test_attention_kernel_matches_sdpa_and_rows_are_bitwise_independent(
 ) -> None:
     """Chains (causal, no mask), trees (the whole cached prefix and some of the block) and any
     visible set: each row over exactly its keys, from strided views of a longer cache (in chunks of
-    32 keys; rows that share their keys go through together), bitwise the same alone or with the
-    others, on both paths, however many threads split the heads; float32 and bfloat16 (computed in
-    float, the output rounded once)."""
+    32 keys; rows that share their keys go through together; over a long cache, rows a tile at a
+    time), bitwise the same alone or with the others, on both paths, however many threads split
+    the heads; float32 and bfloat16 (computed in float, the output rounded once)."""
     g = torch.Generator().manual_seed(seed)
     heads, total = kv_heads * group, past + rows
     query = torch.randn(1, heads, rows, dim, generator=g).to(dtype)

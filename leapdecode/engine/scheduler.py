@@ -4,7 +4,9 @@ Requests join and leave between passes. Each pass packs, for every running reque
 token and the part of its draft that pays, plus chunks of the prompts of requests that joined
 (their prefill rides along with the others' decoding in the rows the pass has left, Sarathi-style,
 so a long prompt never stalls the others for more than one pass of `max_rows`, and those rows are
-shared fairly among the prompts, so a short one is not held behind a long one's prefill), into
+shared fairly among the prompts, so a short one is not held behind a long one's prefill; with no
+slot free, a long prompt being prefilled steps aside for a shorter one waiting, keeping its chunks,
+and takes the next slot that frees), into
 one forward (`engine.batch`; the drafts planned and cut in `engine.pass_plan`); each request's
 rows are bitwise what its own pass would give (a prompt's too, whatever its chunks), so its
 output equals the request alone. Requests with the same prompt that join together (`n` > 1
@@ -115,6 +117,7 @@ class BatchScheduler:
         self.waiting: deque[Submission] = deque()
         self.running: list[Submission] = []  # admitted: decoding, prefilling, or following a prefill
         self.prefilling: dict[Submission, Prefill] = {}  # in order of admission
+        self.stepped_aside: dict[Submission, Prefill] = {}  # prefills waiting (in `waiting`) to go on
         self._turn = 0  # whose pass is next: the shared pass, then each request alone in turn
         self._lock = threading.Lock()
         self.wake = threading.Condition(self._lock)  # notified on submit: an idle worker sleeps on it
@@ -224,6 +227,7 @@ class BatchScheduler:
             waiting = list(self.waiting)
             self.waiting.clear()
         self.prefilling.clear()  # (a request waiting on a prefill stops waiting as it ends)
+        self.stepped_aside.clear()
         for submission in [*self.running, *waiting]:
             submission.error = error
             self._end(submission, "error")
@@ -348,17 +352,45 @@ class BatchScheduler:
 
     def _admit(self) -> None:
         """Waiting requests join, oldest first, while the batch has room, each to its prefill
-        (`_join_prefill`)."""
+        (`_join_prefill`), or back to the prefill it stepped aside from. With no room, a long
+        prompt being prefilled steps aside for a shorter one waiting (`_steps_aside`)."""
         with self._lock:
             joining = []
             while self.waiting and len(self.running) < self.max_batch:
-                submission = self.waiting.popleft()
-                submission.started_at = self.clock()
-                self.running.append(submission)
-                joining.append(submission)
+                joining.append(self._join_batch(self.waiting.popleft()))
+            aside = self._steps_aside()
+            if aside is not None:
+                self.running.remove(aside)
+                self.stepped_aside[aside] = self.prefilling.pop(aside)
+                joining.append(self._join_batch(self.waiting.popleft()))
+                self.waiting.appendleft(aside)  # it takes the next slot that frees, before any other
         for submission in joining:
-            if not submission.alone:  # else prefilled in a pass of its own
+            resumed = self.stepped_aside.pop(submission, None)
+            if resumed is not None:  # its chunks so far are in its cache: it goes on from them
+                self.prefilling[submission] = resumed
+            elif not submission.alone:  # else prefilled in a pass of its own
                 self._isolated(submission, functools.partial(self._join_prefill, submission))
+
+    def _join_batch(self, submission: Submission) -> Submission:
+        submission.started_at = self.clock()
+        self.running.append(submission)
+        return submission
+
+    def _steps_aside(self) -> Submission | None:
+        """The prompt being prefilled that gives its batch slot to the first waiting request, so
+        that a short request is not held behind a long prompt's whole prefill whatever
+        `max_batch` is: the latest admitted whose prompt has more than a full pass of rows and
+        more than the waiting prompt's length left, that no other request follows or waits on.
+        None while the batch has room, or when the first waiting request stepped aside itself."""
+        if not self.waiting or len(self.running) < self.max_batch or self.waiting[0] in self.stepped_aside:
+            return None
+        wanted = len(self.waiting[0].run.prompt_ids)
+        awaited = {leader for leader, _ in self.reuse.awaiting.values()} if self.reuse is not None else set()
+        for submission, prefill in reversed(self.prefilling.items()):
+            left = len(submission.run.prompt_ids) - prefill.done
+            if left > max(wanted, self.max_rows) and not prefill.followers and submission not in awaited:
+                return submission
+        return None
 
     def _join_prefill(self, submission: Submission) -> None:
         """A joining request's prefill: following a prefill of the same prompt (same states
@@ -385,6 +417,7 @@ class BatchScheduler:
         if submission in self.running:
             self.running.remove(submission)
         self.prefilling, orphan = hand_over(self.prefilling, submission)
+        orphan = self.stepped_aside.pop(submission, orphan)
         if self.reuse is not None:
             self.reuse.leave(submission, reason, orphan)
         submission.run.seq = None

@@ -151,6 +151,6 @@ torch::Tensor lean_layers(const torch::Tensor& x_in, const std::vector<torch::Te
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("lean_layers", &lean_layers, "a Llama-family decoder's layers over the rows of one or several sequences, in one call");
+  m.def("lean_layers", &lean_layers, py::call_guard<py::gil_scoped_release>(), "a Llama-family decoder's layers over the rows of one or several sequences, in one call");
   m.def("fast_path_available", &leapdecode::has_avx2_fma, "whether the AVX2/FMA paths of the kernels inside run on this CPU");
 }

@@ -812,9 +812,9 @@ torch::Tensor huge_page_copy(const torch::Tensor& src) {
 // Built into another extension (`lean.cpp`), this file gives its functions and no module of its own.
 #ifndef LEAPDECODE_NO_MODULE
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("quantized_linear", &quantized_linear, "group-quantized linear layer on packed blocks, rows bit-exact");
-  m.def("quantized_linears", &quantized_linears, "several quantized layers of one input, their outputs side by side");
-  m.def("quantize_activations", &quantize_activations, "activations as the quantized kernel sees them");
+  m.def("quantized_linear", &quantized_linear, py::call_guard<py::gil_scoped_release>(), "group-quantized linear layer on packed blocks, rows bit-exact");
+  m.def("quantized_linears", &quantized_linears, py::call_guard<py::gil_scoped_release>(), "several quantized layers of one input, their outputs side by side");
+  m.def("quantize_activations", &quantize_activations, py::call_guard<py::gil_scoped_release>(), "activations as the quantized kernel sees them");
   m.def("fast_path_available", &fast_path_available, "whether the AVX2/FMA path runs on this CPU");
   m.def("huge_page_copy", &huge_page_copy, "a copy in 2 MiB-aligned memory marked for transparent huge pages");
   m.def("best_isa", &best_isa, "the fastest path this CPU runs: 0 portable, 1 AVX2, 2 AVX512-VNNI");

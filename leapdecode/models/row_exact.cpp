@@ -27,11 +27,14 @@ using leapdecode::has_avx512_bf16;
 using leapdecode::has_avx512vl;
 #ifdef LEAPDECODE_X86
 using leapdecode::hsum;
+using leapdecode::hsum8;
 #endif
 
 constexpr int kRowBlock = 8;  // rows sharing one load of each weight chunk: 8 independent FMA chains
 constexpr int64_t kChunkBytes = 16384;  // keys (or values) per attention chunk: 16 KB, in L1
-constexpr int kSharedRows = 4;  // attention rows per shared pass (AVX-512: 8 keys x 4 rows = 16 accumulators)
+constexpr int kSharedRows = 4;
+constexpr int64_t kMaxPairedDim = 512;  // the widest head whose queries `scores_rows_avx512` pairs on its stack
+constexpr int64_t kTileWeightBytes = 1024 * 1024;  // a task's row tile's scores (heads x rows x keys): about L2  // attention rows per shared pass (AVX-512: 8 keys x 4 rows = 16 accumulators)
 
 // Portable path: the same structure in scalar code (16 partial sums per row, fixed order).
 void rows_portable(const float* x, const float* w, const float* bias, float* y, int64_t M, int64_t N, int64_t K,
@@ -201,6 +204,19 @@ inline float exp_portable(float x) {
   return p * scale;
 }
 
+// The largest of w[0 .. n) (n > 0), in 16 independent lanes: a maximum is exact in any order.
+float row_max(const float* w, int64_t n) {
+  float lane[16];
+  for (int l = 0; l < 16; ++l) lane[l] = w[0];
+  int64_t j = 0;
+  for (; j + 16 <= n; j += 16)
+    for (int l = 0; l < 16; ++l) lane[l] = std::max(lane[l], w[j + l]);
+  float top = lane[0];
+  for (int l = 1; l < 16; ++l) top = std::max(top, lane[l]);
+  for (; j < n; ++j) top = std::max(top, w[j]);
+  return top;
+}
+
 // weights[j] = exp(weights[j] - top); returns their sum: 8 lanes (j mod 8), `lanes_sum`, then the tail.
 float softmax_weights_portable(float* weights, int64_t count, float top) {
   float lane[8] = {0};
@@ -239,6 +255,12 @@ __attribute__((target("avx2,fma"))) inline void scores_block(const float* q, con
   for (; d + 8 <= D; d += 8) {
     const __m256 qv = _mm256_loadu_ps(q + d);
     for (int b = 0; b < KB; ++b) acc[b] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kr[b] + d), acc[b]);
+  }
+  if constexpr (KB == 8) {
+    if (d == D) {  // no tail: the eight sums at once (`hsum8`, `hsum`'s bits)
+      _mm256_storeu_ps(scores, _mm256_mul_ps(hsum8(acc), _mm256_set1_ps(scale)));
+      return;
+    }
   }
   for (int b = 0; b < KB; ++b) scores[b] = finish_dot(acc[b], q, kr[b], d, D) * scale;
 }
@@ -322,32 +344,56 @@ __attribute__((target(LEAPDECODE_AVX512))) inline __m512 two_halves(__m256 lo, _
   return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(lo)), _mm256_castps_pd(hi), 1));
 }
 
+// A key's 8 floats in both halves of a 512-bit vector (AVX512F's 64-bit broadcast: one load).
+__attribute__((target(LEAPDECODE_AVX512))) inline __m512 both_halves(const float* p) {
+  return _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_castps_pd(_mm256_loadu_ps(p))));
+}
+
+// R rows' scores over the same keys, two rows to a register: lanes 0-7 one row's 8 lanes of a
+// key's dot product, 8-15 the next row's, each half summed by `finish_dot` (`dot_portable`'s
+// sequence). The rows' queries are laid out in pairs once per call (`pairs`: [pair][d][16]), so
+// each step is one broadcast load of a key and one multiply-add per pair of rows, no shuffle.
 template <int R>
 __attribute__((target(LEAPDECODE_AVX512))) void scores_rows_avx512(const float* const* q, const float* k, int64_t ks, const int64_t* keys,
                                                                     int64_t count, int64_t D, float scale, float* const* scores) {
+  constexpr int P = (R + 1) / 2;  // pairs of rows (an odd row's pair repeats it)
+  constexpr int KB = 8;  // keys side by side: P x KB accumulators
+  const int64_t D8 = D - D % 8;
+  alignas(64) float pairs[P][kMaxPairedDim * 2];
+  for (int p = 0; p < P; ++p) {
+    const float* lo = q[2 * p];
+    const float* hi = q[std::min(2 * p + 1, R - 1)];
+    for (int64_t d = 0; d < D8; d += 8) _mm512_store_ps(pairs[p] + 2 * d, two_halves(_mm256_loadu_ps(lo + d), _mm256_loadu_ps(hi + d)));
+  }
   int64_t n = 0;
-  for (; n + 8 <= count; n += 8) {
-    const float* kr[8];
-    __m512 acc[R][4];  // [row][key pair]
-    for (int b = 0; b < 8; ++b) kr[b] = k + keys[n + b] * ks;
-    for (int r = 0; r < R; ++r)
-      for (int p = 0; p < 4; ++p) acc[r][p] = _mm512_setzero_ps();
-    int64_t d = 0;
-    for (; d + 8 <= D; d += 8) {
-      __m512 qv[R];
-      for (int r = 0; r < R; ++r) {
-        const __m256 half = _mm256_loadu_ps(q[r] + d);
-        qv[r] = two_halves(half, half);
-      }
-      for (int p = 0; p < 4; ++p) {
-        const __m512 kv = two_halves(_mm256_loadu_ps(kr[2 * p] + d), _mm256_loadu_ps(kr[2 * p + 1] + d));
-        for (int r = 0; r < R; ++r) acc[r][p] = _mm512_fmadd_ps(qv[r], kv, acc[r][p]);
+  for (; n + KB <= count; n += KB) {
+    const float* kr[KB];
+    __m512 acc[P][KB];
+    for (int b = 0; b < KB; ++b) kr[b] = k + keys[n + b] * ks;
+    for (int p = 0; p < P; ++p)
+      for (int b = 0; b < KB; ++b) acc[p][b] = _mm512_setzero_ps();
+    for (int64_t d = 0; d < D8; d += 8) {
+      __m512 qv[P];
+      for (int p = 0; p < P; ++p) qv[p] = _mm512_load_ps(pairs[p] + 2 * d);
+      for (int b = 0; b < KB; ++b) {
+        const __m512 kv = both_halves(kr[b] + d);
+        for (int p = 0; p < P; ++p) acc[p][b] = _mm512_fmadd_ps(qv[p], kv, acc[p][b]);
       }
     }
-    for (int r = 0; r < R; ++r)
-      for (int p = 0; p < 4; ++p) {
-        scores[r][n + 2 * p] = finish_dot(_mm512_castps512_ps256(acc[r][p]), q[r], kr[2 * p], d, D) * scale;
-        scores[r][n + 2 * p + 1] = finish_dot(upper_half(acc[r][p]), q[r], kr[2 * p + 1], d, D) * scale;
+    if (D8 == D) {  // no tail: each row's eight sums at once (`hsum8`, `hsum`'s bits)
+      const __m256 sv = _mm256_set1_ps(scale);
+      for (int p = 0; p < P; ++p) {
+        __m256 lo[KB], hi[KB];
+        for (int b = 0; b < KB; ++b) lo[b] = _mm512_castps512_ps256(acc[p][b]), hi[b] = upper_half(acc[p][b]);
+        _mm256_storeu_ps(scores[2 * p] + n, _mm256_mul_ps(hsum8(lo), sv));
+        if (2 * p + 1 < R) _mm256_storeu_ps(scores[2 * p + 1] + n, _mm256_mul_ps(hsum8(hi), sv));
+      }
+      continue;
+    }
+    for (int p = 0; p < P; ++p)
+      for (int b = 0; b < KB; ++b) {
+        scores[2 * p][n + b] = finish_dot(_mm512_castps512_ps256(acc[p][b]), q[2 * p], kr[b], D8, D) * scale;
+        if (2 * p + 1 < R) scores[2 * p + 1][n + b] = finish_dot(upper_half(acc[p][b]), q[2 * p + 1], kr[b], D8, D) * scale;
       }
   }
   for (int r = 0; r < R; ++r) scores_avx2(q[r], k, ks, keys + n, count - n, D, scale, scores[r] + n);
@@ -381,6 +427,10 @@ static_assert(kSharedRows <= 4, "the shared-pass dispatch below takes up to four
 
 void scores_rows_avx512_any(int rows, const float* const* q, const float* k, int64_t ks, const int64_t* keys, int64_t count, int64_t D,
                             float scale, float* const* scores) {
+  if (D > kMaxPairedDim) {  // wider heads than the paired queries' buffer: one row at a time
+    for (int r = 0; r < rows; ++r) scores_avx2(q[r], k, ks, keys, count, D, scale, scores[r]);
+    return;
+  }
   if (rows == 4) return scores_rows_avx512<4>(q, k, ks, keys, count, D, scale, scores);
   if (rows == 3) return scores_rows_avx512<3>(q, k, ks, keys, count, D, scale, scores);
   if (rows == 2) return scores_rows_avx512<2>(q, k, ks, keys, count, D, scale, scores);
@@ -419,7 +469,7 @@ namespace {
 struct Attention {
   torch::Tensor q, k, v, mask, out;  // held: the pointers below read them
   bool bf16 = false;
-  int64_t H = 0, Q = 0, D = 0, Hkv = 0, T = 0, group = 0, tiles = 1, per_tile = 1, chunk = 8;
+  int64_t H = 0, Q = 0, D = 0, Hkv = 0, T = 0, group = 0, tiles = 1, per_tile = 1, chunk = 8, row_tile = 1;
   const float *qp = nullptr, *kp = nullptr, *vp = nullptr;
   const uint16_t *kb = nullptr, *vb = nullptr;
   const bool* mp = nullptr;
@@ -502,12 +552,18 @@ Attention prepare(const torch::Tensor& query, const torch::Tensor& key, const to
   a.per_tile = (a.group + tiles - 1) / tiles;  // heads per task
   a.tiles = (a.group + a.per_tile - 1) / a.per_tile;
   a.chunk = std::max<int64_t>(8, kChunkBytes / (4 * D));  // keys per chunk
+  a.row_tile = std::max<int64_t>(kSharedRows, kTileWeightBytes / (4 * a.per_tile * T));  // rows a task scores at once
   return a;
 }
 
 // Tasks t0 .. t1 of `a` (each a kv head and some of its query heads), into its zeroed output.
+// A task takes its rows a tile at a time (`a.row_tile` of them): its scores, its weights and its
+// key lists are the tile's, a few hundred KB that stay in cache, where a whole long prompt's chunk
+// (256 rows over 8,192 keys) would write and read back tens of MB; each (head, row) pair's
+// arithmetic is the same in any tile, so the split changes no bit.
 void attend_tasks(const Attention& a, int64_t t0, int64_t t1) {
   const int64_t H = a.H, Q = a.Q, D = a.D, T = a.T, group = a.group, tiles = a.tiles, per_tile = a.per_tile, chunk = a.chunk;
+  const int64_t RT = std::min(a.row_tile, Q);
   const bool bf16 = a.bf16;
   const float *qp = a.qp, *kp = a.kp, *vp = a.vp;
   const uint16_t *kb = a.kb, *vb = a.vb;
@@ -520,119 +576,137 @@ void attend_tasks(const Attention& a, int64_t t0, int64_t t1) {
   const auto mix = a.mix;
   const auto scores_rows = a.scores_rows;
   const auto mix_rows = a.mix_rows;
-  const std::unique_ptr<int64_t[]> keys(new int64_t[Q * T]);  // not zeroed: only the filled part is read
-  const std::unique_ptr<float[]> weights(new float[per_tile * Q * T]);
-  std::vector<int64_t> counts(Q);
-  std::vector<float> totals(per_tile * Q);
-  std::vector<int64_t> at(per_tile * Q);  // each (head, row)'s position in its key list
+  const std::unique_ptr<int64_t[]> keys(new int64_t[RT * T]);  // [tile row][n]; not zeroed: only the filled part is read
+  const std::unique_ptr<float[]> weights(new float[per_tile * RT * T]);  // [head][tile row][n]
+  std::vector<int64_t> counts(RT);
+  std::vector<float> totals(per_tile * RT);
+  std::vector<int64_t> at(RT), ends(RT);  // each tile row's position in its key list (all its heads')
+  std::vector<char> dense(RT);  // whether a tile row's keys in the chunk are a range
   std::vector<float> kwide, vwide;  // bfloat16: the task's kv head's keys and values, widened
   for (int64_t t = t0; t < t1; ++t) {
     const int64_t kvh = t / tiles, h0 = kvh * group + t % tiles * per_tile;
     const int64_t h1 = std::min(h0 + per_tile, (kvh + 1) * group);
-    for (int64_t i = 0; i < Q; ++i) {  // the rows' visible keys, shared by the heads
-      int64_t n = 0;
-      for (int64_t j = 0; j < T; ++j)
-        if (mp ? mp[i * T + j] : j <= T - Q + i) keys[i * T + n++] = j;
-      counts[i] = n;
-    }
     const float* kh = bf16 ? widen(kb + kvh * ks1, ks2, T, D, kwide) : kp + kvh * ks1;
     const float* vh = bf16 ? widen(vb + kvh * vs1, vs2, T, D, vwide) : vp + kvh * vs1;
     const int64_t kstep = bf16 ? D : ks2, vstep = bf16 ? D : vs2;  // floats from one key (value) to the next
-    // walks the cache chunk by chunk: visit(rows, hs, is, starts, count) for each run of (head,
-    // row) pairs (hs[r], is[r]), r < rows, with the same visible keys of the chunk (a dense range:
-    // a chain's rows see the same prefix, and every head of the task the same keys as its rows),
-    // pair r's keys being keys[is[r] * T + starts[r] ..) (count of them, in order); a row with
-    // other keys (a tree's) comes alone. A run spans heads: one row's heads share their loads of
-    // the keys as a chain's rows do. (h - h0) * Q + i indexes (head, row) in the task. Each pair
-    // still takes its keys in cache order, chunk after chunk, so its arithmetic is unchanged.
-    // `stream`: the keys (or values) the visits read, `step` floats apart: the next chunk's are
-    // prefetched while this one's are used (a packed pass's sequences each read a cache of their
-    // own, from memory, and the hardware prefetcher alone left a core waiting on them).
-    auto by_chunk = [&](const float* stream, int64_t step, auto&& visit) {
-      std::fill(at.begin(), at.end(), 0);
-      for (int64_t j0 = 0; j0 < T; j0 += chunk) {
+    for (int64_t i0 = 0; i0 < Q; i0 += RT) {
+      const int64_t i1 = std::min(Q, i0 + RT);
+      for (int64_t i = i0; i < i1; ++i) {  // the rows' visible keys, shared by the heads
+        int64_t* row = keys.get() + (i - i0) * T;
+        int64_t n = 0;
+        if (mp) {
+          for (int64_t j = 0; j < T; ++j)
+            if (mp[i * T + j]) row[n++] = j;
+        } else {
+          for (; n <= T - Q + i; ++n) row[n] = n;
+        }
+        counts[i - i0] = n;
+      }
+      // (head h, row i)'s index in the tile, its key list, its scores (then weights) from its list's position `start`
+      auto pair = [&](int64_t h, int64_t i) { return (h - h0) * RT + (i - i0); };
+      auto keys_of = [&](int64_t i) { return keys.get() + (i - i0) * T; };
+      auto weights_at = [&](int64_t h, int64_t i, int64_t start) { return weights.get() + pair(h, i) * T + start; };
+      // walks the cache chunk by chunk: visit(rows, hs, is, starts, count) for each run of (head,
+      // row) pairs (hs[r], is[r]), r < rows, with the same visible keys of the chunk (a dense range:
+      // a chain's rows see the same prefix, and every head of the task the same keys as its rows),
+      // pair r's keys being keys_of(is[r]) + starts[r] .. (count of them, in order); a row with
+      // other keys (a tree's) comes alone. A run spans heads: one row's heads share their loads of
+      // the keys as a chain's rows do. Each pair still takes its keys in cache order, chunk after
+      // chunk, so its arithmetic is unchanged.
+      // `stream`: the keys (or values) the visits read, `step` floats apart: the next chunk's are
+      // prefetched while this one's are used (a packed pass's sequences each read a cache of their
+      // own, from memory, and the hardware prefetcher alone left a core waiting on them).
+      auto by_chunk = [&](const float* stream, int64_t step, auto&& visit) {
+        std::fill(at.begin(), at.end(), 0);
+        for (int64_t j0 = 0; j0 < T; j0 += chunk) {
 #ifdef LEAPDECODE_X86
-        for (int64_t j = j0 + chunk; j < std::min(T, j0 + 2 * chunk); ++j)
-          for (int64_t d = 0; d < D; d += 16) _mm_prefetch(reinterpret_cast<const char*>(stream + j * step + d), _MM_HINT_T0);
+          for (int64_t j = j0 + chunk; j < std::min(T, j0 + 2 * chunk); ++j)
+            for (int64_t d = 0; d < D; d += 16) _mm_prefetch(reinterpret_cast<const char*>(stream + j * step + d), _MM_HINT_T0);
 #else
-        (void)stream, (void)step;
+          (void)stream, (void)step;
 #endif
-        int64_t hs[kSharedRows], is[kSharedRows], starts[kSharedRows];
-        int rows = 0;
-        int64_t lo = -1, len = 0;  // the run's dense range [lo, lo + len), or lo = -1: none
-        for (int64_t h = h0; h < h1; ++h)
-          for (int64_t i = 0; i < Q; ++i) {
-            const int64_t c = (h - h0) * Q + i, start = at[c];
-            const int64_t* row = keys.get() + i * T;  // sorted: the chunk's keys end where j0 + chunk would go
-            const int64_t end = std::lower_bound(row + start, row + counts[i], j0 + chunk) - row;
-            at[c] = end;
-            if (end == start) continue;
-            const bool dense = row[end - 1] - row[start] == end - start - 1;
-            if (rows > 0 && (!dense || row[start] != lo || end - start != len || rows == kSharedRows)) {
-              visit(rows, hs, is, starts, len);
-              rows = 0;
-            }
-            if (!dense) {
-              const int64_t h1s[1] = {h}, i1s[1] = {i}, s1s[1] = {start};
-              visit(1, h1s, i1s, s1s, end - start);
-              continue;
-            }
-            lo = row[start], len = end - start;
-            hs[rows] = h, is[rows] = i, starts[rows] = start;
-            ++rows;
+          // each row's keys in the chunk, the same for all its heads: [at[r], ends[r]) of its list
+          for (int64_t r = 0; r < i1 - i0; ++r) {
+            const int64_t* row = keys.get() + r * T;  // sorted: the chunk's keys end where j0 + chunk would go
+            const int64_t start = at[r], limit = std::min(counts[r], start + chunk);  // at most `chunk` keys
+            // a dense row takes the whole chunk (or its end) in one comparison; others search
+            const int64_t end = limit > start && row[limit - 1] < j0 + chunk
+                                    ? limit
+                                    : std::lower_bound(row + start, row + limit, j0 + chunk) - row;
+            ends[r] = end;
+            dense[r] = end > start && row[end - 1] - row[start] == end - start - 1;
           }
-        if (rows > 0) visit(rows, hs, is, starts, len);
-      }
-    };
-    // (head h, row i)'s scores, then weights, from its key list's position `start`
-    auto weights_at = [&](int64_t h, int64_t i, int64_t start) { return weights.get() + ((h - h0) * Q + i) * T + start; };
-    // 1. scores
-    by_chunk(kh, kstep, [&](int rows, const int64_t* hs, const int64_t* is, const int64_t* starts, int64_t count) {
-      const int64_t* first = keys.get() + is[0] * T + starts[0];
-      if (scores_rows) {  // one pair too: its 512-bit path gives the same bits
-        const float* qs[kSharedRows];
-        float* outs[kSharedRows];
-        for (int r = 0; r < rows; ++r) {
-          qs[r] = qp + (hs[r] * Q + is[r]) * D;
-          outs[r] = weights_at(hs[r], is[r], starts[r]);
+          int64_t hs[kSharedRows], is[kSharedRows], starts[kSharedRows];
+          int rows = 0;
+          int64_t lo = -1, len = 0;  // the run's dense range [lo, lo + len), or lo = -1: none
+          for (int64_t h = h0; h < h1; ++h)
+            for (int64_t i = i0; i < i1; ++i) {
+              const int64_t r = i - i0, start = at[r], end = ends[r];
+              if (end == start) continue;
+              const int64_t* row = keys.get() + r * T;
+              if (rows > 0 && (!dense[r] || row[start] != lo || end - start != len || rows == kSharedRows)) {
+                visit(rows, hs, is, starts, len);
+                rows = 0;
+              }
+              if (!dense[r]) {
+                const int64_t h1s[1] = {h}, i1s[1] = {i}, s1s[1] = {start};
+                visit(1, h1s, i1s, s1s, end - start);
+                continue;
+              }
+              lo = row[start], len = end - start;
+              hs[rows] = h, is[rows] = i, starts[rows] = start;
+              ++rows;
+            }
+          if (rows > 0) visit(rows, hs, is, starts, len);
+          std::copy(ends.begin(), ends.begin() + (i1 - i0), at.begin());
         }
-        return scores_rows(rows, qs, kh, kstep, first, count, D, sc, outs);
-      }
-      for (int r = 0; r < rows; ++r)
-        scores(qp + (hs[r] * Q + is[r]) * D, kh, kstep, keys.get() + is[r] * T + starts[r], count, D, sc,
-               weights_at(hs[r], is[r], starts[r]));
-    });
-    // 2. each (head, row)'s softmax weights
-    for (int64_t h = h0; h < h1; ++h)
-      for (int64_t i = 0; i < Q; ++i) {
-        const int64_t c = (h - h0) * Q + i;
-        float* w = weights.get() + c * T;
-        totals[c] = counts[i] ? softmax(w, counts[i], *std::max_element(w, w + counts[i])) : 0.f;
-      }
-    // 3. the weighted values, into the zeroed output
-    by_chunk(vh, vstep, [&](int rows, const int64_t* hs, const int64_t* is, const int64_t* starts, int64_t count) {
-      if (mix_rows) {
-        float* outs[kSharedRows];
-        const float* es[kSharedRows];
-        for (int r = 0; r < rows; ++r) {
-          outs[r] = op + (is[r] * H + hs[r]) * D;
-          es[r] = weights_at(hs[r], is[r], starts[r]);
+      };
+      // 1. scores
+      by_chunk(kh, kstep, [&](int rows, const int64_t* hs, const int64_t* is, const int64_t* starts, int64_t count) {
+        const int64_t* first = keys_of(is[0]) + starts[0];
+        if (scores_rows) {  // one pair too: its 512-bit path gives the same bits
+          const float* qs[kSharedRows];
+          float* outs[kSharedRows];
+          for (int r = 0; r < rows; ++r) {
+            qs[r] = qp + (hs[r] * Q + is[r]) * D;
+            outs[r] = weights_at(hs[r], is[r], starts[r]);
+          }
+          return scores_rows(rows, qs, kh, kstep, first, count, D, sc, outs);
         }
-        return mix_rows(rows, outs, es, vh, vstep, keys.get() + is[0] * T + starts[0], count, D);
-      }
-      for (int r = 0; r < rows; ++r)
-        mix(op + (is[r] * H + hs[r]) * D, weights_at(hs[r], is[r], starts[r]), vh, vstep,
-            keys.get() + is[r] * T + starts[r], count, D);
-    });
-    // 4. normalise (a row that sees nothing stays zero: never in a decode pass)
-    for (int64_t h = h0; h < h1; ++h)
-      for (int64_t i = 0; i < Q; ++i) {
-        const int64_t c = (h - h0) * Q + i;
-        if (!counts[i]) continue;
-        float* orow = op + (i * H + h) * D;
-        const float inv = 1.f / totals[c];
-        for (int64_t d = 0; d < D; ++d) orow[d] *= inv;
-      }
+        for (int r = 0; r < rows; ++r)
+          scores(qp + (hs[r] * Q + is[r]) * D, kh, kstep, keys_of(is[r]) + starts[r], count, D, sc,
+                 weights_at(hs[r], is[r], starts[r]));
+      });
+      // 2. each (head, row)'s softmax weights
+      for (int64_t h = h0; h < h1; ++h)
+        for (int64_t i = i0; i < i1; ++i) {
+          const int64_t n = counts[i - i0];
+          float* w = weights_at(h, i, 0);
+          totals[pair(h, i)] = n ? softmax(w, n, row_max(w, n)) : 0.f;
+        }
+      // 3. the weighted values, into the zeroed output
+      by_chunk(vh, vstep, [&](int rows, const int64_t* hs, const int64_t* is, const int64_t* starts, int64_t count) {
+        if (mix_rows) {
+          float* outs[kSharedRows];
+          const float* es[kSharedRows];
+          for (int r = 0; r < rows; ++r) {
+            outs[r] = op + (is[r] * H + hs[r]) * D;
+            es[r] = weights_at(hs[r], is[r], starts[r]);
+          }
+          return mix_rows(rows, outs, es, vh, vstep, keys_of(is[0]) + starts[0], count, D);
+        }
+        for (int r = 0; r < rows; ++r)
+          mix(op + (is[r] * H + hs[r]) * D, weights_at(hs[r], is[r], starts[r]), vh, vstep, keys_of(is[r]) + starts[r], count, D);
+      });
+      // 4. normalise (a row that sees nothing stays zero: never in a decode pass)
+      for (int64_t h = h0; h < h1; ++h)
+        for (int64_t i = i0; i < i1; ++i) {
+          if (!counts[i - i0]) continue;
+          float* orow = op + (i * H + h) * D;
+          const float inv = 1.f / totals[pair(h, i)];
+          for (int64_t d = 0; d < D; ++d) orow[d] *= inv;
+        }
+    }
   }
 }
 
@@ -875,10 +949,10 @@ static bool fast_path_available() { return has_avx2_fma(); }
 // Built into another extension (`lean.cpp`), this file gives its functions and no module of its own.
 #ifndef LEAPDECODE_NO_MODULE
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("row_exact_linear", &row_exact_linear, "row-exact linear (float32, or bfloat16 through AVX512-BF16)");
-  m.def("row_exact_attention", &row_exact_attention, "attention, each query row over its visible keys, rows bit-exact");
-  m.def("row_exact_attentions", &row_exact_attentions, "row_exact_attention of several sequences in one parallel region");
-  m.def("rms_norm", &rms_norm, "RMS norm, rows independent");
+  m.def("row_exact_linear", &row_exact_linear, py::call_guard<py::gil_scoped_release>(), "row-exact linear (float32, or bfloat16 through AVX512-BF16)");
+  m.def("row_exact_attention", &row_exact_attention, py::call_guard<py::gil_scoped_release>(), "attention, each query row over its visible keys, rows bit-exact");
+  m.def("row_exact_attentions", &row_exact_attentions, py::call_guard<py::gil_scoped_release>(), "row_exact_attention of several sequences in one parallel region");
+  m.def("rms_norm", &rms_norm, py::call_guard<py::gil_scoped_release>(), "RMS norm, rows independent");
   m.def("bf16_path_available", &has_avx512_bf16, "whether the AVX512-BF16 path of the bfloat16 linear runs on this CPU");
   m.def("fast_path_available", &fast_path_available, "whether the AVX2/FMA path runs on this CPU");
 }

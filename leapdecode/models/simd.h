@@ -54,6 +54,20 @@ __attribute__((target("avx2,fma"))) inline float hsum(__m256 v) {
   s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 0x55));
   return _mm_cvtss_f32(s);
 }
+
+// `hsum` of eight vectors at once, lane j the sum of v[j]: the same tree per vector (its halves,
+// then lanes two apart, then neighbours), so each lane holds `hsum(v[j])`'s bits; 15 shuffles and
+// 7 adds for eight sums where `hsum` takes 6 operations for each.
+__attribute__((target("avx2,fma"))) inline __m256 hsum8(const __m256* v) {
+  __m256 halves[4];  // halves[j]: [v[j] lanes 0-3 + 4-7 | v[j + 4] lanes 0-3 + 4-7]
+  for (int j = 0; j < 4; ++j)
+    halves[j] = _mm256_add_ps(_mm256_permute2f128_ps(v[j], v[j + 4], 0x20), _mm256_permute2f128_ps(v[j], v[j + 4], 0x31));
+  // lanes two apart: [v0: 0+2, 1+3, v1: 0+2, 1+3 | v4 .., v5 ..], and the same for v2, v3 | v6, v7
+  const __m256 a = _mm256_add_ps(_mm256_shuffle_ps(halves[0], halves[1], 0x44), _mm256_shuffle_ps(halves[0], halves[1], 0xEE));
+  const __m256 b = _mm256_add_ps(_mm256_shuffle_ps(halves[2], halves[3], 0x44), _mm256_shuffle_ps(halves[2], halves[3], 0xEE));
+  // neighbours: [v0, v1, v2, v3 | v4, v5, v6, v7]
+  return _mm256_add_ps(_mm256_shuffle_ps(a, b, 0x88), _mm256_shuffle_ps(a, b, 0xDD));
+}
 #endif
 
 }  // namespace leapdecode

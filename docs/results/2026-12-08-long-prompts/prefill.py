@@ -1,0 +1,45 @@
+#!/usr/bin/env python
+"""Prefill ms per prompt token at 512 / 2,048 / 4,096 / 8,192 tokens through the decode loop's
+backend (`TorchBackend.prefill`, the 1.5B on its default path), and the share of it the attention
+takes (the same prompt's pass minus its linear layers is not separable, so the growth over 512
+tokens is reported: what the attention over a longer prompt adds per token).
+
+    python docs/results/2026-12-08-long-prompts/prefill.py [--lengths 512,2048] [--repeats 2]
+"""
+
+import argparse
+import json
+import time
+
+import torch
+
+from leapdecode.engine.backend import TorchBackend
+from leapdecode.models import load_model
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--lengths", default="512,2048,4096,8192")
+parser.add_argument("--repeats", type=int, default=2)
+parser.add_argument("--model", default="qwen2.5-coder-1.5b")
+args = parser.parse_args()
+
+torch.set_num_threads(2)
+lm = load_model(args.model, log=lambda m: None)
+backend = TorchBackend(lm.model, lm.exact_tokens)
+base = None
+for n in [int(x) for x in args.lengths.split(",")]:
+    ids = [100 + (i * 7919) % 20000 for i in range(n)]
+    times = []
+    for _ in range(args.repeats):
+        start = time.perf_counter()
+        backend.prefill(ids)
+        times.append(time.perf_counter() - start)
+    best = min(times)
+    per_token = best / n * 1000
+    base = base or per_token
+    row = {
+        "tokens": n,
+        "ms_per_token": round(per_token, 3),
+        "growth": round(per_token / base, 3),
+        "seconds": [round(t, 2) for t in times],
+    }
+    print(json.dumps(row), flush=True)
