@@ -454,18 +454,18 @@ def test_models_whose_rotary_follows_the_longest_position_are_not_batched(exact_
         config.rope_parameters = saved
 
 
-@pytest.mark.parametrize("max_batch", [1, 2, 4])
+@pytest.mark.parametrize("max_batch, curve", [(1, True), (1, False), (2, True), (4, True)])
 def test_a_short_prompt_behind_a_long_one_starts_within_two_passes_and_each_equals_itself_alone(
-    exact_tiny, max_batch
+    exact_tiny, max_batch, curve
 ) -> None:
     """Prompt rows are shared fairly: a short request that joins while a long prompt is being
     prefilled gets its first token within two passes (oldest-first chunks held it for the long
     prompt's whole prefill: eleven passes here), and both outputs are the requests' own. With no
-    slot free (`max_batch` 1), the long prefill steps aside, keeping its chunks, and goes on after."""
+    slot free (`max_batch` 1), the long prefill steps aside, keeping its chunks, and goes on after;
+    so too with no shared curve (the server's one request at a time)."""
     decoder = wrap(exact_tiny, "ar")
-    scheduler = BatchScheduler(
-        decoder.backend, ForwardCost(tuple(0.01 for _ in range(64))), max_batch=max_batch, max_rows=32
-    )
+    cost = ForwardCost(tuple(0.01 for _ in range(64))) if curve else None
+    scheduler = BatchScheduler(decoder.backend, cost, max_batch=max_batch, max_rows=32)
     long_prompt = [random.Random(3).randrange(2, TINY_VOCAB) for _ in range(360)]
     outputs: dict[str, list[int]] = {"long": [], "short": []}
     first: dict[str, int] = {}

@@ -193,3 +193,26 @@ def _greedy_request():
     from leapdecode.engine.sampling import SamplingParams
 
     return SamplingParams(), PositionNoise(0)
+
+
+def test_a_curve_whose_passes_contradict_its_shape_is_forgotten_once_and_a_scaled_one_is_not() -> None:
+    """A machine twice as slow as measured is the curve's scale; a curve measured in a busy minute
+    (one row 146 ms, four 250 ms) priced passes that now take 24 and 31 ms is the wrong shape:
+    once two sizes have 8 passes each, `on_misshapen` is called, once."""
+    calls: list[int] = []
+    scaled = LiveCost(CURVE, on_misshapen=lambda: calls.append(1))
+    for _ in range(30):
+        for n in range(1, 5):
+            scaled.observe(n, 2.0 * CURVE.of(n))
+    assert not scaled.misshapen and calls == []
+    busy = ForwardCost((0.146, 0.182, 0.218, 0.250))
+    quiet = (0.024, 0.0265, 0.029, 0.031)
+    live = LiveCost(busy, on_misshapen=lambda: calls.append(2))
+    for _ in range(7):
+        for n in (1, 4):
+            live.observe(n, quiet[n - 1])
+    assert not live.misshapen  # seven passes a size do not judge yet
+    for _ in range(20):
+        for n in (1, 4):
+            live.observe(n, quiet[n - 1])
+    assert live.misshapen and calls == [2]

@@ -138,8 +138,8 @@ def test_attention_kernel_matches_sdpa_and_rows_are_bitwise_independent(
 ) -> None:
     """Chains (causal, no mask), trees (the whole cached prefix and some of the block) and any
     visible set: each row over exactly its keys, from strided views of a longer cache (in chunks of
-    32 keys; rows that share their keys go through together; over a long cache, rows a tile at a
-    time), bitwise the same alone or with the others, on both paths, however many threads split
+    64 keys at 128 wide; rows that share their keys go through together; over a long cache, rows a
+    tile at a time), bitwise the same alone or with the others, on both paths, however many threads split
     the heads; float32 and bfloat16 (computed in float, the output rounded once)."""
     g = torch.Generator().manual_seed(seed)
     heads, total = kv_heads * group, past + rows

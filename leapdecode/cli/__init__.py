@@ -10,7 +10,7 @@ import gc
 
 import typer
 
-from leapdecode.cli import bench, calibrate, chat, core, measure, serve, train, vllm
+from leapdecode.cli import bench, calibrate, chat, core, costs, measure, serve, train, vllm
 
 app = typer.Typer(
     name="leapdecode",
@@ -20,7 +20,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     rich_markup_mode="markdown",  # a docstring's lines are one paragraph, reflowed to the terminal
 )
-for _module in (core, chat, bench, measure, calibrate, serve, train, vllm):
+for _module in (core, chat, bench, measure, costs, calibrate, serve, train, vllm):
     _module.register(app)
 
 

@@ -14,7 +14,7 @@ decode one plain token. Pure arithmetic over curves: measuring one is `engine.co
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from leapdecode.engine.drafting import Offer, PassCost
@@ -22,9 +22,12 @@ from leapdecode.engine.drafting import Offer, PassCost
 
 @dataclass(frozen=True)
 class ForwardCost:
-    """Seconds of one target pass over n tokens, for n = 1..len(seconds)."""
+    """Seconds of one target pass over n tokens, for n = 1..len(seconds). `spread`: how quiet the
+    machine was while they were measured (`engine.cost_measure`): for each size, how much slower
+    its second-fastest repeat ran than its fastest, the largest over sizes (0: not measured so)."""
 
     seconds: tuple[float, ...]
+    spread: float = 0.0
 
     def __post_init__(self) -> None:
         if not self.seconds or any(s <= 0 for s in self.seconds):
@@ -53,6 +56,8 @@ class ForwardCost:
 
 LIVE_WEIGHT = 0.1  # each observed pass moves a live curve's scale a tenth of the way: ~10 recent passes carry it
 LIVE_STEP = math.log(2.0)  # one pass moves it by at most this log-factor: a stall is not the machine's speed
+SHAPE_PASSES = 8  # passes of one size before what they take judges the curve's shape
+SHAPE_TOLERANCE = math.log(1.15)  # sizes whose live factors differ by more: the measured shape is wrong
 
 
 class LiveCost:
@@ -65,9 +70,21 @@ class LiveCost:
 
     With a `leader` (the target's curve, timed every step), this curve's factor is the leader's
     times its own, and its own passes learn only the latter: a draft model that has not run for
-    a while is taken to have slowed down or sped up with the machine, not to cost what it did."""
+    a while is taken to have slowed down or sped up with the machine, not to cost what it did.
 
-    def __init__(self, base: ForwardCost, weight: float = LIVE_WEIGHT, leader: LiveCost | None = None) -> None:
+    One factor cannot mend a wrong shape (a curve measured while other work ran: one row three
+    times too dear, four rows not): each size's passes keep a factor of their own too, and once two
+    sizes' factors, each over `SHAPE_PASSES` passes, differ by more than `SHAPE_TOLERANCE`, the
+    curve is `misshapen` and `on_misshapen` is called once (the store forgets the curve, so that
+    the next start measures it again)."""
+
+    def __init__(
+        self,
+        base: ForwardCost,
+        weight: float = LIVE_WEIGHT,
+        leader: LiveCost | None = None,
+        on_misshapen: Callable[[], None] | None = None,
+    ) -> None:
         if not 0.0 < weight <= 1.0:
             raise ValueError(f"a live curve's weight must be in (0, 1], got {weight}")
         self.base = base
@@ -75,6 +92,9 @@ class LiveCost:
         self.leader = leader
         self.offset = 0.0  # the log of this curve's own factor (over its leader's)
         self.observed = 0  # passes that moved it
+        self.sizes: dict[int, tuple[float, int]] = {}  # tokens -> (its passes' mean log(observed / measured), passes)
+        self.on_misshapen = on_misshapen
+        self.misshapen = False
 
     @property
     def log_scale(self) -> float:
@@ -93,6 +113,18 @@ class LiveCost:
         a long catch-up feed) are not the curve's to judge, and leave it as it is."""
         if 1 <= tokens <= len(self.base.seconds):
             self.pull(seconds, self.base.of(tokens))
+            if seconds > 0.0:
+                self._judge_shape(tokens, math.log(seconds / self.base.of(tokens)))
+
+    def _judge_shape(self, tokens: int, ratio: float) -> None:
+        mean, passes = self.sizes.get(tokens, (0.0, 0))
+        weight = max(self.weight, 1.0 / (passes + 1))
+        self.sizes[tokens] = (mean + weight * (ratio - mean), passes + 1)
+        settled = [m for m, n in self.sizes.values() if n >= SHAPE_PASSES]
+        if not self.misshapen and len(settled) > 1 and max(settled) - min(settled) > SHAPE_TOLERANCE:
+            self.misshapen = True
+            if self.on_misshapen is not None:
+                self.on_misshapen()
 
     def pull(self, seconds: float, measured: float) -> None:
         """Some work the measurement at load priced at `measured` seconds took `seconds` now."""

@@ -1,27 +1,53 @@
 """Measuring what a target pass costs on a backend: the curves `engine.cost` reasons over.
 
-Timed rounds over every size (the median per size, fitted non-decreasing), so that a burst of
-other load on the machine lands on one round of several sizes, not on every repeat of one.
+Timed rounds over every size, interleaved, so that a burst of other load on the machine lands on
+one round of several sizes, not on every repeat of one; each size's fastest repeat is its cost
+(other work only ever slows a pass), fitted non-decreasing. How far each size's second-fastest
+repeat ran from its fastest is the curve's `spread`: wide when the machine was busy for more than
+one round, which `engine.cost_store` refuses to keep.
 """
 
 from __future__ import annotations
 
-import statistics
 import time
+from collections.abc import Callable, Sequence
 
 from leapdecode.engine.backend import Backend, Packer
 from leapdecode.engine.cost import ForwardCost, nondecreasing_fit
 from leapdecode.engine.tree import TreeLayout, compile_tree, full_tree_parents
 
+Timer = Callable[[], float]
+
+
+SPREAD_FLOOR_S = 0.005  # a pass's jitter below this is the timer's and the scheduler's, not another job's
+
+
+def fastest(runs: Sequence[Sequence[float]]) -> tuple[list[float], float]:
+    """Each size's fastest repeat, and the spread: the largest, over sizes, of how much slower a
+    size's second-fastest repeat ran than its fastest, relative to the fastest or to
+    `SPREAD_FLOOR_S` if longer (a tiny model's sub-millisecond passes jitter by their timer);
+    0 with one repeat."""
+    spread = 0.0
+    for times in runs:
+        ordered = sorted(times)
+        if len(ordered) > 1:
+            spread = max(spread, (ordered[1] - ordered[0]) / max(ordered[0], SPREAD_FLOOR_S))
+    return [min(times) for times in runs], spread
+
 
 def measure_forward_cost(
-    backend: Backend, max_tokens: int, *, context: int = 64, repeats: int = 3, tree: bool = False
+    backend: Backend,
+    max_tokens: int,
+    *,
+    context: int = 64,
+    repeats: int = 3,
+    tree: bool = False,
+    timer: Timer = time.perf_counter,
 ) -> ForwardCost:
     """Time passes of 1..max_tokens tokens after a `context`-token prompt on `backend`: `repeats`
-    rounds over every size, the median per size, fitted non-decreasing (`nondecreasing_fit`).
-    Rounds rather than one size at a time, so that a burst of other load on the machine lands on
-    one round of several sizes (the median drops it), not on every repeat of one size. `tree`: the
-    drafted tokens form a breadth-first tree (a tree attention mask costs more than the causal one)."""
+    interleaved rounds over every size, the fastest per size, fitted non-decreasing
+    (`nondecreasing_fit`), with their spread (see the module doc). `tree`: the drafted tokens
+    form a breadth-first tree (a tree attention mask costs more than the causal one)."""
     vocab = backend.vocab_size
     tokens = [(1009 * i + 17) % vocab for i in range(context + max_tokens)]
     seq, _ = backend.prefill(tokens[:context])
@@ -34,37 +60,48 @@ def measure_forward_cost(
     runs: list[list[float]] = [[] for _ in range(max_tokens)]  # runs[n-1]: seconds of each round's n-token pass
     for _ in range(repeats):
         for n in range(1, max_tokens + 1):
-            start = time.perf_counter()
+            start = timer()
             backend.forward(seq, tokens[context : context + n], tree=layout(n))
-            runs[n - 1].append(time.perf_counter() - start)
+            runs[n - 1].append(timer() - start)
             backend.rollback(seq, context)
-    return ForwardCost(tuple(max(s, 1e-6) for s in nondecreasing_fit([statistics.median(r) for r in runs])))
+    best, spread = fastest(runs)
+    return ForwardCost(tuple(max(s, 1e-6) for s in nondecreasing_fit(best)), spread)
 
 
-def measure_prefill_cost(backend: Backend, *, tokens: int = 128, repeats: int = 3) -> float:
-    """Seconds a prefill of `backend` takes per prompt token: a `tokens`-token prompt, the
-    median of `repeats` after a warm-up."""
+def measure_prefill_cost(
+    backend: Backend, *, tokens: int = 128, repeats: int = 3, timer: Timer = time.perf_counter
+) -> ForwardCost:
+    """Seconds a prefill of `backend` takes per prompt token, as a one-point curve: a
+    `tokens`-token prompt, the fastest of `repeats` after a warm-up, with their spread."""
     vocab = backend.vocab_size
     prompt = [(1009 * i + 17) % vocab for i in range(tokens)]
     backend.prefill(prompt[:8])  # warm-up
     runs = []
     for _ in range(repeats):
-        start = time.perf_counter()
+        start = timer()
         backend.prefill(prompt)
-        runs.append(time.perf_counter() - start)
-    return statistics.median(runs) / tokens
+        runs.append(timer() - start)
+    best, spread = fastest([runs])
+    return ForwardCost((max(best[0] / tokens, 1e-9),), spread)
 
 
 BATCH_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)  # rows timed for a packed pass's curve
 
 
 def measure_batch_cost(
-    backend: Packer, max_rows: int, sequences: int, *, context: int = 64, repeats: int = 3
+    backend: Packer,
+    max_rows: int,
+    sequences: int,
+    *,
+    context: int = 64,
+    repeats: int = 3,
+    timer: Timer = time.perf_counter,
 ) -> ForwardCost:
     """Seconds of a pass over several sequences (`engine.batch`) by its rows, for 1..max_rows:
     `sequences` sequences of `context` cached tokens (fewer when the rows are fewer), the rows
-    spread evenly over them as chains; timed at `BATCH_SIZES` in `repeats` rounds (median per
-    size, fitted non-decreasing, as `measure_forward_cost`) and interpolated between them."""
+    spread evenly over them as chains; timed at `BATCH_SIZES` in `repeats` rounds (the fastest per
+    size, fitted non-decreasing, with their spread, as `measure_forward_cost`) and interpolated
+    between them."""
     from leapdecode.engine.batch import BatchItem, forward_batch
 
     vocab = backend.vocab_size
@@ -83,12 +120,13 @@ def measure_batch_cost(
     runs: list[list[float]] = [[] for _ in sizes]
     for _ in range(repeats):
         for j, rows in enumerate(sizes):
-            start = time.perf_counter()
+            start = timer()
             forward_batch(backend, items(rows))
-            runs[j].append(time.perf_counter() - start)
+            runs[j].append(timer() - start)
             for seq in seqs:
                 backend.rollback(seq, context)
-    fitted = nondecreasing_fit([statistics.median(r) for r in runs])
+    best, spread = fastest(runs)
+    fitted = nondecreasing_fit(best)
     seconds = []
     for rows in range(1, max_rows + 1):
         j = next(j for j, size in enumerate(sizes) if size >= rows)
@@ -97,4 +135,4 @@ def measure_batch_cost(
         else:
             low, high = sizes[j - 1], sizes[j]
             seconds.append(fitted[j - 1] + (fitted[j] - fitted[j - 1]) * (rows - low) / (high - low))
-    return ForwardCost(tuple(max(s, 1e-6) for s in seconds))
+    return ForwardCost(tuple(max(s, 1e-6) for s in seconds), spread)

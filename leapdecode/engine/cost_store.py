@@ -10,6 +10,13 @@ the file's name the machine (its CPU, its cores, the torch and leapdecode versio
 and the measuring code's sources). What a kept curve cannot know is the machine's load now; `engine.cost.LiveCost`
 rescales it by the passes a decoder runs, as it does a fresh measurement taken in a burst.
 
+A busy minute must not steer every later run: a curve whose repeats spread wide (`ForwardCost.spread`
+past `WIDE_SPREAD`: other work slowed more than one round) is measured again, up to `ATTEMPTS`
+times, and kept only once narrow (else used by this process alone); a kept curve older than
+`MAX_AGE_S` is measured again; a live curve whose passes disagree with its shape
+(`LiveCost.misshapen`) is forgotten (`forget`), so the next start measures it again.
+`leapdecode costs show|clear` lists and removes them.
+
 A file that cannot be read or parsed is ignored (measured again, then rewritten); writes replace
 the file whole, so a reader sees the old or the new one. Two processes writing at once may each
 drop the other's new entry, which is then measured once more.
@@ -31,9 +38,14 @@ from pathlib import Path
 
 import torch
 
+from leapdecode.engine.cost import ForwardCost
+
 logger = logging.getLogger("leapdecode")
 
-STORE_FORMAT = 1  # bump when what a curve means changes (how it is measured, what a key holds)
+STORE_FORMAT = 2  # bump when what a curve means changes (how it is measured, what a key holds)
+WIDE_SPREAD = 0.2  # a size's second-fastest repeat 20% slower than its fastest: the machine was busy
+ATTEMPTS = 3  # measurements of one curve before a wide one is used unkept
+MAX_AGE_S = 14 * 24 * 3600.0  # a kept curve is measured again after two weeks (a driver, a BIOS, the load)
 
 
 @dataclass(frozen=True)
@@ -47,6 +59,16 @@ class CurveKey:
 
     def __str__(self) -> str:
         return f"{self.what}|{self.kind}|{self.threads}"
+
+
+@dataclass(frozen=True)
+class KeptCurve:
+    """One kept curve as `leapdecode costs show` lists it."""
+
+    key: str
+    seconds: tuple[float, ...]
+    spread: float
+    age_s: float
 
 
 @functools.cache
@@ -75,11 +97,14 @@ def machine_id() -> str:
 
 
 class CostStore:
-    """Curves (seconds by rows) in one JSON file per machine under `folder`."""
+    """Curves (seconds by rows) in one JSON file per machine under `folder`. `clock`: seconds
+    since the epoch (a curve's age)."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, *, max_age_s: float = MAX_AGE_S, clock: Callable[[], float] = time.time) -> None:
         self.folder = folder
         self.path = folder / f"{machine_id()}.json"
+        self.max_age_s = max_age_s
+        self.clock = clock
 
     def _entries(self) -> dict[str, dict[str, object]]:
         try:
@@ -88,21 +113,62 @@ class CostStore:
             return {}
         return data if isinstance(data, dict) else {}
 
-    def get(self, key: CurveKey, length: int = 1) -> tuple[float, ...] | None:
-        """The stored curve for `key` if it has at least `length` points, all positive."""
-        entry = self._entries().get(str(key))
-        seconds = entry.get("seconds") if isinstance(entry, dict) else None
-        if not isinstance(seconds, list) or len(seconds) < length:
+    def get(self, key: CurveKey, length: int = 1) -> ForwardCost | None:
+        """The stored curve for `key` if it has at least `length` points, all positive, was
+        measured on a quiet machine and is younger than `max_age_s`."""
+        kept = self._parse(str(key), self._entries().get(str(key)))
+        if kept is None or len(kept.seconds) < length:
+            return None
+        if kept.age_s > self.max_age_s:
+            logger.info("the kept %s curve is %.0f days old: measuring it again", key.kind, kept.age_s / 86400)
+            return None
+        return ForwardCost(kept.seconds, kept.spread)
+
+    def _parse(self, key: str, entry: object) -> KeptCurve | None:
+        if not isinstance(entry, dict):
+            return None
+        seconds, spread, at = entry.get("seconds"), entry.get("spread"), entry.get("at")
+        if not isinstance(seconds, list) or not seconds:
             return None
         if not all(isinstance(s, (int, float)) and s > 0 for s in seconds):
             return None
-        return tuple(float(s) for s in seconds)
+        if not isinstance(spread, (int, float)) or not 0 <= spread <= WIDE_SPREAD or not isinstance(at, (int, float)):
+            return None
+        return KeptCurve(key, tuple(float(s) for s in seconds), float(spread), max(0.0, self.clock() - at))
 
-    def put(self, key: CurveKey, seconds: tuple[float, ...]) -> None:
-        """Keep `seconds` for `key` (a failure to write is logged, never raised: the curve was
+    def kept(self) -> list[KeptCurve]:
+        """Every valid curve of this machine's file, oldest key first."""
+        curves = (self._parse(key, entry) for key, entry in sorted(self._entries().items()))
+        return [curve for curve in curves if curve is not None]
+
+    def forget(self, key: CurveKey) -> None:
+        """Drop `key`'s curve (its shape proved wrong): the next start measures it again."""
+        entries = self._entries()
+        if entries.pop(str(key), None) is not None:
+            self._write(entries)
+            logger.info(
+                "the kept %s curve disagreed with the passes it priced: it is measured again next time", key.kind
+            )
+
+    def clear(self) -> int:
+        """Remove this machine's file; how many curves it held."""
+        count = len(self._entries())
+        self.path.unlink(missing_ok=True)
+        return count
+
+    def put(self, key: CurveKey, cost: ForwardCost) -> None:
+        """Keep `cost` for `key` (a failure to write is logged, never raised: the curve was
         measured and is used either way)."""
         entries = self._entries()
-        entries[str(key)] = {"seconds": list(seconds), "measured": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+        entries[str(key)] = {
+            "seconds": list(cost.seconds),
+            "spread": round(cost.spread, 4),
+            "at": self.clock(),
+            "measured": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(self.clock())),
+        }
+        self._write(entries)
+
+    def _write(self, entries: dict[str, dict[str, object]]) -> None:
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
             handle, name = tempfile.mkstemp(prefix=self.path.name, suffix=".partial", dir=self.folder)
@@ -116,17 +182,35 @@ class CostStore:
         except OSError as exc:
             logger.warning("could not keep the measured costs in %s (%s)", self.path, exc)
 
-    def curve(
-        self, key: CurveKey, measure: Callable[[], tuple[float, ...]], length: int = 1
-    ) -> tuple[tuple[float, ...], bool]:
-        """The stored curve for `key` (at least `length` points), else `measure()`'s, kept.
-        Returns the curve and whether it was stored before."""
+    def curve(self, key: CurveKey, measure: Callable[[], ForwardCost], length: int = 1) -> tuple[ForwardCost, bool]:
+        """The stored curve for `key` (at least `length` points), else `measure()`'s: measured
+        again while its spread is wide (up to `ATTEMPTS` times, the narrowest used), kept once
+        narrow. Returns the curve and whether it was stored before."""
         stored = self.get(key, length)
         if stored is not None:
             return stored, True
-        seconds = measure()
-        self.put(key, seconds)
-        return seconds, False
+        best = measure()
+        for _ in range(ATTEMPTS - 1):
+            if best.spread <= WIDE_SPREAD:
+                break
+            logger.info(
+                "the %s passes' repeats spread %.0f%% (the machine was busy): measuring again",
+                key.kind,
+                100 * best.spread,
+            )
+            again = measure()
+            best = again if again.spread < best.spread else best
+        if best.spread <= WIDE_SPREAD:
+            self.put(key, best)
+        else:
+            logger.warning(
+                "the %s passes' repeats spread %.0f%% in %d measurements (the machine is busy): the curve is used "
+                "by this process, not kept",
+                key.kind,
+                100 * best.spread,
+                ATTEMPTS,
+            )
+        return best, False
 
 
 def default_cost_folder() -> Path:

@@ -86,7 +86,9 @@ class BatchScheduler:
         wait_tokens: int = WAIT_TOKENS,
     ) -> None:
         """`cost`: the measured cost of a shared pass by rows on `backend`, which must pack
-        sequences; None: requests never share passes (any backend). `prefix_cache`: where requests
+        sequences; None: no shared curve, each pass cut by its request's own (any backend; on
+        one that packs sequences, with `max_rows` past 1, requests still take their prompts in
+        chunks, so that a long prefill can step aside). `prefix_cache`: where requests
         on `backend`'s model leave their caches and start from kept prefixes, where that model is
         row-exact (`Backend.batchable` None), and start from running requests' caches too
         (waiting for a prompt being prefilled that will give `wait_tokens` more); None: each prompt
@@ -103,7 +105,7 @@ class BatchScheduler:
         self.backend = backend
         self.cost = cost
         # requests on a backend that packs sequences share passes on it; the others run alone
-        self.packing = backend.packer if cost is not None else None
+        self.packing = backend.packer if cost is not None or max_rows > 1 else None
         self.max_batch = max_batch
         self.max_rows = max_rows
         self.clock = clock

@@ -24,6 +24,7 @@ from leapdecode.errors import MethodError
 if TYPE_CHECKING:
     from leapdecode.engine.backend import Backend
     from leapdecode.engine.cost import ForwardCost
+    from leapdecode.engine.cost_store import CurveKey
     from leapdecode.engine.drafting import Drafter, PassCost
     from leapdecode.engine.noise import PositionNoise
     from leapdecode.engine.sampling import SamplingParams
@@ -159,20 +160,28 @@ def cached_cost(target: LoadedModel, backend: Backend, max_tokens: int, log: Log
     need), on this machine: kept on disk for later processes (`engine.cost_store`)."""
     import torch
 
-    from leapdecode.engine.cost import ForwardCost
-    from leapdecode.engine.cost_store import CurveKey, default_store
+    from leapdecode.engine.cost_store import default_store
 
     key = (type(backend).__name__, torch.get_num_threads(), tree)
     known = target.costs.get(key)
     if known is None or len(known.seconds) < max_tokens:
-        stored = CurveKey(model_key(target, backend), "trees" if tree else "chains", key[1])
-        seconds, kept = default_store().curve(
-            stored, lambda: measure_cost(backend, max_tokens, log, tree=tree).seconds, max_tokens
+        stored = curve_key(target, backend, tree=tree)
+        known, kept = default_store().curve(
+            stored, lambda: measure_cost(backend, max_tokens, log, tree=tree), max_tokens
         )
         if kept:
-            log(f"forward cost of 1..{len(seconds)} tokens ({stored.kind}): as measured before on this machine")
-        known = target.costs[key] = ForwardCost(seconds)
+            log(f"forward cost of 1..{len(known.seconds)} tokens ({stored.kind}): as measured before on this machine")
+        target.costs[key] = known
     return known
+
+
+def curve_key(target: LoadedModel, backend: Backend, *, tree: bool = False) -> CurveKey:
+    """What `cached_cost` keeps `backend`'s curve over `target` under (chains, or trees)."""
+    import torch
+
+    from leapdecode.engine.cost_store import CurveKey
+
+    return CurveKey(model_key(target, backend), "trees" if tree else "chains", torch.get_num_threads())
 
 
 def model_key(lm: LoadedModel, backend: Backend) -> str:

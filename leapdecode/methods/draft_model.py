@@ -13,6 +13,7 @@ from leapdecode.methods.base import (
     Log,
     Method,
     cached_cost,
+    curve_key,
     logger,
     model_key,
 )
@@ -146,7 +147,7 @@ class DraftModel(Method):
         from leapdecode.drafters.draft_model import DraftModelDrafter
         from leapdecode.drafters.draft_pricing import DraftCost
         from leapdecode.drafters.suffix import SuffixDrafter
-        from leapdecode.engine.cost import ForwardCost, LiveCost
+        from leapdecode.engine.cost import LiveCost
         from leapdecode.engine.cost_measure import measure_batch_cost, measure_forward_cost, measure_prefill_cost
         from leapdecode.engine.cost_store import CurveKey, default_store
         from leapdecode.engine.prefix_cache import PrefixCache
@@ -169,19 +170,24 @@ class DraftModel(Method):
             store, threads = default_store(), torch.get_num_threads()
             what = f"{model_key(draft_model, backend)} vocab={self.vocab}"
 
-            def measure_draft() -> tuple[float, ...]:
+            def measure_draft() -> ForwardCost:
                 if packs:
-                    return measure_batch_cost(backend, DRAFT_COST_ROWS, DRAFT_COST_ROWS).seconds
-                return measure_forward_cost(backend, 1).seconds
+                    return measure_batch_cost(backend, DRAFT_COST_ROWS, DRAFT_COST_ROWS)
+                return measure_forward_cost(backend, 1)
 
             kind, rows = (f"draft batch {DRAFT_COST_ROWS}", DRAFT_COST_ROWS) if packs else ("draft pass", 1)
-            draft_curve = ForwardCost(store.curve(CurveKey(what, kind, threads), measure_draft, rows)[0])
+            draft_key = CurveKey(what, kind, threads)
+            draft_curve = store.curve(draft_key, measure_draft, rows)[0]
             # its own prompt prefill, fed before its first draft, is priced against the steps it serves
             prefill_key = CurveKey(what, "prefill a token", threads)
-            prefill = store.curve(prefill_key, lambda: (measure_prefill_cost(backend),))[0][0]
+            prefill = store.curve(prefill_key, lambda: measure_prefill_cost(backend))[0].seconds[0]
             if self.live_cost:  # the draft model's factor over the target's, which every step times
-                target_now = LiveCost(cost)
-                draft_cost = DraftCost(LiveCost(draft_curve, leader=target_now), target_now, prefill)
+                # a curve whose shape the passes contradict is forgotten: the next start measures it again
+                target_now = LiveCost(
+                    cost, on_misshapen=lambda: store.forget(curve_key(target, self.make_backend(target)))
+                )
+                draft_live = LiveCost(draft_curve, leader=target_now, on_misshapen=lambda: store.forget(draft_key))
+                draft_cost = DraftCost(draft_live, target_now, prefill)
             else:
                 draft_cost = DraftCost(draft_curve, cost, prefill)
             log(

@@ -31,7 +31,7 @@ using leapdecode::hsum8;
 #endif
 
 constexpr int kRowBlock = 8;  // rows sharing one load of each weight chunk: 8 independent FMA chains
-constexpr int64_t kChunkBytes = 16384;  // keys (or values) per attention chunk: 16 KB, in L1
+constexpr int64_t kChunkBytes = 32768;  // keys (or values) per attention chunk: 32 KB, in L1 (or just past it)
 constexpr int kSharedRows = 4;
 constexpr int64_t kMaxPairedDim = 512;  // the widest head whose queries `scores_rows_avx512` pairs on its stack
 constexpr int64_t kTileWeightBytes = 1024 * 1024;  // a task's row tile's scores (heads x rows x keys): about L2  // attention rows per shared pass (AVX-512: 8 keys x 4 rows = 16 accumulators)
@@ -539,8 +539,8 @@ Attention prepare(const torch::Tensor& query, const torch::Tensor& key, const to
   (void)portable;
 #endif
   // Every query head of a kv head, and every row, reads the same keys and values: a task takes a
-  // kv head and some of its query heads, and walks the cache in 16 KB chunks that stay in L1, each
-  // (head, row) taking its visible keys of the chunk in cache order. Its arithmetic is the one
+  // kv head and some of its query heads, and walks the cache in 32 KB chunks that stay in cache,
+  // each (head, row) taking its visible keys of the chunk in cache order. Its arithmetic is the one
   // (head, row) alone would do, so the split changes no bit; it only reads the cache once per
   // task instead of once per (head, row) (at 1500 cached tokens a kv head's keys and values are
   // 1.5 MB, more than L2).

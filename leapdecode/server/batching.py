@@ -129,18 +129,22 @@ def start_batching(lm: LoadedModel, config: ServerConfig, metrics: Metrics) -> B
         tokens = default_prefix_cache_tokens(packer) if packer is not None else 0
     prefix_cache = PrefixCache(tokens) if tokens else None
     if config.max_batch == 1:
-        return one_at_a_time(backend, metrics, "--max-batch 1", prefix_cache)
+        return one_at_a_time(backend, metrics, "--max-batch 1", prefix_cache, config.max_pass_rows)
     reason = backend.batchable
     if reason is not None or packer is None:
         if config.max_batch is not None:
             raise InputError(f"--max-batch {config.max_batch}: {reason}")
-        return one_at_a_time(backend, metrics, str(reason), prefix_cache)
+        return one_at_a_time(backend, metrics, str(reason), prefix_cache, config.max_pass_rows)
     sequences = config.max_batch or 8  # the curve is by rows; eight sequences share them as a busy batch would
     cost = shared_pass_cost(lm, packer, config.max_pass_rows, sequences)
     max_batch = config.max_batch or min(default_max_batch(cost), config.max_pass_rows)
     if max_batch == 1:
         return one_at_a_time(
-            backend, metrics, "shared passes cost as much per token as passes of their own here", prefix_cache
+            backend,
+            metrics,
+            "shared passes cost as much per token as passes of their own here",
+            prefix_cache,
+            config.max_pass_rows,
         )
     scheduler = BatchScheduler(
         backend, cost, max_batch=max_batch, max_rows=config.max_pass_rows, prefix_cache=prefix_cache
@@ -161,10 +165,10 @@ def shared_pass_cost(lm: LoadedModel, backend: Packer, rows: int, sequences: int
     """The cost of shared passes by their rows (1..`rows` over up to `sequences` requests):
     measured once per model on this machine, then read back (`engine.cost_store`)."""
     key = CurveKey(model_key(lm, backend), f"shared passes of {sequences} requests", torch.get_num_threads())
-    seconds, kept = default_store().curve(key, lambda: measure_shared_pass_cost(backend, rows, sequences).seconds, rows)
+    cost, kept = default_store().curve(key, lambda: measure_shared_pass_cost(backend, rows, sequences), rows)
     if kept:
         logger.info("the cost of shared passes (1..%d tokens): as measured before on this machine", rows)
-    return ForwardCost(seconds[:rows])
+    return ForwardCost(cost.seconds[:rows], cost.spread)
 
 
 def measure_shared_pass_cost(backend: Packer, rows: int, sequences: int) -> ForwardCost:
@@ -181,10 +185,18 @@ def default_prefix_cache_tokens(backend: Packer) -> int:
     return max(1, min(PREFIX_CACHE_TOKENS, PREFIX_CACHE_BYTES // max(1, per_token)))
 
 
-def one_at_a_time(backend: Backend, metrics: Metrics, why: str, prefix_cache: PrefixCache | None) -> BatchWorker:
+def one_at_a_time(
+    backend: Backend, metrics: Metrics, why: str, prefix_cache: PrefixCache | None, rows: int
+) -> BatchWorker:
     """A worker that runs one request at a time, each pass its own (with the prefix cache where
-    the model is row-exact)."""
-    scheduler = BatchScheduler.alone(backend, prefix_cache)
+    the model is row-exact); on a backend that packs sequences, prompts go in chunks of `rows`,
+    so that a long one steps aside for a shorter one waiting."""
+    packs = backend.packer is not None and backend.batchable is None
+    scheduler = (
+        BatchScheduler(backend, None, max_batch=1, max_rows=rows, prefix_cache=prefix_cache)
+        if packs
+        else BatchScheduler.alone(backend, prefix_cache)
+    )
     logger.info(
         "serving one request at a time: %s; %s",
         why,

@@ -25,6 +25,8 @@ def stream_first_token(body: dict, out: dict, key: str) -> None:
     conn = http.client.HTTPConnection("127.0.0.1", PORT, timeout=600)
     conn.request("POST", "/v1/completions", json.dumps({**body, "stream": True}), {"Content-Type": "application/json"})
     response = conn.getresponse()
+    if response.status != 200:
+        out[key + "_error"] = f"{response.status} {response.read()[:200]!r}"
     for line in response:
         if line.startswith(b"data: {") and key + "_first" not in out:
             out[key + "_first"] = round(time.monotonic() - began, 3)
@@ -78,12 +80,17 @@ def run(model: str, batch: int, long_words: int) -> dict:
         stop = threading.Event()
         poller = threading.Thread(target=health_worst, args=(stop, out))
         poller.start()
-        threads = [threading.Thread(target=stream_first_token, args=({"prompt": words, "max_tokens": 4}, out, "long"))]
+        threads = [
+            threading.Thread(
+                target=stream_first_token, args=({"model": model, "prompt": words, "max_tokens": 4}, out, "long")
+            )
+        ]
         threads[0].start()
         time.sleep(0.5)
         for i in range(4):
             thread = threading.Thread(
-                target=stream_first_token, args=({"prompt": f"Count to {i + 3}:", "max_tokens": 16}, out, f"short{i}")
+                target=stream_first_token,
+                args=({"model": model, "prompt": f"Count to {i + 3}:", "max_tokens": 16}, out, f"short{i}"),
             )
             thread.start()
             threads.append(thread)
