@@ -9,7 +9,6 @@ import pytest
 from leapdecode.drafters import Draft
 from leapdecode.drafters.base import StreamDrafter
 from leapdecode.drafters.cost_aware import AcceptanceEstimate, CostAwareDrafter
-from leapdecode.engine import cost_measure as cost_module
 from leapdecode.engine.backend import CacheState
 from leapdecode.engine.cost import ForwardCost, nondecreasing_fit
 from leapdecode.engine.cost_measure import measure_forward_cost

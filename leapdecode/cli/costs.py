@@ -54,12 +54,12 @@ def costs_clear(
 
     store = default_store()
     removed = store.clear()
-    files = 1 if removed else 0
+    others = 0
     if every_machine:
         for other in store.folder.glob("*.json"):
             other.unlink(missing_ok=True)
-            files += 1
-    console.print(f"removed {removed} curves of this machine" + (f" and {files - 1} other files" if every_machine else ""))
+            others += 1
+    console.print(f"removed {removed} curves of this machine" + (f" and {others} other files" if every_machine else ""))
 
 
 def register(app: typer.Typer) -> None:
