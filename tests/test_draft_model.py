@@ -238,8 +238,12 @@ def test_real_model_as_its_own_draft_greedy_and_seeded(real_lm) -> None:
 
 
 @pytest.mark.real_model
-def test_real_qwen_pair_greedy_equals_plain_decoding() -> None:
+def test_real_qwen_pair_greedy_equals_plain_decoding(monkeypatch, tmp_path) -> None:
+    from leapdecode.api import Decoder
+    from leapdecode.heads import vocabulary
     from leapdecode.models import load_model
+
+    monkeypatch.setattr(vocabulary, "ranking_path", lambda cache, tokenizer: tmp_path / "none counted here.json")
 
     target = load_model("qwen2.5-coder-1.5b", log=lambda msg: None)
     draft = load_model("qwen2.5-coder-0.5b", log=lambda msg: None)
@@ -249,7 +253,12 @@ def test_real_qwen_pair_greedy_equals_plain_decoding() -> None:
     # the draft's own cheapest path: int4 rounded from its float weights, a 32,768-token draft
     # vocabulary, the cost cut (with a slow cost curve, it may draft or not at any step), and the
     # same path drafting every step (the cut's decisions follow the machine's timings)
-    decoders["default path"] = wrap(target, "draft:model=qwen2.5-coder-0.5b,k=5")
+    lines: list[str] = []
+    decoders["default path"] = Decoder(target, "draft:model=qwen2.5-coder-0.5b,k=5", log=lines.append)
+    # a fresh machine's default path drafts from the ranking shipped for the presets' tokenizer
+    assert any(
+        line.startswith("draft vocabulary: 32768 of 151936 tokens (counted on qwen2.5-coder-1.5b") for line in lines
+    )
     decoders["default path, uncut"] = wrap(target, "draft:model=qwen2.5-coder-0.5b,k=5,cost_aware=false")
     # a window shorter than the prompts: the draft model reads their first 4 and last 12 tokens
     decoders["windowed, uncut"] = wrap(target, "draft:model=qwen2.5-coder-0.5b,k=5,cost_aware=false,window=16")
@@ -391,7 +400,14 @@ def test_a_vocabulary_cut_draft_model_samples_as_plain_sampling(tiny_model) -> N
 def test_the_draft_vocabulary_is_the_most_used_tokens_by_a_brute_force_count(tmp_path) -> None:
     import random
 
-    from leapdecode.heads.vocabulary import DraftVocabulary, count_ranking, draft_vocabulary, ranking_path, save_ranking
+    from leapdecode.heads.vocabulary import (
+        DraftVocabulary,
+        count_ranking,
+        draft_vocabulary,
+        ranking_path,
+        save_ranking,
+        shipped_ranking_path,
+    )
     from tests.helpers import TinyTokenizer
 
     rng = random.Random(0)
@@ -404,10 +420,14 @@ def test_the_draft_vocabulary_is_the_most_used_tokens_by_a_brute_force_count(tmp
     assert (torch.tensor(vocab.ids) == torch.arange(len(vocab.ids)) + vocab.d2t()).all()  # EAGLE's d2t form
     assert vocab.to_draft()[list(vocab.ids)].tolist() == list(range(20)) and int(vocab.t2d().sum()) == 20
     tokenizer = TinyTokenizer()
-    by_order, source = draft_vocabulary(tokenizer, 10, TINY_VOCAB, [1], tmp_path)  # nothing counted yet
-    assert by_order.ids == (0, 1, *range(2, 10)) and "own order" in source
-    save_ranking(ranking_path(tmp_path, tokenizer), brute, "test texts")
-    counted, source = draft_vocabulary(tokenizer, 20, TINY_VOCAB, [95], tmp_path)
+    shipped = tmp_path / "shipped"
+    by_order, source = draft_vocabulary(tokenizer, 10, TINY_VOCAB, [1], tmp_path, shipped)  # nothing counted yet
+    assert by_order.ids == (0, 1, *range(2, 10)) and "own order" in source and "leapdecode draft-vocab" in source
+    save_ranking(shipped_ranking_path(tokenizer, shipped), list(reversed(brute)), "the package's texts")
+    from_package, source = draft_vocabulary(tokenizer, 20, TINY_VOCAB, [95], tmp_path, shipped)
+    assert source == "counted on the package's texts" and from_package != vocab
+    save_ranking(ranking_path(tmp_path, tokenizer), brute, "test texts")  # counted here: before the shipped one
+    counted, source = draft_vocabulary(tokenizer, 20, TINY_VOCAB, [95], tmp_path, shipped)
     assert counted == vocab and source == "counted on test texts"
 
 

@@ -23,8 +23,8 @@ from leapdecode.engine.drafting import Offer, PassCost
 @dataclass(frozen=True)
 class ForwardCost:
     """Seconds of one target pass over n tokens, for n = 1..len(seconds). `spread`: how quiet the
-    machine was while they were measured (`engine.cost_measure`): for each size, how much slower
-    its second-fastest repeat ran than its fastest, the largest over sizes (0: not measured so)."""
+    machine was while they were measured (`engine.cost_measure`): how much slower a size's
+    second-fastest repeat ran than its fastest, the median over sizes (0: not measured so)."""
 
     seconds: tuple[float, ...]
     spread: float = 0.0

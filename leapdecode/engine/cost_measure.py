@@ -2,13 +2,14 @@
 
 Timed rounds over every size, interleaved, so that a burst of other load on the machine lands on
 one round of several sizes, not on every repeat of one; each size's fastest repeat is its cost
-(other work only ever slows a pass), fitted non-decreasing. How far each size's second-fastest
-repeat ran from its fastest is the curve's `spread`: wide when the machine was busy for more than
-one round, which `engine.cost_store` refuses to keep.
+(other work only ever slows a pass), fitted non-decreasing. How far the sizes' second-fastest
+repeats ran from their fastest (the median over sizes) is the curve's `spread`: wide when the
+machine was busy for more than one round, which `engine.cost_store` refuses to keep.
 """
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Callable, Sequence
 
@@ -23,16 +24,17 @@ SPREAD_FLOOR_S = 0.005  # a pass's jitter below this is the timer's and the sche
 
 
 def fastest(runs: Sequence[Sequence[float]]) -> tuple[list[float], float]:
-    """Each size's fastest repeat, and the spread: the largest, over sizes, of how much slower a
+    """Each size's fastest repeat, and the spread: the median, over sizes, of how much slower a
     size's second-fastest repeat ran than its fastest, relative to the fastest or to
     `SPREAD_FLOOR_S` if longer (a tiny model's sub-millisecond passes jitter by their timer);
-    0 with one repeat."""
-    spread = 0.0
+    0 with one repeat. The median: a pass or two that a virtual machine's neighbour slowed is
+    jitter, a busy minute slows every size of its rounds."""
+    gaps = []
     for times in runs:
         ordered = sorted(times)
         if len(ordered) > 1:
-            spread = max(spread, (ordered[1] - ordered[0]) / max(ordered[0], SPREAD_FLOOR_S))
-    return [min(times) for times in runs], spread
+            gaps.append((ordered[1] - ordered[0]) / max(ordered[0], SPREAD_FLOOR_S))
+    return [min(times) for times in runs], statistics.median(gaps) if gaps else 0.0
 
 
 def measure_forward_cost(

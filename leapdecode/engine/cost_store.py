@@ -43,7 +43,7 @@ from leapdecode.engine.cost import ForwardCost
 logger = logging.getLogger("leapdecode")
 
 STORE_FORMAT = 2  # bump when what a curve means changes (how it is measured, what a key holds)
-WIDE_SPREAD = 0.2  # a size's second-fastest repeat 20% slower than its fastest: the machine was busy
+WIDE_SPREAD = 0.25  # sizes' second-fastest repeats a quarter slower than their fastest: the machine was busy
 ATTEMPTS = 3  # measurements of one curve before a wide one is used unkept
 MAX_AGE_S = 14 * 24 * 3600.0  # a kept curve is measured again after two weeks (a driver, a BIOS, the load)
 

@@ -6,10 +6,13 @@ spent on tokens that are almost never drafted. Restricted to the tokens the targ
 the layer costs a fraction and the draft loses little acceptance (VocabTrim, FR-Spec).
 
 What: `DraftVocabulary` (draft id -> target id, in EAGLE's `d2t` form too), built from a count
-(`most_frequent`), and a ranking of a tokenizer's tokens by how often answers use them, kept per
-tokenizer in the cache (`leapdecode draft-vocab` counts one on ShareGPT answers). Without a
-counted ranking, the tokenizer's own order stands in: byte-level BPE numbers tokens in the order
-their merges were learned, most frequent pairs first.
+(`most_frequent`), and a ranking of a tokenizer's tokens by how often answers use them: one
+counted here (`leapdecode draft-vocab`, on ShareGPT answers or a file of conversations) is kept
+per tokenizer in the cache; the presets' tokenizer has one shipped with the package
+(`leapdecode/data/draft_vocab/`: the 1.5B's own answers to prompts written for the repository,
+see its README), so a fresh machine drafts as the documented figures did. Without either, the
+tokenizer's own order stands in: byte-level BPE numbers tokens in the order their merges were
+learned, most frequent pairs first.
 """
 
 from __future__ import annotations
@@ -84,6 +87,13 @@ def ranking_path(cache: Path, tokenizer: Any) -> Path:
     return cache / "vocab" / f"{tokenizer_key(tokenizer)}-v{RANKING_FORMAT}.json"
 
 
+SHIPPED = Path(__file__).resolve().parent.parent / "data" / "draft_vocab"  # rankings shipped for the presets
+
+
+def shipped_ranking_path(tokenizer: Any, folder: Path = SHIPPED) -> Path:
+    return folder / f"{tokenizer_key(tokenizer)}-v{RANKING_FORMAT}.json"
+
+
 def count_ranking(sequences: Iterable[Iterable[int]]) -> list[int]:
     """Every token seen in `sequences`, most often first (ties: lower id first)."""
     counts: Counter[int] = Counter()
@@ -109,12 +119,14 @@ def load_ranking(path: Path) -> tuple[list[int], str] | None:
 
 
 def draft_vocabulary(
-    tokenizer: Any, size: int, target_size: int, always: Iterable[int], cache: Path
+    tokenizer: Any, size: int, target_size: int, always: Iterable[int], cache: Path, shipped: Path = SHIPPED
 ) -> tuple[DraftVocabulary, str]:
-    """The `size` tokens answers use most by the tokenizer's counted ranking, else by its own
-    order (see the module doc); and which of the two it is."""
-    found = load_ranking(ranking_path(cache, tokenizer))
+    """The `size` tokens answers use most by the tokenizer's ranking counted here, else the one
+    shipped for it, else by its own order (see the module doc); and which it is."""
+    found = load_ranking(ranking_path(cache, tokenizer)) or load_ranking(shipped_ranking_path(tokenizer, shipped))
     if found is not None:
         ranking, source = found
         return DraftVocabulary.from_ranking(ranking, size, target_size, always), f"counted on {source}"
-    return DraftVocabulary.from_ranking(range(target_size), size, target_size, always), "the tokenizer's own order"
+    return DraftVocabulary.from_ranking(range(target_size), size, target_size, always), (
+        "the tokenizer's own order; `leapdecode draft-vocab` counts a ranking"
+    )
