@@ -219,3 +219,26 @@ def test_a_request_whose_drafts_fail_stops_drafting_though_earlier_requests_did_
     fresh = CostAwareDrafter(FixedDrafter([5, 6, 7, 8], evidence=(NINE,) * 4), cost, shared)
     start(fresh, [3, 4])
     assert len(draft_alone(fresh, 10)) > 0  # the next request starts from the shared rate again
+
+
+def test_the_cost_cut_drafts_nothing_when_every_price_says_no(tiny_model) -> None:
+    """A kept curve where a pass costs in proportion to its tokens (llama.cpp's shape on two
+    cores): no drafted token can pay, so a cost-aware method drafts nothing, on text that repeats
+    and invites drafts, and is plain decoding pass for pass."""
+    from leapdecode import wrap
+    from leapdecode.engine.backend import TorchBackend
+    from leapdecode.engine.cost_store import default_store
+    from leapdecode.methods.base import curve_key
+    from tests.helpers import tiny_lm
+
+    lm = tiny_lm(tiny_model)
+    linear = ForwardCost(tuple(0.01 * n for n in range(1, 65)))
+    backend = TorchBackend(lm.model, exact_tokens=lm.exact_tokens)
+    for tree in (False, True):  # chains and trees (`suffix`, `hybrid`)
+        default_store().put(curve_key(lm, backend, tree=tree), linear)
+    prompt = [5, 6, 7, 8, 9] * 8
+    for method in ("anpd", "suffix", "hybrid"):
+        out = wrap(lm, method).generate(prompt, max_new_tokens=24)
+        plain = wrap(lm, "ar").generate(prompt, max_new_tokens=24)
+        assert out.token_ids == plain.token_ids
+        assert out.stats.drafted_tokens == 0 and out.stats.forward_passes == plain.stats.forward_passes, method
