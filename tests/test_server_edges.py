@@ -209,3 +209,39 @@ def test_fuzzed_include_usage_is_served_only_as_a_boolean(app_client, flag) -> N
     body = {**BODY, "stream": True, "stream_options": {"include_usage": flag}}
     resp = app_client.post("/v1/completions", json=body)
     assert resp.status_code == (200 if isinstance(flag, bool) else 400), (flag, resp.text)
+
+
+def test_one_at_a_time_a_short_request_and_health_are_answered_while_a_long_prompt_prefills(real_lm) -> None:
+    """`--max-batch 1` with a 3,000-token prompt in flight: `/health` answers and a short request
+    (the exact body below) ends before the long one (its prefill steps aside, keeping its chunks);
+    both answers are each request's own."""
+    from leapdecode.server.app import ServerConfig, create_app
+
+    # no prefix cache: the long prompt, answered once alone first, is prefilled again in full
+    config = ServerConfig(
+        model_name=MODEL, default_method="ar", max_queue=4, max_batch=1, timeout_s=600, prefix_cache_tokens=0
+    )
+    long_body = {"model": MODEL, "prompt": "one two three four five " * 600, "max_tokens": 2, "temperature": 0}
+    short_body = {"model": MODEL, "prompt": "The capital of France is", "max_tokens": 4, "temperature": 0}
+    with TestClient(create_app(real_lm, config), base_url="http://localhost") as client:
+        alone = {
+            "long": client.post("/v1/completions", json=long_body).json()["choices"][0]["text"],
+            "short": client.post("/v1/completions", json=short_body).json()["choices"][0]["text"],
+        }
+        ended: list[str] = []
+        texts: dict[str, str] = {}
+
+        def post(name: str, body: dict) -> None:
+            texts[name] = client.post("/v1/completions", json=body).json()["choices"][0]["text"]
+            ended.append(name)
+
+        long = threading.Thread(target=post, args=("long", long_body))
+        long.start()
+        deadline = time.time() + 60
+        while gauge(client, "leapdecode_running_requests") < 1 and time.time() < deadline:
+            time.sleep(0.01)
+        health = client.get("/health")
+        assert health.status_code == 200 and long.is_alive()  # answered while the long prompt runs
+        post("short", short_body)
+        long.join()
+    assert ended == ["short", "long"] and texts == alone

@@ -18,8 +18,6 @@ from leapdecode.engine.cost import ForwardCost, nondecreasing_fit
 from leapdecode.engine.tree import TreeLayout, compile_tree, full_tree_parents
 
 Timer = Callable[[], float]
-
-
 SPREAD_FLOOR_S = 0.005  # a pass's jitter below this is the timer's and the scheduler's, not another job's
 
 

@@ -159,12 +159,12 @@ class CostStore:
     def put(self, key: CurveKey, cost: ForwardCost) -> None:
         """Keep `cost` for `key` (a failure to write is logged, never raised: the curve was
         measured and is used either way)."""
-        entries = self._entries()
+        entries, now = self._entries(), self.clock()
         entries[str(key)] = {
             "seconds": list(cost.seconds),
             "spread": round(cost.spread, 4),
-            "at": self.clock(),
-            "measured": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(self.clock())),
+            "at": now,
+            "measured": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(now)),
         }
         self._write(entries)
 

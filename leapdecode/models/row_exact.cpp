@@ -32,9 +32,9 @@ using leapdecode::hsum8;
 
 constexpr int kRowBlock = 8;  // rows sharing one load of each weight chunk: 8 independent FMA chains
 constexpr int64_t kChunkBytes = 32768;  // keys (or values) per attention chunk: 32 KB, in L1 (or just past it)
-constexpr int kSharedRows = 4;
+constexpr int kSharedRows = 4;  // attention rows per shared pass (AVX-512: 8 keys x 2 row pairs = 16 accumulators)
 constexpr int64_t kMaxPairedDim = 512;  // the widest head whose queries `scores_rows_avx512` pairs on its stack
-constexpr int64_t kTileWeightBytes = 1024 * 1024;  // a task's row tile's scores (heads x rows x keys): about L2  // attention rows per shared pass (AVX-512: 8 keys x 4 rows = 16 accumulators)
+constexpr int64_t kTileWeightBytes = 1024 * 1024;  // a task's row tile's scores (heads x rows x keys): about L2
 
 // Portable path: the same structure in scalar code (16 partial sums per row, fixed order).
 void rows_portable(const float* x, const float* w, const float* bias, float* y, int64_t M, int64_t N, int64_t K,

@@ -191,12 +191,7 @@ def one_at_a_time(
     """A worker that runs one request at a time, each pass its own (with the prefix cache where
     the model is row-exact); on a backend that packs sequences, prompts go in chunks of `rows`,
     so that a long one steps aside for a shorter one waiting."""
-    packs = backend.packer is not None and backend.batchable is None
-    scheduler = (
-        BatchScheduler(backend, None, max_batch=1, max_rows=rows, prefix_cache=prefix_cache)
-        if packs
-        else BatchScheduler.alone(backend, prefix_cache)
-    )
+    scheduler = BatchScheduler(backend, None, max_batch=1, max_rows=rows, prefix_cache=prefix_cache)
     logger.info(
         "serving one request at a time: %s; %s",
         why,
